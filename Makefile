@@ -1,0 +1,28 @@
+# Two commands a new machine needs: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint typecheck bench clean
+
+$(BIN)/corral: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/corral
+	$(BIN)/corral up --demo --duration 120
+
+test: $(BIN)/corral
+	$(BIN)/pytest -q -p no:cacheprovider
+
+lint: $(BIN)/corral
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+bench: $(BIN)/corral
+	$(BIN)/python bench/replay.py
+
+clean:
+	rm -rf $(VENV) .corral .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,281 @@
+"""The v1 event catalogue: every fact corral records.
+
+Evolution rules (see DESIGN.md): only add fields with defaults; a breaking
+change gets a new tag plus an upcaster in `codec.py`. Tags are stable strings,
+never Python paths, so renaming a class never breaks an old log.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from schemas.inventory import Inventory
+from schemas.jobspec import JobSpec
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    event_id: str
+    #: Publisher wall clock, seconds since the epoch.
+    occurred_at: float
+
+
+# --- job ---------------------------------------------------------------------
+
+
+class JobSubmitted(Event, tag="JobSubmitted", frozen=True):
+    job_id: str
+    spec: JobSpec
+    submitted_by: str = ""
+
+
+class JobRejected(Event, tag="JobRejected", frozen=True):
+    job_id: str
+    reasons: tuple[str, ...]
+
+
+class RankPlacement(msgspec.Struct, frozen=True, kw_only=True):
+    rank: int
+    node_id: str
+    gpus: tuple[int, ...]
+
+
+class GangReserved(Event, tag="GangReserved", frozen=True):
+    """The scheduler's decision: every rank of `attempt` placed at once.
+
+    Void (changes nothing) if any GPU is not free at its log position or
+    `epoch` is older than the newest SchedulerElected.
+    """
+
+    job_id: str
+    attempt: int
+    epoch: int
+    ranks: tuple[RankPlacement, ...]
+    master_port: int = 29500
+    reason: str = ""
+
+
+class JobWaiting(Event, tag="JobWaiting", frozen=True):
+    """Why a job is still pending; appended only when the reason changes."""
+
+    job_id: str
+    code: str
+    message: str
+    epoch: int = 0
+
+
+class WorkerStarted(Event, tag="WorkerStarted", frozen=True):
+    job_id: str
+    attempt: int
+    rank: int
+    node_id: str
+    worker_id: str = ""
+    restarts: int = 0
+
+
+class WorkerExited(Event, tag="WorkerExited", frozen=True):
+    job_id: str
+    attempt: int
+    rank: int
+    node_id: str
+    exit_code: int | None = None
+    signal: int | None = None
+    #: completed | crashed | killed | preempted | cancelled | lost
+    reason: str = "completed"
+    log_tail: str = ""
+    restarts: int = 0
+    #: The agent will restart this rank itself (restart policy `rank`).
+    will_restart: bool = False
+
+
+class JobRunning(Event, tag="JobRunning", frozen=True):
+    job_id: str
+    attempt: int
+
+
+class PreemptionRequested(Event, tag="PreemptionRequested", frozen=True):
+    job_id: str
+    attempt: int
+    preemptor_job_id: str
+    reason: str
+    grace_s: float
+    epoch: int = 0
+
+
+class Checkpointed(Event, tag="Checkpointed", frozen=True):
+    job_id: str
+    attempt: int
+    rank: int
+    step: int
+    path: str
+
+
+class Preempted(Event, tag="Preempted", frozen=True):
+    job_id: str
+    attempt: int
+    preemptor_job_id: str = ""
+    resume_from: str | None = None
+
+
+class GangRestarted(Event, tag="GangRestarted", frozen=True):
+    """All ranks restart together on the same GPUs as `attempt` (the new one)."""
+
+    job_id: str
+    attempt: int
+    reason: str = ""
+    epoch: int = 0
+
+
+class JobRequeued(Event, tag="JobRequeued", frozen=True):
+    """The gang lost its GPUs (node failure, lost workers) and waits again as `attempt`."""
+
+    job_id: str
+    attempt: int
+    reason: str
+    resume_from: str | None = None
+    epoch: int = 0
+
+
+class JobCompleted(Event, tag="JobCompleted", frozen=True):
+    job_id: str
+    attempt: int
+
+
+class JobFailed(Event, tag="JobFailed", frozen=True):
+    job_id: str
+    attempt: int
+    reason: str
+
+
+class CancelRequested(Event, tag="CancelRequested", frozen=True):
+    job_id: str
+    reason: str = ""
+    requested_by: str = ""
+
+
+class JobCancelled(Event, tag="JobCancelled", frozen=True):
+    job_id: str
+    reason: str = ""
+
+
+# --- node --------------------------------------------------------------------
+
+
+class NodeRegistered(Event, tag="NodeRegistered", frozen=True):
+    node_id: str
+    incarnation: str
+    address: str
+    inventory: Inventory
+
+
+class NodeFailed(Event, tag="NodeFailed", frozen=True):
+    node_id: str
+    incarnation: str
+    reason: str = ""
+
+
+class NodeRecovered(Event, tag="NodeRecovered", frozen=True):
+    node_id: str
+    incarnation: str
+
+
+class NodeCordoned(Event, tag="NodeCordoned", frozen=True):
+    node_id: str
+    reason: str = ""
+
+
+class NodeUncordoned(Event, tag="NodeUncordoned", frozen=True):
+    node_id: str
+
+
+# --- queue -------------------------------------------------------------------
+
+
+class QueueDefined(Event, tag="QueueDefined", frozen=True):
+    queue: str
+    weight: float = 1.0
+    guaranteed_gpus: int = 0
+    #: None: no limit beyond the cluster.
+    limit_gpus: int | None = None
+    parent: str | None = None
+
+
+# --- scheduler ---------------------------------------------------------------
+
+
+class SchedulerElected(Event, tag="SchedulerElected", frozen=True):
+    epoch: int
+    scheduler_id: str
+
+
+class ClusterConfigured(Event, tag="ClusterConfigured", frozen=True):
+    """Cluster-wide scheduling settings, in the log so every replay decides alike."""
+
+    #: Topology levels coarse to fine, above "node" (e.g. ("block", "leaf")).
+    topology_levels: tuple[str, ...] = ()
+    #: Usage half-life for fair share; 0 disables decay.
+    fairshare_half_life_s: float = 0.0
+    #: A running job younger than this cannot be preempted.
+    min_runtime_s: float = 60.0
+    default_queue: str = "default"
+
+
+AnyEvent = (
+    JobSubmitted
+    | JobRejected
+    | GangReserved
+    | JobWaiting
+    | WorkerStarted
+    | WorkerExited
+    | JobRunning
+    | PreemptionRequested
+    | Checkpointed
+    | Preempted
+    | GangRestarted
+    | JobRequeued
+    | JobCompleted
+    | JobFailed
+    | CancelRequested
+    | JobCancelled
+    | NodeRegistered
+    | NodeFailed
+    | NodeRecovered
+    | NodeCordoned
+    | NodeUncordoned
+    | QueueDefined
+    | SchedulerElected
+    | ClusterConfigured
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
+EVENT_TAGS: dict[str, type[Event]] = {t.__struct_config__.tag: t for t in EVENT_TYPES}  # type: ignore[misc]
+
+Entity = Literal["job", "node", "queue", "sched"]
+
+
+class Unknown(msgspec.Struct, frozen=True, kw_only=True):
+    """What a reader got but could not decode; folds to "no change"."""
+
+    raw: bytes
+    error: str
+    type: str | None = None
+
+
+def tag_of(event: Event | Unknown) -> str:
+    if isinstance(event, Unknown):
+        return event.type or "Unknown"
+    return event.__struct_config__.tag  # type: ignore[return-value]
+
+
+def entity_of(event: Event) -> tuple[Entity, str]:
+    """Which entity an event is about: the middle of its subject."""
+    job_id = getattr(event, "job_id", None)
+    if job_id is not None:
+        return "job", job_id
+    node_id = getattr(event, "node_id", None)
+    if node_id is not None:
+        return "node", node_id
+    if isinstance(event, QueueDefined):
+        return "queue", event.queue
+    return "sched", ""

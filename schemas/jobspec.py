@@ -1,0 +1,224 @@
+"""The job specification a user submits, and its validator.
+
+Validation collects *every* problem with its field path, so a user fixes a
+spec in one round trip instead of one error at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+TopologyMode = Literal["require", "prefer"]
+RestartPolicy = Literal["never", "rank", "gang"]
+
+#: Signals a worker may ask for as its checkpoint signal.
+CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
+
+#: Hard ceilings: anything above is a typo, not a job.
+MAX_RANKS = 65_536
+MAX_GPUS_PER_RANK = 64
+MAX_NAME_LEN = 128
+
+
+class Topology(msgspec.Struct, frozen=True, kw_only=True):
+    """Keep all ranks inside one domain of `level` (e.g. "node", "leaf")."""
+
+    level: str
+    mode: TopologyMode = "prefer"
+
+
+class Mount(msgspec.Struct, frozen=True, kw_only=True):
+    source: str
+    target: str
+    read_only: bool = True
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    queue: str = "default"
+    priority: int = 0
+    ranks: int = 1
+    gpus_per_rank: int = 1
+    gpu_model: str | None = None
+    min_gpu_memory_mib: int = 0
+    topology: Topology | None = None
+    image: str | None = None
+    command: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    mounts: tuple[Mount, ...] = ()
+    checkpoint_dir: str | None = None
+    checkpoint_signal: str = "SIGUSR1"
+    grace_period_s: float = 30.0
+    restart_policy: RestartPolicy = "gang"
+    max_restarts: int = 3
+    time_limit_s: float | None = None
+    preemptible: bool = True
+
+    @property
+    def total_gpus(self) -> int:
+        return self.ranks * self.gpus_per_rank
+
+
+class Problem(msgspec.Struct, frozen=True):
+    """One thing wrong with an input: where (`path`) and what to do about it."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class InvalidJobSpec(ValueError):
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(str(p) for p in problems))
+
+
+_FIELDS = {f.name: f for f in msgspec.structs.fields(JobSpec)}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (isinstance(v, (int, float))) and not isinstance(v, bool)
+
+
+def _check_int(obj: dict[str, Any], key: str, lo: int, hi: int, out: list[Problem]) -> None:
+    if key not in obj:
+        return
+    v = obj[key]
+    if not _is_int(v):
+        out.append(Problem(key, f"must be an integer, got {v!r}"))
+    elif not lo <= v <= hi:
+        out.append(Problem(key, f"must be between {lo} and {hi}, got {v}"))
+
+
+def _check_str(obj: dict[str, Any], key: str, out: list[Problem], *, optional: bool = False) -> None:
+    if key not in obj or (optional and obj[key] is None):
+        return
+    v = obj[key]
+    if not isinstance(v, str) or not v.strip():
+        out.append(Problem(key, f"must be a non-empty string, got {v!r}"))
+
+
+def _topology_problems(t: Any, out: list[Problem]) -> None:
+    if t is None:
+        return
+    if isinstance(t, str):  # shorthand: "node" means prefer node
+        t = {"level": t}
+    if not isinstance(t, dict):
+        out.append(Problem("topology", "must be a mapping like {level: node, mode: require}"))
+        return
+    for k in t:
+        if k not in ("level", "mode"):
+            out.append(Problem(f"topology.{k}", "unknown field; expected level, mode"))
+    if not isinstance(t.get("level"), str) or not t.get("level"):
+        out.append(Problem("topology.level", "must name a topology level such as node, leaf or block"))
+    if t.get("mode", "prefer") not in ("require", "prefer"):
+        out.append(Problem("topology.mode", f"must be 'require' or 'prefer', got {t.get('mode')!r}"))
+
+
+def _mount_problems(mounts: Any, out: list[Problem]) -> None:
+    if not isinstance(mounts, (list, tuple)):
+        out.append(Problem("mounts", "must be a list of {source, target, read_only}"))
+        return
+    for i, m in enumerate(mounts):
+        p = f"mounts[{i}]"
+        if not isinstance(m, dict):
+            out.append(Problem(p, "must be a mapping with source and target"))
+            continue
+        for key in ("source", "target"):
+            v = m.get(key)
+            if not isinstance(v, str) or not v.startswith("/"):
+                out.append(Problem(f"{p}.{key}", f"must be an absolute path, got {v!r}"))
+        if "read_only" in m and not isinstance(m["read_only"], bool):
+            out.append(Problem(f"{p}.read_only", "must be true or false"))
+        for k in m:
+            if k not in ("source", "target", "read_only"):
+                out.append(Problem(f"{p}.{k}", "unknown field; expected source, target, read_only"))
+
+
+def jobspec_problems(obj: Any) -> list[Problem]:
+    """Every problem in a raw (decoded YAML/JSON) job spec; empty means valid."""
+    if not isinstance(obj, dict):
+        return [Problem("$", "a job spec must be a mapping of fields")]
+    out: list[Problem] = []
+    for key in obj:
+        if key not in _FIELDS:
+            out.append(Problem(key, f"unknown field; known fields are {', '.join(sorted(_FIELDS))}"))
+    if "name" not in obj:
+        out.append(Problem("name", "is required"))
+    else:
+        _check_str(obj, "name", out)
+        if isinstance(obj["name"], str) and len(obj["name"]) > MAX_NAME_LEN:
+            out.append(Problem("name", f"must be at most {MAX_NAME_LEN} characters"))
+    _check_str(obj, "queue", out)
+    _check_str(obj, "gpu_model", out, optional=True)
+    _check_str(obj, "image", out, optional=True)
+    _check_str(obj, "checkpoint_dir", out, optional=True)
+    _check_int(obj, "priority", -1_000_000, 1_000_000, out)
+    _check_int(obj, "ranks", 1, MAX_RANKS, out)
+    _check_int(obj, "gpus_per_rank", 0, MAX_GPUS_PER_RANK, out)
+    _check_int(obj, "min_gpu_memory_mib", 0, 10_000_000, out)
+    _check_int(obj, "max_restarts", 0, 1_000, out)
+    if obj.get("gpus_per_rank") == 0 and obj.get("gpu_model") is not None:
+        out.append(Problem("gpu_model", "makes no sense with gpus_per_rank: 0"))
+    for key in ("grace_period_s", "time_limit_s"):
+        if key in obj and obj[key] is not None:
+            v = obj[key]
+            if not _is_num(v) or v != v or v < 0 or v > 365 * 86400:
+                out.append(Problem(key, f"must be a number of seconds between 0 and one year, got {v!r}"))
+    if obj.get("time_limit_s") == 0:
+        out.append(Problem("time_limit_s", "must be positive (omit it for no limit)"))
+    if "checkpoint_signal" in obj and obj["checkpoint_signal"] not in CHECKPOINT_SIGNALS:
+        out.append(
+            Problem("checkpoint_signal", f"must be one of {', '.join(CHECKPOINT_SIGNALS)}, got {obj['checkpoint_signal']!r}")
+        )
+    if "restart_policy" in obj and obj["restart_policy"] not in ("never", "rank", "gang"):
+        out.append(Problem("restart_policy", f"must be never, rank or gang, got {obj['restart_policy']!r}"))
+    if "preemptible" in obj and not isinstance(obj["preemptible"], bool):
+        out.append(Problem("preemptible", "must be true or false"))
+    if "command" in obj:
+        c = obj["command"]
+        if isinstance(c, str):
+            pass  # shorthand for ["sh", "-c", c], see parse_jobspec
+        elif not isinstance(c, (list, tuple)) or not all(isinstance(a, str) for a in c):
+            out.append(Problem("command", "must be a list of strings or one shell string"))
+    if "env" in obj:
+        e = obj["env"]
+        if not isinstance(e, dict):
+            out.append(Problem("env", "must be a mapping of NAME: value"))
+        else:
+            for k, v in e.items():
+                if not isinstance(k, str) or not k or "=" in k or k.startswith("CORRAL_"):
+                    out.append(Problem(f"env.{k}", "must be a variable name without '=' and not starting with CORRAL_"))
+                elif not isinstance(v, (str, int, float, bool)):
+                    out.append(Problem(f"env.{k}", "value must be a string or number"))
+    if "mounts" in obj:
+        _mount_problems(obj["mounts"], out)
+    _topology_problems(obj.get("topology"), out)
+    return out
+
+
+def parse_jobspec(obj: Any) -> JobSpec:
+    """Validated JobSpec from a decoded mapping; raises InvalidJobSpec listing every problem."""
+    problems = jobspec_problems(obj)
+    if problems:
+        raise InvalidJobSpec(problems)
+    obj = dict(obj)
+    if isinstance(obj.get("command"), str):
+        obj["command"] = ["sh", "-c", obj["command"]]
+    if isinstance(obj.get("topology"), str):
+        obj["topology"] = {"level": obj["topology"]}
+    if isinstance(obj.get("env"), dict):
+        obj["env"] = {k: v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+                      for k, v in obj["env"].items()}
+    try:
+        return msgspec.convert(obj, JobSpec)
+    except msgspec.ValidationError as e:  # a gap in jobspec_problems: still one clear error
+        raise InvalidJobSpec([Problem("$", str(e))]) from e
