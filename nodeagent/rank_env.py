@@ -1,0 +1,125 @@
+"""Each rank's environment: what torchrun would set, derived from the gang reservation.
+
+Node order is the order of first appearance when ranks are sorted, so rank 0's
+node is NODE_RANK 0 and MASTER_ADDR, and the scheduler's "ranks of one node are
+contiguous" rule gives the usual LOCAL_RANK layout. Uneven layouts (3 ranks
+on one node, 1 on another) still get consistent LOCAL_* values.
+
+GPU ids: by default CUDA_VISIBLE_DEVICES holds NVML indices, with
+CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers GPUs as NVML/nvidia-smi do (its
+default "fastest first" order can differ). Pass `gpu_uuids` to use UUIDs
+instead (immune to any renumbering; CUDA accepts `GPU-...` there too). A
+runtime that exposes only the assigned GPUs (Docker device requests) renumbers
+them from 0 inside the container: pass `isolated_gpus=True` there, and
+NVIDIA_VISIBLE_DEVICES still names the host GPUs for the container toolkit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from schemas.events import GangReserved, RankPlacement
+from schemas.jobspec import JobSpec
+
+#: Set by corral; the job spec's env can never override these (nor any CORRAL_* key).
+RANK_KEYS = frozenset(
+    {
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NVIDIA_VISIBLE_DEVICES",
+    }
+)
+
+
+def is_reserved(key: str) -> bool:
+    return key in RANK_KEYS or key.startswith("CORRAL_")
+
+
+def ignored_spec_env(spec: JobSpec) -> tuple[str, ...]:
+    """The spec env keys `rank_env` drops, so the agent can say so once."""
+    return tuple(sorted(k for k in spec.env if is_reserved(k)))
+
+
+def node_order(reservation: GangReserved) -> tuple[str, ...]:
+    """Node ids in NODE_RANK order: first appearance by ascending rank."""
+    seen: dict[str, None] = {}
+    for p in sorted(reservation.ranks, key=lambda p: p.rank):
+        seen.setdefault(p.node_id, None)
+    return tuple(seen)
+
+
+def ranks_on_node(reservation: GangReserved, node_id: str) -> tuple[RankPlacement, ...]:
+    """This node's placements, by ascending rank (LOCAL_RANK order)."""
+    return tuple(sorted((p for p in reservation.ranks if p.node_id == node_id), key=lambda p: p.rank))
+
+
+def rank_env(
+    reservation: GangReserved,
+    rank: int,
+    *,
+    spec: JobSpec,
+    node_addresses: Mapping[str, str],
+    resume_from: str | None = None,
+    checkpoint_dir: str | None = None,
+    gpu_uuids: Mapping[int, str] | None = None,
+    isolated_gpus: bool = False,
+) -> dict[str, str]:
+    """The full environment for `rank` of `reservation` (spec env first, corral's keys win).
+
+    `node_addresses` maps node id -> address other nodes reach it at (only rank
+    0's node is needed). `checkpoint_dir` overrides the spec's (e.g. a per-job
+    path on this host). CORRAL_RESUME_FROM is absent when there is nothing to
+    resume from, so `os.environ.get` and `"X" in os.environ` agree.
+    """
+    by_rank = {p.rank: p for p in reservation.ranks}
+    if rank not in by_rank:
+        raise ValueError(f"rank {rank} is not in the reservation of {reservation.job_id}")
+    if 0 not in by_rank:
+        raise ValueError(f"reservation of {reservation.job_id} has no rank 0")
+    me = by_rank[rank]
+    master_node = by_rank[0].node_id
+    if master_node not in node_addresses:
+        raise ValueError(f"no address for node {master_node!r} (rank 0 of {reservation.job_id})")
+    local = ranks_on_node(reservation, me.node_id)
+
+    if isolated_gpus:
+        cuda = ",".join(str(i) for i in range(len(me.gpus)))
+    elif gpu_uuids is not None:
+        cuda = ",".join(gpu_uuids[g] for g in me.gpus)
+    else:
+        cuda = ",".join(str(g) for g in me.gpus)
+    host_ids = [gpu_uuids[g] for g in me.gpus] if gpu_uuids is not None else [str(g) for g in me.gpus]
+
+    env = {k: v for k, v in spec.env.items() if not is_reserved(k)}
+    env.update(
+        {
+            "WORLD_SIZE": str(len(reservation.ranks)),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local.index(me)),
+            "LOCAL_WORLD_SIZE": str(len(local)),
+            "NODE_RANK": str(node_order(reservation).index(me.node_id)),
+            "MASTER_ADDR": node_addresses[master_node],
+            "MASTER_PORT": str(reservation.master_port),
+            "CUDA_VISIBLE_DEVICES": cuda,
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            # "void": no GPU for a CPU-only rank (the container toolkit's value for none).
+            "NVIDIA_VISIBLE_DEVICES": ",".join(host_ids) if host_ids else "void",
+            "CORRAL_JOB_ID": reservation.job_id,
+            "CORRAL_ATTEMPT": str(reservation.attempt),
+            "CORRAL_NODE_ID": me.node_id,
+            "CORRAL_CHECKPOINT_SIGNAL": spec.checkpoint_signal,
+        }
+    )
+    ckpt = checkpoint_dir if checkpoint_dir is not None else spec.checkpoint_dir
+    if ckpt:
+        env["CORRAL_CHECKPOINT_DIR"] = ckpt
+    if resume_from:
+        env["CORRAL_RESUME_FROM"] = resume_from
+    return env
