@@ -108,7 +108,11 @@ class WorkerStartError(RuntimeError):
 
 class Runtime(Protocol):
     async def start(self, spec: WorkerSpec) -> WorkerHandle:
-        """Start a worker; WorkerExists if one with the same labels runs, WorkerStartError if it cannot."""
+        """Start a worker; WorkerExists if one with the same labels runs.
+
+        WorkerStartError if it cannot start at all; where the runtime only learns
+        that later (Docker's init cannot exec the command) wait() says exit 127.
+        """
         ...
 
     async def wait(self, handle: WorkerHandle) -> ExitInfo:
