@@ -49,6 +49,12 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
 def _alive(pid: int | None, start_ticks: int | None) -> bool:
     """The process exists, is not a zombie, and is the one we started (same start ticks)."""
     if not pid:
@@ -70,6 +76,8 @@ class _Worker:
     labels: WorkerLabels
     log: Path
     shim: asyncio.subprocess.Process | None = None
+    #: How it ended, once known: concurrent waiters (run + stop) all get it, even after remove().
+    final: ExitInfo | None = None
 
     def child(self) -> dict[str, Any] | None:
         return _read_json(self.dir / "child.json")
@@ -106,13 +114,14 @@ class ProcessRuntime:
         self.poll_s = poll_s
         self._workers: dict[str, _Worker] = {}
 
-    def _worker(self, handle: WorkerHandle) -> _Worker:
+    def _worker(self, handle: WorkerHandle) -> _Worker | None:
+        """The worker, from memory or its state dir (a handle rebuilt after a restart); None if removed."""
         w = self._workers.get(handle.worker_id)
         if w is None:
             d = self.state_dir / handle.worker_id
             meta = _read_json(d / "meta.json")
             if meta is None:
-                raise KeyError(f"unknown worker {handle.worker_id}")
+                return None
             w = _Worker(d, handle.labels, Path(meta.get("log", d / "log")))
             self._workers[handle.worker_id] = w
         return w
@@ -134,6 +143,14 @@ class ProcessRuntime:
         log.write_bytes(b"")
         if spec.checkpoint_dir:
             Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        meta: dict[str, Any] = {
+            "labels": {"node_id": labels.node_id, "job_id": labels.job_id, "attempt": labels.attempt,
+                       "rank": labels.rank, "restarts": labels.restarts},
+            "command": list(spec.command),
+            "log": str(log),
+            "created_at": time.time(),
+        }  # fmt: skip
+        _write_json(wdir / "meta.json", meta)  # before the spawn: an agent dying right after still finds it
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", str(SHIM), str(wdir), str(log), "--", *spec.command,
             stdin=asyncio.subprocess.DEVNULL,
@@ -143,17 +160,7 @@ class ProcessRuntime:
             cwd=spec.workdir,
             start_new_session=True,
         )  # fmt: skip
-        meta = {
-            "labels": {"node_id": labels.node_id, "job_id": labels.job_id, "attempt": labels.attempt,
-                       "rank": labels.rank, "restarts": labels.restarts},
-            "command": list(spec.command),
-            "log": str(log),
-            "shim_pid": proc.pid,
-            "shim_start_ticks": proc_start_ticks(proc.pid),
-            "created_at": time.time(),
-        }  # fmt: skip
-        (wdir / "meta.json.tmp").write_text(json.dumps(meta))
-        os.replace(wdir / "meta.json.tmp", wdir / "meta.json")
+        _write_json(wdir / "meta.json", {**meta, "shim_pid": proc.pid, "shim_start_ticks": proc_start_ticks(proc.pid)})
         w = _Worker(wdir, labels, log, proc)
         self._workers[wid] = w
 
@@ -172,16 +179,23 @@ class ProcessRuntime:
 
     async def wait(self, handle: WorkerHandle) -> ExitInfo:
         w = self._worker(handle)
+        if w is None:
+            return ExitInfo.of(None, None)  # removed, or never ours: nothing is known
         if w.shim is not None:
             await w.shim.wait()
-        while (rec := w.exit_record()) is None:
-            if not w.running() and w.exit_record() is None:
-                return ExitInfo.of(None, None, await self.log_tail(handle))  # shim and worker gone, no record
-            await asyncio.sleep(self.poll_s)
-        return ExitInfo.of(rec.get("exit_code"), rec.get("signal"), await self.log_tail(handle))
+        while w.final is None:
+            rec = w.exit_record()
+            if rec is not None:
+                w.final = ExitInfo.of(rec.get("exit_code"), rec.get("signal"), _tail(w.log))
+            elif not w.running() and w.exit_record() is None:
+                w.final = ExitInfo.of(None, None, _tail(w.log))  # shim and worker gone, no record: lost
+            else:
+                await asyncio.sleep(self.poll_s)
+        return w.final
 
     async def signal(self, handle: WorkerHandle, sig: int) -> None:
-        child = self._worker(handle).child()
+        w = self._worker(handle)
+        child = w.child() if w is not None else None
         if child is None or not _alive(child.get("pid"), child.get("start_ticks")):
             return
         try:
@@ -191,7 +205,8 @@ class ProcessRuntime:
 
     async def stop(self, handle: WorkerHandle, grace_s: float) -> ExitInfo:
         info = await stop_with_grace(self, handle, grace_s)
-        child = self._worker(handle).child()
+        w = self._worker(handle)
+        child = w.child() if w is not None else None
         if child is not None:
             # Stragglers the worker forked into its group still hold GPUs: end them too.
             try:
@@ -215,21 +230,18 @@ class ProcessRuntime:
                 found.append(FoundWorker(handle, True))
             else:
                 rec = w.exit_record() or {}
-                tail = await self.log_tail(handle)
-                found.append(FoundWorker(handle, False, ExitInfo.of(rec.get("exit_code"), rec.get("signal"), tail)))
+                info = ExitInfo.of(rec.get("exit_code"), rec.get("signal"), _tail(w.log))
+                found.append(FoundWorker(handle, False, info))
         return found
 
     async def log_tail(self, handle: WorkerHandle, lines: int = 50) -> str:
-        try:
-            with open(self._worker(handle).log, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
-                data = f.read()
-        except OSError:
-            return ""
-        return "\n".join(data.decode(errors="replace").splitlines()[-lines:]) if lines > 0 else ""
+        w = self._worker(handle)
+        return _tail(w.log, lines) if w is not None else ""
 
     async def remove(self, handle: WorkerHandle) -> None:
         w = self._worker(handle)
+        if w is None:
+            return
         if w.running():
             raise WorkerExists(f"worker {handle.worker_id} is still running")
         if w.shim is not None and w.shim.returncode is None:
@@ -238,3 +250,16 @@ class ProcessRuntime:
         if w.log.parent != w.dir:
             w.log.unlink(missing_ok=True)
         self._workers.pop(handle.worker_id, None)
+
+
+def _tail(log: Path, lines: int = 50) -> str:
+    """The last `lines` lines of a log (reading at most its last 64 KiB)."""
+    if lines <= 0:
+        return ""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
