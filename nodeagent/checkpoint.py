@@ -1,0 +1,93 @@
+"""Checkpoint manifests: how a worker tells the agent "step N is saved at PATH".
+
+A worker writes its state, then `manifest-rank<R>.json` = {"step", "path",
+"rank"} via tmp + rename, so a reader sees the previous manifest or the new
+one, never half of one (examples/worker.py does exactly that). The agent
+watches the directory and appends `Checkpointed(step, path)`; the newest
+manifest's path is what a preempted job later gets as CORRAL_RESUME_FROM.
+The manifest, not the state file, is the commit point: a state file without
+a manifest is an interrupted write and is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+
+MANIFEST_GLOB = "manifest*.json"
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    step: int
+    path: str
+    rank: int = 0
+
+
+_decoder = msgspec.json.Decoder(Manifest)
+_encoder = msgspec.json.Encoder()
+
+
+def manifest_name(rank: int) -> str:
+    return f"manifest-rank{rank}.json"
+
+
+def read_manifest(path: str | Path) -> Manifest | None:
+    """The manifest at `path`, or None if it is missing or malformed (never raises for bad content)."""
+    try:
+        return _decoder.decode(Path(path).read_bytes())
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
+    """Atomically publish `manifest` in `directory` (tmp + fsync + rename)."""
+    final = Path(directory) / manifest_name(manifest.rank)
+    tmp = final.with_name(f".{final.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(_encoder.encode(manifest))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    return final
+
+
+def newest_manifest(directory: str | Path, *, rank: int | None = None) -> Manifest | None:
+    """The manifest with the highest step (newest file on ties), optionally of one rank only."""
+    best: tuple[int, int, Manifest] | None = None
+    try:
+        paths = list(Path(directory).glob(MANIFEST_GLOB))
+    except OSError:
+        return None
+    for p in paths:
+        m = read_manifest(p)
+        if m is None or (rank is not None and m.rank != rank):
+            continue
+        try:
+            mtime = p.stat().st_mtime_ns
+        except OSError:
+            continue
+        key = (m.step, mtime, m)
+        if best is None or key[:2] > best[:2]:
+            best = key
+    return best[2] if best else None
+
+
+async def watch_manifests(
+    directory: str | Path, *, rank: int | None = None, after_step: int = -1, interval_s: float = 0.5
+) -> AsyncIterator[Manifest]:
+    """Yield each manifest newer than `after_step` as it appears (polling; runs until cancelled).
+
+    Polling, not inotify: checkpoint dirs are often network filesystems, where
+    inotify sees nothing, and one stat per interval is cheap.
+    """
+    last = after_step
+    while True:
+        m = await asyncio.to_thread(newest_manifest, directory, rank=rank)
+        if m is not None and m.step > last:
+            last = m.step
+            yield m
+        await asyncio.sleep(interval_s)
