@@ -103,9 +103,9 @@ class _Reader:
     def __init__(self) -> None:
         self.problems: list[str] = []
 
-    def get(self, what: str, fn: Callable[[], T], default: T) -> T:
+    def get(self, what: str, default: T, fn: Callable[..., T], *args: Any) -> T:
         try:
-            return fn()
+            return fn(*args)
         except NvmlFieldError as e:
             self.problems.append(f"{what}: {e}")
             return default
@@ -114,8 +114,8 @@ class _Reader:
 def discover(source: NvmlSource, *, labels: Mapping[str, str] | None = None) -> Discovery:
     """Read every GPU through `source` and build the node's Inventory; never raises for one bad field."""
     r = _Reader()
-    driver = r.get("driver_version", source.driver_version, "")
-    count = r.get("device_count", source.device_count, 0)
+    driver = r.get("driver_version", "", source.driver_version)
+    count = r.get("device_count", 0, source.device_count)
     names: list[str] = []
     uuids: list[str] = []
     mems: list[int] = []
@@ -123,12 +123,13 @@ def discover(source: NvmlSource, *, labels: Mapping[str, str] | None = None) -> 
     migs: list[bool] = []
     fabrics: list[FabricInfo] = []
     for i in range(count):
-        names.append(r.get(f"gpu{i}.name", lambda i=i: source.name(i), "unknown"))
-        uuids.append(r.get(f"gpu{i}.uuid", lambda i=i: source.uuid(i), f"GPU-unknown-{i}"))
-        mems.append(r.get(f"gpu{i}.memory", lambda i=i: source.memory_total_bytes(i) // (1024 * 1024), 0))
-        buses.append(r.get(f"gpu{i}.pci", lambda i=i: source.pci_bus_id(i), ""))
-        migs.append(r.get(f"gpu{i}.mig_mode", lambda i=i: source.mig_mode(i)[0] == 1, False))
-        fabrics.append(r.get(f"gpu{i}.fabric", lambda i=i: source.fabric(i), FabricInfo()))
+        names.append(r.get(f"gpu{i}.name", "unknown", source.name, i))
+        uuids.append(r.get(f"gpu{i}.uuid", f"GPU-unknown-{i}", source.uuid, i))
+        mems.append(r.get(f"gpu{i}.memory", 0, source.memory_total_bytes, i) // (1024 * 1024))
+        buses.append(r.get(f"gpu{i}.pci", "", source.pci_bus_id, i))
+        mig: tuple[int, int] = r.get(f"gpu{i}.mig_mode", (0, 0), source.mig_mode, i)
+        migs.append(mig[0] == 1)  # (current, pending): only the current mode matters now
+        fabrics.append(r.get(f"gpu{i}.fabric", FabricInfo(), source.fabric, i))
 
     nv = _nvlink_counts(source, count, buses, r)
     links = _link_matrix(source, count, nv, r)
@@ -164,7 +165,7 @@ def _nvlink_counts(source: NvmlSource, count: int, buses: Sequence[str], r: _Rea
     nv = [[0] * count for _ in range(count)]
     switch_links = [0] * count
     for i in range(count):
-        for link in range(r.get(f"gpu{i}.nvlink_count", lambda i=i: source.nvlink_count(i), 0)):
+        for link in range(r.get(f"gpu{i}.nvlink_count", 0, source.nvlink_count, i)):
             try:
                 active = source.nvlink_active(i, link)
             except NvmlFieldError as e:
@@ -174,9 +175,7 @@ def _nvlink_counts(source: NvmlSource, count: int, buses: Sequence[str], r: _Rea
                 continue
             if not active:
                 continue
-            remote = r.get(
-                f"gpu{i}.nvlink{link}.remote", lambda i=i, link=link: source.nvlink_remote_bus_id(i, link), ""
-            )
+            remote = r.get(f"gpu{i}.nvlink{link}.remote", "", source.nvlink_remote_bus_id, i, link)
             j = local.get(normalize_bus_id(remote)) if remote else None
             if j is None:
                 switch_links[i] += 1
@@ -200,8 +199,8 @@ def _link_matrix(source: NvmlSource, count: int, nv: list[list[int]], r: _Reader
             if nv[i][j]:
                 score = LINK_NVLINK_BASE + nv[i][j]
             else:
-                level = r.get(f"gpu{i}-gpu{j}.topology", lambda i=i, j=j: source.common_ancestor(i, j), None)
-                score = _ANCESTOR_SCORE.get(level, 0) if level is not None else 0
+                level = r.get(f"gpu{i}-gpu{j}.topology", -1, source.common_ancestor, i, j)
+                score = _ANCESTOR_SCORE.get(level, 0)
             known = known or score > 0
             rows[i][j] = rows[j][i] = score
     return tuple(tuple(row) for row in rows) if known else ()
