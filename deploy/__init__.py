@@ -1,0 +1,1 @@
+"""Deployment: NATS configs, compose file, Kubernetes manifests (not part of the installed package)."""

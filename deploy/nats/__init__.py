@@ -1,0 +1,1 @@
+"""corral's NATS server configs and the permission table they come from."""

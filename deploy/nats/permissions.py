@@ -1,0 +1,169 @@
+"""Who may do what on corral's NATS: one table, rendered into every server config.
+
+Roles (one NATS account, ``CORRAL``, holds the stream, the KV buckets and the
+object store; every corral user lives in it):
+
+- ``client``    submits and cancels jobs.
+- ``admin``     a client that also defines queues and cordons nodes (the
+                operator's CLI): queue weights and limits are not a team's own
+                business.
+- ``agent``     one user per node, ``agent-<node>``: registers its own node,
+                reports workers and checkpoints of any job (ranks of a gang live
+                on several nodes, and a job subject does not name the node), and
+                writes its own heartbeat key only.
+- ``scheduler`` writes every decision, creates the stream and buckets, holds
+                the leader lease and the snapshots. Active and standby
+                schedulers use the same user: the lease and the epoch in the
+                log, not NATS, decide who leads.
+- ``ops``       reads everything (tail, replay, heartbeats), writes nothing.
+
+Everyone reads: the log, the heartbeats, the lease and the snapshots are facts
+every service folds. What is guarded is *writing*, so a publish permission is
+the boundary, and so is the JetStream API, whose every write (create, update,
+delete, purge a stream; delete a message) is a request on a ``$JS.API.`` subject.
+
+Why no ``allow_responses``: no corral role answers requests. JetStream acks
+(``$JS.ACK.>``) and flow-control replies (``$JS.FC.>``) are granted by name
+instead, because ``allow_responses`` would also let anyone who sees a publish
+on ``corral.>`` answer it, i.e. forge the PubAck of the scheduler's own append
+or lease update.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+STREAM = "CORRAL"
+HEARTBEATS = "corral-heartbeats"
+LEADER = "corral-leader"
+SNAPSHOTS = "corral-snapshots"
+
+ROLES = ("client", "admin", "agent", "scheduler", "ops")
+
+#: Which role appends which event tag (DESIGN.md, "Lifecycle protocol"). The
+#: scheduler may publish any tag (new decisions need no config change); the
+#: others only theirs. A test checks that every tag in schemas has an owner.
+APPENDS: dict[str, tuple[str, ...]] = {
+    "client": ("JobSubmitted", "CancelRequested"),
+    "admin": ("QueueDefined", "NodeCordoned", "NodeUncordoned"),
+    "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed"),
+    "scheduler": (
+        "GangReserved", "PreemptionRequested", "Preempted", "JobRunning", "JobCompleted", "JobFailed",
+        "JobCancelled", "JobRejected", "JobWaiting", "JobRequeued", "GangRestarted", "NodeFailed",
+        "SchedulerElected", "ClusterConfigured",
+    ),
+}  # fmt: skip
+
+#: Mirrors events.subjects.ID_RE: a node id must be one subject token and one KV key.
+NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+
+# Reading: JetStream's read-only API, consumers, acks and flow control. Consumer
+# deletion is allowed because clients clean up their own ephemeral consumers;
+# consumer names carry no owner, so one reader can delete another's (an outage
+# of that reader until it recreates it, never a change to the log).
+READ_API = (
+    "$JS.API.INFO",
+    "$JS.API.STREAM.NAMES",
+    "$JS.API.STREAM.LIST",
+    "$JS.API.STREAM.INFO.*",
+    "$JS.API.STREAM.MSG.GET.*",
+    "$JS.API.DIRECT.GET.>",
+    "$JS.API.CONSUMER.CREATE.>",
+    "$JS.API.CONSUMER.DURABLE.CREATE.>",
+    "$JS.API.CONSUMER.INFO.>",
+    "$JS.API.CONSUMER.NAMES.*",
+    "$JS.API.CONSUMER.LIST.*",
+    "$JS.API.CONSUMER.MSG.NEXT.>",
+    "$JS.API.CONSUMER.DELETE.>",
+    "$JS.ACK.>",
+    "$JS.FC.>",
+)
+
+
+def inbox_prefix(user: str) -> str:
+    """The only subjects `user` may subscribe to: `<prefix>.>` (nats.connect(inbox_prefix=...)).
+
+    Why every user gets its own inbox and no one may subscribe to `corral.>`:
+    anyone who may create a consumer may also set its deliver subject, and
+    JetStream delivers there as soon as some connection subscribes to that
+    literal subject. A push consumer on the heartbeat bucket delivering to
+    `corral.job.x.GangReserved`, plus a subscription to it, makes the CORRAL
+    stream store the agent's heartbeats (payload of its choosing, subject
+    still `$KV...`): a write no publish permission allowed (tests/deploy
+    shows it). With subscriptions limited to a private inbox nobody can make
+    that interest, and nobody can learn another user's inbox names to deliver
+    forged messages into its consumers. Read the log through JetStream
+    (`corral tail`, `nats sub --stream CORRAL`), never a core subscription.
+    """
+    return f"_INBOX_{user}"
+
+
+def _append(role: str, entity: str) -> list[str]:
+    return [f"corral.{entity}.*.{tag}" for tag in APPENDS[role]]
+
+
+def role_permissions(role: str, user: str, node: str | None = None) -> dict[str, Any]:
+    """The `permissions` block of `user`, who has `role` (`node` for agents)."""
+    if (role == "agent") != (node is not None):
+        raise ValueError("an agent user needs its node id, and only an agent has one")
+    if role == "agent":
+        assert node is not None
+        check_node_id(node)
+        writes = [
+            f"corral.node.{node}.NodeRegistered",
+            f"corral.node.{node}.NodeRecovered",
+            "corral.job.*.WorkerStarted",
+            "corral.job.*.WorkerExited",
+            "corral.job.*.Checkpointed",
+            f"$KV.{HEARTBEATS}.{node}",
+        ]
+    elif role == "client":
+        writes = _append("client", "job")
+    elif role == "admin":
+        writes = [
+            *_append("client", "job"),
+            "corral.queue.*.QueueDefined",
+            "corral.node.*.NodeCordoned",
+            "corral.node.*.NodeUncordoned",
+        ]
+    elif role == "scheduler":
+        writes = [
+            "corral.>",
+            "$JS.API.>",
+            f"$KV.{HEARTBEATS}.>",  # removes the key of a node taken out of service
+            f"$KV.{LEADER}.>",
+            f"$O.{SNAPSHOTS}.>",
+        ]
+    elif role == "ops":
+        writes = []
+    else:
+        raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    publish = _without_covered([*writes, *READ_API])
+    # Replies (PubAcks, API answers) and consumer deliveries: this user's inbox only.
+    return {"publish": {"allow": publish}, "subscribe": {"allow": [f"{inbox_prefix(user)}.>"]}}
+
+
+def covers(pattern: str, subject: str) -> bool:
+    """Whether every subject that `subject` (maybe itself a wildcard) matches, `pattern` matches too."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok == "*" and s[i] == ">") or tok not in ("*", s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def _without_covered(subjects: list[str]) -> list[str]:
+    subs = list(dict.fromkeys(subjects))
+    return [s for s in subs if not any(o != s and covers(o, s) for o in subs)]
+
+
+def check_node_id(node: str) -> str:
+    if not NODE_ID_RE.fullmatch(node):
+        raise ValueError(
+            f"node id {node!r} cannot be a subject token: use letters, digits, '_' or '-' "
+            "(corral maps a hostname such as 'gpu1.example.com' to 'gpu1-example-com')"
+        )
+    return node

