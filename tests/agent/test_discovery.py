@@ -173,3 +173,58 @@ def test_fake_inventory_is_deterministic_and_realistic() -> None:
     assert fake_inventory(1).links == () and fake_inventory(0) == Inventory()
     with pytest.raises(ValueError):
         fake_inventory(2, nvlink="some")  # type: ignore[arg-type]
+
+
+def test_pynvml_source_adapter_with_a_stubbed_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real adapter's calls and ctypes handling, with pynvml's C entry points stubbed out."""
+    cluster = bytes.fromhex("7b968a6dc8aa45e19e07e1e51be99c31")
+    buses = ["00000000:18:00.0", "00000000:2A:00.0"]
+
+    def pci(bus: str) -> Any:
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = bus.encode()
+        return info
+
+    def fabric_v(handle: int, ref: Any) -> None:
+        info = ref._obj
+        if not isinstance(info, pynvml.c_nvmlGpuFabricInfo_v3_t):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        info.clusterUuid[:] = list(cluster)
+        info.status, info.cliqueId, info.state, info.healthSummary = 0, 7, 3, 1
+
+    def nvlink_state(handle: int, link: int) -> int:
+        if link >= 4:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 1
+
+    def no_topology(a: int, b: int) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    class Mem:
+        total = 81559 * 1024 * 1024
+
+    stubs: dict[str, Any] = {
+        "nvmlInit": lambda: None,
+        "nvmlShutdown": lambda: None,
+        "nvmlSystemGetDriverVersion": lambda: "565.57.01",
+        "nvmlDeviceGetCount": lambda: 2,
+        "nvmlDeviceGetHandleByIndex": lambda i: i,
+        "nvmlDeviceGetName": lambda h: b"NVIDIA H100 80GB HBM3",
+        "nvmlDeviceGetUUID": lambda h: f"GPU-{h}",
+        "nvmlDeviceGetMemoryInfo": lambda h: Mem(),
+        "nvmlDeviceGetPciInfo": lambda h: pci(buses[h]),
+        "nvmlDeviceGetMigMode": lambda h: [0, 0],
+        "nvmlDeviceGetNvLinkState": nvlink_state,
+        "nvmlDeviceGetNvLinkRemotePciInfo": lambda h, link: pci(buses[1 - h]),
+        "nvmlDeviceGetTopologyCommonAncestor": no_topology,
+        "nvmlDeviceGetGpuFabricInfoV": fabric_v,
+    }
+    for name, fn in stubs.items():
+        monkeypatch.setattr(pynvml, name, fn)
+    d = node_inventory("n1")
+    inv = d.inventory
+    assert [g.uuid for g in inv.gpus] == ["GPU-0", "GPU-1"] and inv.gpus[0].model == "NVIDIA H100 80GB HBM3"
+    assert inv.gpus[0].memory_mib == 81559 and inv.gpus[1].pci_bus_id == "00000000:2A:00.0"
+    assert inv.gpus[0].nvlink_peers == ("GPU-1",) and inv.links[0][1] == LINK_NVLINK_BASE + 4
+    assert inv.labels[CLIQUE_LABEL] == "7b968a6d-c8aa-45e1-9e07-e1e51be99c31.7"
+    assert d.driver_version == "565.57.01" and d.problems == ()
