@@ -101,6 +101,9 @@ class PreemptionRequested(Event, tag="PreemptionRequested", frozen=True):
     reason: str
     grace_s: float
     epoch: int = 0
+    #: The preemptor's planned placement: its GPUs are earmarked for the preemptor
+    #: (nobody else may take them) until it is reserved. Empty: the victim's GPUs.
+    earmark: tuple[RankPlacement, ...] = ()
 
 
 class Checkpointed(Event, tag="Checkpointed", frozen=True):

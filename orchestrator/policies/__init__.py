@@ -1,1 +1,55 @@
-"""corral orchestrator/policies."""
+"""Scheduling policies: plain typed functions in one frozen record, not a string registry.
+
+`decide` calls only what is in `Policies`; a test or an operator swaps one
+function by building another record (`dataclasses.replace(DEFAULT_POLICIES,
+place=my_place)`), and mypy checks the signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.facts import ClusterFacts
+from orchestrator.core.plan import Hold, QueueLoad
+from orchestrator.core.state import Job
+from orchestrator.policies.backfill import Ending, earliest_start, may_use_held
+from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key, job_order_key
+from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
+from orchestrator.policies.reject import unfit_reasons
+from orchestrator.policies.victims import Candidate, PreemptionAsk, find_victims
+
+FitsFn = Callable[[GangRequest, FreeIndex], bool]
+PlaceFn = Callable[[GangRequest, FreeIndex, LinksOf], Placement | None]
+VictimsFn = Callable[
+    [PreemptionAsk, Sequence[Candidate], FreeIndex, Mapping[str, QueueLoad], FitsFn, Callable[[Sequence[Candidate]], bool]],
+    list[Candidate] | None,
+]
+BackfillFn = Callable[[GangRequest, FreeIndex, Sequence[Ending], FitsFn, PlaceFn, LinksOf], Hold | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Policies:
+    #: Gang + topology placement: all ranks or None.
+    place: PlaceFn = place_gang
+    #: Capacity-only feasibility (same answer as `place` is not None, cheaper).
+    fits: FitsFn = fits
+    request: Callable[[Job], GangRequest] = request_of
+    job_key: Callable[[Job], JobKey] = job_order_key
+    queue_key: Callable[[QueueLoad], QueueKey] = fair_share_key
+    victims: VictimsFn = find_victims
+    backfill: BackfillFn = earliest_start
+    may_use_held: Callable[[float, Hold], bool] = may_use_held
+    reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
+    #: Blocked heads tried per queue per cycle (placements do not count): bounds a cycle's work.
+    heads_per_queue: int = 32
+    #: Victim searches per cycle (each costs O(running gangs)).
+    preemption_searches: int = 8
+    #: Extra wait after a grace period before a stopped or preempted gang is declared gone.
+    stop_margin_s: float = 10.0
+
+
+DEFAULT_POLICIES = Policies()
+
+__all__ = ["DEFAULT_POLICIES", "Candidate", "Ending", "Policies", "PreemptionAsk"]

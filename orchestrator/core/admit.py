@@ -1,0 +1,273 @@
+"""Stages 4-5: each queue's heads, admitted in fair-share order.
+
+For one head, in this order:
+  a. a preemptor still waiting on its victims keeps waiting;
+  b. allocate: place the whole gang on free GPUs (a preemptor also on the
+     GPUs earmarked for it; a job that ends before the backfill reservation
+     also on the GPUs held for it);
+  c. preempt / reclaim: a minimal victim set, whose GPUs are earmarked;
+  d. a queue at its limit waits ("quota");
+  e. backfill: the first gang blocked by capacity holds the GPUs it will
+     start on; later ones are told why they wait.
+A placement re-ranks its queue (its share grew); a blocked head does not, and
+after `heads_per_queue` blocked heads a queue is done for this cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from heapq import heapify, heappop, heappush
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.cycle import Cycle
+from orchestrator.core.explain import (
+    BACKFILL,
+    BACKFILL_HEAD,
+    PLACED,
+    PREEMPTING,
+    QUOTA,
+    Outcome,
+    capacity_outcome,
+)
+from orchestrator.core.plan import Plan, ends_at
+from orchestrator.core.state import Job
+from orchestrator.core.usage import resolve_queue
+from orchestrator.policies import Candidate, Ending, PreemptionAsk
+from orchestrator.policies.fairshare import JobKey
+from orchestrator.policies.links import Links
+from orchestrator.policies.placement import GangRequest, Placement
+from schemas.events import Event, GangReserved, PreemptionRequested
+
+Heads = dict[str, list[tuple[JobKey, Job]]]
+
+
+def queue_heads(c: Cycle, plan: Plan, pending: list[Job]) -> Heads:
+    """Per queue, a heap of its pending jobs in priority / submit / id order (popped lazily)."""
+    key = c.policies.job_key
+    heads: Heads = {}
+    for job in pending:
+        if job.job_id in plan.busy:
+            continue
+        q = resolve_queue(c.state, job.spec.queue)
+        heads.setdefault(q, []).append((key(job), job))
+    for h in heads.values():
+        heapify(h)
+    return heads
+
+
+class _Admission:
+    """What the admission of one cycle shares between heads (built lazily)."""
+
+    def __init__(self, c: Cycle, plan: Plan) -> None:
+        self.c = c
+        self.plan = plan
+        self.events: list[Event] = []
+        self.searches = c.policies.preemption_searches
+        self._candidates: list[Candidate] | None = None
+        self._victims_of: dict[str, list[str]] | None = None
+        #: Gangs placed earlier in this cycle: they end too (backfill estimates).
+        self.placed: list[Ending] = []
+
+    def links_of(self, node: str) -> Links:
+        return self.c.state.nodes[node].inventory.links
+
+    def candidates(self) -> list[Candidate]:
+        if self._candidates is None:
+            state = self.c.state
+            self._candidates = [
+                Candidate(
+                    job_id=j.job_id,
+                    attempt=j.attempt,
+                    queue=j.queue,
+                    priority=j.spec.priority,
+                    preemptible=j.spec.preemptible,
+                    started_at=j.reserved_at,
+                    gpus=j.gpus,
+                    placement=j.placement,
+                )
+                for jid in state.active
+                if (j := state.jobs[jid]).status in ("reserved", "running")
+                and j.stop is None
+                and j.spec.preemptible
+                and j.gpus > 0
+            ]
+        busy = self.plan.busy
+        return [x for x in self._candidates if x.job_id not in busy]
+
+    def victims_of(self, preemptor: str) -> list[str]:
+        if self._victims_of is None:
+            self._victims_of = {}
+            for jid in self.c.state.active:
+                j = self.c.state.jobs[jid]
+                if j.status == "preempting" and j.preemptor:
+                    self._victims_of.setdefault(j.preemptor, []).append(jid)
+        return self._victims_of.get(preemptor, [])
+
+    def endings(self) -> list[Ending]:
+        state, margin, busy = self.c.state, self.c.policies.stop_margin_s, self.plan.busy
+        running = [
+            Ending(job_id=j.job_id, ends_at=ends_at(j, margin), started_at=j.reserved_at, placement=j.placement)
+            for jid in state.active
+            if jid not in busy and (j := state.jobs[jid]).status != "preempting"
+        ]
+        return running + self.placed
+
+
+def admit(c: Cycle, plan: Plan, heads: Heads) -> tuple[list[Event], dict[str, Outcome]]:
+    pol = c.policies
+    adm = _Admission(c, plan)
+    outcomes: dict[str, Outcome] = {}
+    order = [(pol.queue_key(plan.load(q)), h[0][0], q) for q, h in heads.items() if h]
+    heapify(order)
+    blocked = dict.fromkeys(heads, 0)
+    while order:
+        _, _, q = heappop(order)
+        jobs = heads[q]
+        _, job = heappop(jobs)
+        outcome = _admit_one(adm, job, q)
+        outcomes[job.job_id] = outcome
+        if outcome.code != PLACED:
+            blocked[q] += 1
+            if blocked[q] >= pol.heads_per_queue:
+                continue
+        if jobs:
+            heappush(order, (pol.queue_key(plan.load(q)), jobs[0][0], q))
+    return adm.events, outcomes
+
+
+def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
+    plan, pol = adm.plan, adm.c.policies
+    req = pol.request(job)
+    # a. A preemptor waits for its victims; afterwards it may use its earmarked GPUs.
+    if job.earmark:
+        waiting_on = adm.victims_of(job.job_id)
+        if waiting_on:
+            return Outcome(PREEMPTING, _waiting_for(waiting_on))
+        base = plan.earmark_view(job, req.cls)
+    else:
+        base = plan.index(req.cls)
+    over = plan.limit_blocker(queue, req.gpus)
+    # b. Allocate.
+    if over is None:
+        p = pol.place(req, base, adm.links_of)
+        if p is None and plan.hold is not None and pol.may_use_held(_ends_if_started(adm, job), plan.hold):
+            p = pol.place(req, plan.index(req.cls, through_hold=True), adm.links_of)
+        if p is not None:
+            _reserve(adm, job, queue, p)
+            return Outcome(PLACED, p.reason)
+    # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
+    if adm.searches > 0:
+        outcome = _preempt(adm, job, queue, req, base)
+        if outcome is not None:
+            return outcome
+    # d. Quota.
+    if over is not None:
+        name, limit, used = over
+        return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {req.gpus} more")
+    # e. Backfill: the first gang blocked by capacity holds what it will start on.
+    if plan.hold is None:
+        hold = pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
+        if hold is not None:
+            held = sum(len(set(rp.gpus) & set(plan.free.get(rp.node_id, ()))) for rp in hold.ranks)
+            plan.set_hold(hold)
+            when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
+            return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}")
+    elif plan.hold.job_id != job.job_id and pol.fits(req, plan.index(req.cls, through_hold=True)):
+        return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {plan.hold.job_id}")
+    return capacity_outcome(req, base, job.spec.gpu_model)
+
+
+def _ends_if_started(adm: _Admission, job: Job) -> float:
+    limit = job.spec.time_limit_s
+    if limit is None:
+        return math.inf
+    return adm.c.now + limit + job.spec.grace_period_s + adm.c.policies.stop_margin_s
+
+
+def _reserve(adm: _Admission, job: Job, queue: str, p: Placement) -> None:
+    c, plan = adm.c, adm.plan
+    port = plan.master_port(job.job_id, job.attempt, p.ranks[0].node_id)
+    adm.events.append(
+        GangReserved(
+            event_id=c.event_id("reserve", job),
+            occurred_at=c.now,
+            job_id=job.job_id,
+            attempt=job.attempt,
+            epoch=c.epoch,
+            ranks=p.ranks,
+            master_port=port,
+            reason=p.reason,
+        )
+    )
+    plan.take(p.ranks)
+    plan.charge(queue, job.spec.total_gpus)
+    plan.busy.add(job.job_id)
+    adm.placed.append(Ending(job_id=job.job_id, ends_at=_ends_if_started(adm, job), started_at=c.now, placement=p.ranks))
+
+
+def _waiting_for(victims: list[str]) -> str:
+    ids = sorted(victims)
+    more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
+    return f"waiting for preemption of job {ids[0]}{more}"
+
+
+def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
+    c, plan, pol = adm.c, adm.plan, adm.c.policies
+    load = plan.load(queue)
+    ask = PreemptionAsk(
+        req=req,
+        queue=queue,
+        priority=job.spec.priority,
+        owed=load.gpus + req.gpus <= load.guaranteed,
+        now=c.now,
+        min_runtime_s=c.state.config.min_runtime_s,
+    )
+    cands = adm.candidates()
+    if not any((x.queue == queue and x.priority < ask.priority) or (ask.owed and x.queue != queue) for x in cands):
+        return None  # nobody it could preempt: do not spend a search
+    adm.searches -= 1
+    loads = {x.queue: plan.load(x.queue) for x in cands}
+
+    def quota_ok(victims: Sequence[Candidate]) -> bool:
+        freed: dict[str, int] = {}
+        for v in victims:
+            freed[v.queue] = freed.get(v.queue, 0) + v.gpus
+        return plan.limit_blocker(queue, req.gpus, freed) is None
+
+    victims = pol.victims(ask, cands, base, loads, pol.fits, quota_ok)
+    if not victims:
+        return None
+    after = base.copy()
+    for v in victims:
+        for rp in v.placement:
+            after.give(rp.node_id, rp.gpus)
+    p = pol.place(req, after, adm.links_of)
+    if p is None:
+        return None
+    for v in victims:
+        victim = c.state.jobs[v.job_id]
+        why = (
+            f"priority {job.spec.priority} > {v.priority} in queue {queue}"
+            if v.queue == queue
+            else f"queue {queue} reclaims its guarantee {load.guaranteed} from {v.queue}"
+        )
+        adm.events.append(
+            PreemptionRequested(
+                event_id=c.event_id("preempt", victim),
+                occurred_at=c.now,
+                job_id=v.job_id,
+                attempt=v.attempt,
+                preemptor_job_id=job.job_id,
+                reason=why,
+                grace_s=victim.spec.grace_period_s,
+                epoch=c.epoch,
+                earmark=p.ranks,
+            )
+        )
+        plan.busy.add(v.job_id)
+        plan.charge(v.queue, -v.gpus)
+    # The planned GPUs that are free now are earmarked: nobody else takes them this cycle either.
+    plan.take(p.ranks)
+    plan.charge(queue, req.gpus)
+    return Outcome(PREEMPTING, _waiting_for([v.job_id for v in victims]))

@@ -1,0 +1,132 @@
+"""Free-GPU indexes: how many ranks of a shape fit in a domain, in O(GPUs per node).
+
+A `FreeIndex` covers one GpuClass (model/memory constraint). Per node it keeps
+the free eligible GPU indices; per domain a histogram "how many nodes have f
+free GPUs". Then the ranks of g GPUs a domain can host is
+sum_f hist[f] * (f // g) -- exact, because any g free GPUs of one node can host
+a rank -- and a placement updates one histogram slot per level. Feasibility
+checks in victim search and backfill are therefore cheap enough to run many
+times per decide call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from orchestrator.core.eligibility import GpuClass
+from orchestrator.core.topology import Topology
+
+
+class FreeIndex:
+    __slots__ = ("buckets", "cls", "eligible", "free", "hist", "topo")
+
+    def __init__(
+        self,
+        topo: Topology,
+        cls: GpuClass,
+        free: dict[str, tuple[int, ...]],
+        eligible: dict[str, frozenset[int]] | None,
+    ) -> None:
+        """Index `free` (node -> free eligible GPUs; only schedulable nodes that can host the class)."""
+        self.topo = topo
+        self.cls = cls
+        #: node -> GPUs of the class on it (None: every GPU qualifies).
+        self.eligible = eligible
+        self.free = free
+        width = topo.width + 1
+        self.hist: dict[str, list[int]] = {}
+        #: free count -> nodes with that many free GPUs (ordered set), for best-fit node search.
+        self.buckets: list[dict[str, None]] = [{} for _ in range(width)]
+        hist = self.hist
+        for node, gpus in free.items():
+            f = len(gpus)
+            self.buckets[f][node] = None
+            for d in topo.paths[node]:
+                h = hist.get(d)
+                if h is None:
+                    h = hist[d] = [0] * width
+                h[f] += 1
+
+    def copy(self) -> FreeIndex:
+        new = FreeIndex.__new__(FreeIndex)
+        new.topo = self.topo
+        new.cls = self.cls
+        new.eligible = self.eligible
+        new.free = dict(self.free)
+        new.hist = {d: list(h) for d, h in self.hist.items()}
+        new.buckets = [dict(b) for b in self.buckets]
+        return new
+
+    def _move(self, node: str, before: int, after: int) -> None:
+        if before == after:
+            return
+        del self.buckets[before][node]
+        self.buckets[after][node] = None
+        for d in self.topo.paths[node]:
+            h = self.hist[d]
+            h[before] -= 1
+            h[after] += 1
+
+    def take(self, node: str, gpus: Iterable[int]) -> None:
+        """Mark `gpus` of `node` as used (GPUs this index does not hold are ignored)."""
+        cur = self.free.get(node)
+        if cur is None:
+            return
+        gone = set(gpus)
+        new = tuple(g for g in cur if g not in gone)
+        if len(new) != len(cur):
+            self.free[node] = new
+            self._move(node, len(cur), len(new))
+
+    def give(self, node: str, gpus: Iterable[int]) -> None:
+        """Mark `gpus` of `node` as free (only eligible GPUs of indexed nodes count)."""
+        cur = self.free.get(node)
+        if cur is None:
+            return
+        allowed = self.eligible.get(node, frozenset()) if self.eligible is not None else None
+        extra = {g for g in gpus if allowed is None or g in allowed}
+        new = tuple(sorted(extra.union(cur)))
+        if len(new) != len(cur):
+            self.free[node] = new
+            self._move(node, len(cur), len(new))
+
+    def capacity(self, domain: str, gpus_per_rank: int, need: int) -> int:
+        """Ranks of `gpus_per_rank` GPUs that fit in `domain` (counting stops once `need` is reached)."""
+        h = self.hist.get(domain)
+        if h is None:
+            return 0
+        if gpus_per_rank <= 0:  # CPU-only ranks: any indexed node hosts them all
+            return need if any(h) else 0
+        total = 0
+        for f in range(len(h) - 1, gpus_per_rank - 1, -1):
+            c = h[f]
+            if c:
+                total += c * (f // gpus_per_rank)
+                if total >= need:
+                    return total
+        return total
+
+    def free_gpus(self, domain: str) -> int:
+        h = self.hist.get(domain)
+        return sum(f * c for f, c in enumerate(h)) if h is not None else 0
+
+    def largest_node_free(self) -> int:
+        for f in range(len(self.buckets) - 1, -1, -1):
+            if self.buckets[f]:
+                return f
+        return 0
+
+    def best_fit_node(self, gpus: int) -> str | None:
+        """The node with the fewest free GPUs that still has `gpus` free (least fragmentation)."""
+        for f in range(max(0, gpus), len(self.buckets)):
+            for node in self.buckets[f]:
+                return node
+        return None
+
+    def node_slots(self, node: str, gpus_per_rank: int, need: int) -> int:
+        cur = self.free.get(node)
+        if cur is None:
+            return 0
+        if gpus_per_rank <= 0:
+            return need
+        return len(cur) // gpus_per_rank

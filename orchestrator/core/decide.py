@@ -1,0 +1,44 @@
+"""`decide(state, now)`: what the scheduler appends next. Pure; never mutates `state`.
+
+Read it like Kueue's scheduling cycle: numbered stages, each a small function
+in its own module, over a tentative plan that is dropped when the call ends.
+The returned events are meant to be appended in order; folded in that order
+they are all valid (a GangReserved only uses GPUs that are free once the
+follow-ups before it are folded).
+"""
+
+from __future__ import annotations
+
+from orchestrator.core.admit import admit, queue_heads
+from orchestrator.core.cycle import Cycle
+from orchestrator.core.explain import explain
+from orchestrator.core.plan import Plan
+from orchestrator.core.react import react
+from orchestrator.core.reject import reject_unfit
+from orchestrator.core.snapshot import snapshot
+from orchestrator.core.state import ClusterState
+from orchestrator.policies import DEFAULT_POLICIES, Policies
+from schemas.events import Event
+
+
+def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES) -> list[Event]:
+    if epoch < state.epoch:
+        return []  # a deposed leader decides nothing; its events would be void anyway
+    c = Cycle(state=state, now=now, epoch=epoch, policies=policies)
+    pending = [state.jobs[jid] for jid in state.pending]
+    # 1. React: follow-ups the log already implies (running, completed, restarted,
+    #    requeued, preempted, stopped, cancelled).
+    followups = react(c, pending)
+    # 2. Snapshot: the tentative plan -- free GPUs per node and domain, queue usage --
+    #    with the GPUs the follow-ups release already free.
+    plan: Plan = snapshot(c, followups)
+    # 3. Reject: pending specs that can never fit this cluster.
+    rejections = reject_unfit(c, plan, pending)
+    # 4. Heads: each queue's pending jobs in priority / submit / id order.
+    heads = queue_heads(c, plan, pending)
+    # 5. Admit in fair-share order: allocate, else preempt / reclaim, else wait
+    #    for quota, else hold a backfill reservation for the first blocked gang.
+    admitted, outcomes = admit(c, plan, heads)
+    # 6. Explain: a JobWaiting for each job left pending whose reason changed.
+    waiting = explain(c, plan, pending, outcomes)
+    return [*followups, *rejections, *admitted, *waiting]

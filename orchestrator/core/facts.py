@@ -1,0 +1,70 @@
+"""What the cluster could ever offer: every registered GPU free, failed and cordoned nodes included.
+
+Admission rules ask it whether a spec can *ever* fit; a job that fits here but
+not now waits, one that does not fit here is rejected with the numbers.
+"""
+
+from __future__ import annotations
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
+from orchestrator.core.state import ClusterState
+from orchestrator.core.topology import Topology
+from orchestrator.core.usage import limit_blocker, resolve_queue
+
+
+class ClusterFacts:
+    __slots__ = ("_empty", "state", "topo")
+
+    def __init__(self, state: ClusterState, topo: Topology) -> None:
+        self.state = state
+        self.topo = topo
+        self._empty: dict[GpuClass, FreeIndex] = {}
+
+    @property
+    def has_nodes(self) -> bool:
+        return bool(self.state.nodes)
+
+    def models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for node in self.state.nodes.values():
+            for g in node.inventory.gpus:
+                seen[f"{g.model} ({g.memory_mib} MiB)"] = None
+        return list(seen)
+
+    def empty_index(self, cls: GpuClass) -> FreeIndex:
+        """Every GPU of class `cls` free, on every registered node."""
+        idx = self._empty.get(cls)
+        if idx is None:
+            free: dict[str, tuple[int, ...]] = {}
+            eligible: dict[str, frozenset[int]] | None = None if cls == ANY_GPU else {}
+            for nid, node in self.state.nodes.items():
+                gpus = node.inventory.gpus
+                if eligible is None:
+                    free[nid] = tuple(range(len(gpus)))
+                else:
+                    e = eligible_gpus(gpus, cls)
+                    if e:
+                        eligible[nid] = e
+                        free[nid] = tuple(sorted(e))
+            idx = self._empty[cls] = FreeIndex(self.topo, cls, free, eligible)
+        return idx
+
+    def queue_of(self, name: str) -> str | None:
+        """The queue a job asking for `name` runs in; None when queues exist but neither it nor the default does."""
+        q = resolve_queue(self.state, name)
+        if q in self.state.queues or not self.state.queues:
+            return q
+        return None
+
+    def queue_names(self) -> list[str]:
+        return list(self.state.queues)
+
+    def limit_of(self, queue: str, gpus: int) -> tuple[str, int] | None:
+        """(queue, limit) of the first queue in the chain whose limit is below `gpus` even when idle."""
+        empty = {q: 0 for q in self.state.queues}
+        name = limit_blocker(self.state, queue, gpus, empty)
+        if name is None:
+            return None
+        limit = self.state.queues[name].limit_gpus
+        return name, limit if limit is not None else 0

@@ -1,0 +1,241 @@
+"""The tentative plan of one decide call: what is free, what each queue holds, what was decided.
+
+`decide` never touches the ClusterState; it builds a Plan from it, lets each
+stage extend the plan (a placement takes GPUs, a preemption earmarks them, a
+backfill reservation holds them), and drops it when the call returns. Trying a
+scenario (victim search, backfill estimate) works on a copy of an index, so
+dropping the copy is the rollback -- no undo log.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+from zlib import crc32
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
+from orchestrator.core.state import FREE, ClusterState, Job
+from orchestrator.core.topology import Topology, build_topology
+from orchestrator.core.usage import ancestors, average_gpus
+from schemas.events import RankPlacement
+
+#: MASTER_PORT range for rank 0's rendezvous: 29500 + [0, PORT_SPAN).
+PORT_BASE = 29500
+PORT_SPAN = 2000
+
+
+class QueueLoad(NamedTuple):
+    """A queue as fair share and quotas see it at this point of the plan."""
+
+    name: str
+    weight: float
+    guaranteed: int
+    limit: int | None
+    #: GPUs held now, plus those placed or claimed by preemption this cycle.
+    gpus: int
+    #: Fair-share usage: decayed average GPUs (== held GPUs without a half-life), plus this cycle's.
+    usage: float
+
+
+class Hold(NamedTuple):
+    """A backfill reservation: GPUs kept for the blocked head gang `job_id`."""
+
+    job_id: str
+    #: When the gang is expected to start (math.inf: some GPUs have no end estimate).
+    until: float
+    ranks: tuple[RankPlacement, ...]
+
+
+class Plan:
+    __slots__ = (
+        "_eligible",
+        "_indexes",
+        "_ports",
+        "added",
+        "busy",
+        "free",
+        "gpus",
+        "hold",
+        "now",
+        "state",
+        "topo",
+        "tree",
+    )
+
+    def __init__(self, state: ClusterState, now: float) -> None:
+        self.state = state
+        self.now = now
+        self.topo: Topology = build_topology(state.nodes.values(), state.config.topology_levels)
+        #: Schedulable node -> GPUs neither owned nor earmarked.
+        self.free: dict[str, tuple[int, ...]] = {}
+        earmarks = state.earmarks
+        for nid, node in state.nodes.items():
+            if node.failed or node.cordoned:
+                continue
+            owners = state.owners[nid]
+            marks = earmarks.get(nid)
+            if marks is None:
+                self.free[nid] = tuple(i for i, o in enumerate(owners) if o == FREE)
+            else:
+                self.free[nid] = tuple(i for i, o in enumerate(owners) if o == FREE and marks[i] == FREE)
+        self._indexes: dict[tuple[GpuClass, bool], FreeIndex] = {}
+        self._eligible: dict[GpuClass, dict[str, frozenset[int]] | None] = {}
+        self.hold: Hold | None = None
+        #: Per queue: GPUs held (own) and held by the subtree, tentative.
+        self.gpus: dict[str, int] = {q: u.gpus for q, u in state.usage.items()}
+        self.tree: dict[str, int] = {q: u.tree_gpus for q, u in state.usage.items()}
+        #: GPUs each queue gained this cycle (for the fair-share order inside the cycle).
+        self.added: dict[str, int] = {}
+        #: Jobs already decided on this cycle (placed, preempting, victims, follow-ups).
+        self.busy: set[str] = set()
+        self._ports: dict[str, set[int]] | None = None
+
+    # --- free GPUs ---------------------------------------------------------------
+
+    def eligible(self, cls: GpuClass) -> dict[str, frozenset[int]] | None:
+        """Node -> GPUs of class `cls` (None: every GPU of every node qualifies)."""
+        if cls == ANY_GPU:
+            return None
+        if cls not in self._eligible:
+            found: dict[str, frozenset[int]] = {}
+            for nid in self.free:
+                e = eligible_gpus(self.state.nodes[nid].inventory.gpus, cls)
+                if e:
+                    found[nid] = e
+            self._eligible[cls] = found
+        return self._eligible[cls]
+
+    def index(self, cls: GpuClass, *, through_hold: bool = False) -> FreeIndex:
+        """Free GPUs of `cls`; without `through_hold`, minus those held by the backfill reservation."""
+        key = (cls, through_hold and self.hold is not None)
+        idx = self._indexes.get(key)
+        if idx is None:
+            eligible = self.eligible(cls)
+            if eligible is None:
+                free = dict(self.free)
+            else:
+                free = {n: tuple(g for g in self.free[n] if g in e) for n, e in eligible.items()}
+            idx = FreeIndex(self.topo, cls, free, eligible)
+            if not key[1] and self.hold is not None:
+                for rp in self.hold.ranks:
+                    idx.take(rp.node_id, rp.gpus)
+            self._indexes[key] = idx
+        return idx
+
+    def take(self, ranks: tuple[RankPlacement, ...]) -> None:
+        """GPUs now spoken for in this plan (placed, earmarked or held)."""
+        for rp in ranks:
+            cur = self.free.get(rp.node_id)
+            if cur is None or not rp.gpus:
+                continue
+            self.free[rp.node_id] = tuple(g for g in cur if g not in rp.gpus)
+            for idx in self._indexes.values():
+                idx.take(rp.node_id, rp.gpus)
+
+    def release(self, job: Job) -> None:
+        """A follow-up ends `job`'s gang: its GPUs (not earmarked for others) are free for this cycle."""
+        marks_of = self.state.earmarks
+        for rp in job.placement:
+            cur = self.free.get(rp.node_id)
+            if cur is None or not rp.gpus:
+                continue
+            owners = self.state.owners[rp.node_id]
+            marks = marks_of.get(rp.node_id)
+            back = [
+                g for g in rp.gpus if g < len(owners) and owners[g] == job.job_id and (marks is None or marks[g] == FREE)
+            ]
+            if back:
+                self.free[rp.node_id] = tuple(sorted({*cur, *back}))
+                for idx in self._indexes.values():
+                    idx.give(rp.node_id, back)
+        self.charge(job.queue, -job.gpus)
+
+    def set_hold(self, hold: Hold) -> None:
+        self.hold = hold
+        for (_cls, through), idx in self._indexes.items():
+            if not through:
+                for rp in hold.ranks:
+                    idx.take(rp.node_id, rp.gpus)
+
+    def earmark_view(self, job: Job, cls: GpuClass) -> FreeIndex:
+        """What a preemptor may use: the free GPUs plus those earmarked for it that are free now."""
+        view = self.index(cls).copy()
+        for rp in job.earmark:
+            node = self.state.nodes.get(rp.node_id)
+            if node is None or not node.schedulable:
+                continue
+            owners = self.state.owners[rp.node_id]
+            view.give(rp.node_id, [g for g in rp.gpus if g < len(owners) and owners[g] == FREE])
+        return view
+
+    # --- queues ------------------------------------------------------------------
+
+    def charge(self, queue: str, delta: int) -> None:
+        self.gpus[queue] = self.gpus.get(queue, 0) + delta
+        self.added[queue] = self.added.get(queue, 0) + delta
+        for a in ancestors(self.state.queues, queue):
+            self.tree[a] = self.tree.get(a, 0) + delta
+
+    def load(self, queue: str) -> QueueLoad:
+        q = self.state.queues.get(queue)
+        u = self.state.usage.get(queue)
+        half_life = self.state.config.fairshare_half_life_s
+        base = average_gpus(u, self.now, half_life) if u is not None else 0.0
+        return QueueLoad(
+            name=queue,
+            weight=q.weight if q is not None else 1.0,
+            guaranteed=q.guaranteed_gpus if q is not None else 0,
+            limit=q.limit_gpus if q is not None else None,
+            gpus=self.gpus.get(queue, 0),
+            usage=base + self.added.get(queue, 0),
+        )
+
+    def limit_blocker(self, queue: str, extra: int, freed: dict[str, int] | None = None) -> tuple[str, int, int] | None:
+        """(queue, its limit, GPUs it holds) of the first queue in the chain that `extra` GPUs would overflow.
+
+        `freed` lists GPUs given back per queue (victims), counted for the queue and its ancestors.
+        """
+        relief: dict[str, int] = {}
+        for victim_queue, n in (freed or {}).items():
+            for a in ancestors(self.state.queues, victim_queue):
+                relief[a] = relief.get(a, 0) + n
+        for name in ancestors(self.state.queues, queue):
+            q = self.state.queues.get(name)
+            if q is None or q.limit_gpus is None:
+                continue
+            used = self.tree.get(name, 0) - relief.get(name, 0)
+            if used + extra > q.limit_gpus:
+                return name, q.limit_gpus, used
+        return None
+
+    # --- ports ------------------------------------------------------------------
+
+    def master_port(self, job_id: str, attempt: int, node: str) -> int:
+        """A deterministic rendezvous port for rank 0, unused by other gangs whose rank 0 is on `node`."""
+        if self._ports is None:
+            self._ports = {}
+            for jid in self.state.active:
+                j = self.state.jobs[jid]
+                if j.placement:
+                    self._ports.setdefault(j.placement[0].node_id, set()).add(j.master_port)
+        taken = self._ports.setdefault(node, set())
+        start = crc32(f"{job_id}:{attempt}".encode()) % PORT_SPAN
+        for i in range(PORT_SPAN):
+            port = PORT_BASE + (start + i) % PORT_SPAN
+            if port not in taken:
+                taken.add(port)
+                return port
+        return PORT_BASE + start
+
+
+def ends_at(job: Job, margin_s: float) -> float:
+    """When a gang is expected to let go of its GPUs (math.inf when nothing says)."""
+    if job.status == "preempting":
+        return job.preempt_at + job.preempt_grace_s + margin_s
+    if job.stop is not None:
+        return job.stop.requested_at + job.spec.grace_period_s + margin_s
+    limit = job.spec.time_limit_s
+    if limit is None:
+        return math.inf
+    return job.reserved_at + limit + job.spec.grace_period_s + margin_s

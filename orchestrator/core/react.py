@@ -1,0 +1,157 @@
+"""Stage 1, react: the follow-ups that facts already in the log imply.
+
+Each gang holding GPUs is checked in a fixed order; at most one follow-up per
+gang per cycle, the next one comes once the first is folded:
+
+1. ranks lost (node failed, worker lost): a stopping gang ends, a preempting
+   one is Preempted, any other is requeued as attempt+1 from its newest
+   checkpoint;
+2. stop requested (cancel, or the scheduler's own stop): once every worker
+   exited, or grace + margin passed -> JobCancelled / JobFailed(reason);
+3. preempting: once every worker exited, or grace + margin passed ->
+   Preempted(resume_from = newest checkpoint);
+4. every rank exited 0 -> JobCompleted;
+5. a rank failed for good: restart policy gang with restarts left ->
+   GangRestarted(attempt+1, same GPUs); otherwise stop it and fail it;
+6. time limit passed -> stop it (CancelRequested by the scheduler), then it
+   ends as JobFailed("time limit ...") through rule 2;
+7. every rank started -> JobRunning.
+
+The scheduler's stop is a CancelRequested with requested_by=SCHEDULER so the
+agents need one stop protocol only (signal, grace, kill); the fold marks the
+stop `fail`, and rule 2 turns it into JobFailed instead of JobCancelled.
+"""
+
+from __future__ import annotations
+
+from orchestrator.core.cycle import Cycle
+from orchestrator.core.state import FREE, SCHEDULER, ClusterState, Job
+from schemas.events import (
+    CancelRequested,
+    Event,
+    GangRestarted,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobRequeued,
+    JobRunning,
+    Preempted,
+)
+
+
+def lost_gangs(state: ClusterState) -> dict[str, str]:
+    """Jobs with ranks on failed nodes -> the first such node."""
+    lost: dict[str, str] = {}
+    failed = [nid for nid, n in state.nodes.items() if n.failed]
+    if not failed:
+        return lost
+    for nid in failed:
+        for owner in state.owners[nid]:
+            if owner != FREE and owner not in lost:
+                lost[owner] = nid
+    bad = set(failed)
+    for jid in state.active:
+        job = state.jobs[jid]
+        if job.gpus == 0 and jid not in lost:  # CPU-only ranks own no GPU
+            for rp in job.placement:
+                if rp.node_id in bad:
+                    lost[jid] = rp.node_id
+                    break
+    return lost
+
+
+def react(c: Cycle, pending: list[Job]) -> list[Event]:
+    state = c.state
+    lost = lost_gangs(state)
+    out: list[Event] = []
+    for jid in state.active:
+        job = state.jobs[jid]
+        e = _follow_up(c, job, lost.get(jid))
+        if e is not None:
+            out.append(e)
+    for job in pending:
+        if job.stop is not None:
+            out.append(_end(c, job))
+    return out
+
+
+def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
+    now, margin = c.now, c.policies.stop_margin_s
+    spec = job.spec
+    if failed_node is not None or job.lost:
+        if job.stop is not None:
+            return _end(c, job)
+        if job.status == "preempting":
+            return _preempted(c, job)
+        why = f"node {failed_node} failed" if failed_node is not None else f"{job.lost} rank(s) lost"
+        return JobRequeued(
+            event_id=c.event_id("requeue", job),
+            occurred_at=now,
+            job_id=job.job_id,
+            attempt=job.attempt + 1,
+            reason=why,
+            resume_from=job.newest_checkpoint,
+            epoch=c.epoch,
+        )
+    if job.stop is not None:
+        if job.live == 0 or now >= job.stop.requested_at + spec.grace_period_s + margin:
+            return _end(c, job)
+        return None
+    if job.status == "preempting":
+        if job.live == 0 or now >= job.preempt_at + job.preempt_grace_s + margin:
+            return _preempted(c, job)
+        return None
+    if job.exited_ok >= spec.ranks:
+        return JobCompleted(event_id=c.event_id("completed", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt)
+    if job.failure:
+        if spec.restart_policy == "gang" and job.restarts < spec.max_restarts:
+            return GangRestarted(
+                event_id=c.event_id("restart", job),
+                occurred_at=now,
+                job_id=job.job_id,
+                attempt=job.attempt + 1,
+                reason=f"{job.failure}; restart {job.restarts + 1} of {spec.max_restarts}",
+                epoch=c.epoch,
+            )
+        if spec.restart_policy == "gang":
+            why = f"{job.failure}; no restarts left ({spec.max_restarts} used)"
+        elif spec.restart_policy == "rank":
+            why = f"{job.failure}; the agent gave up restarting it"
+        else:
+            why = f"{job.failure}; restart policy never"
+        return _stop_and_fail(c, job, why)
+    limit = spec.time_limit_s
+    if limit is not None and now >= job.reserved_at + limit:
+        return _stop_and_fail(c, job, f"time limit {limit:g}s exceeded")
+    if job.status == "reserved" and job.started >= spec.ranks:
+        return JobRunning(event_id=c.event_id("running", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt)
+    return None
+
+
+def _stop_and_fail(c: Cycle, job: Job, reason: str) -> Event:
+    if job.live == 0:
+        return JobFailed(event_id=c.event_id("failed", job), occurred_at=c.now, job_id=job.job_id, attempt=job.attempt, reason=reason)
+    return CancelRequested(
+        event_id=c.event_id("stop", job), occurred_at=c.now, job_id=job.job_id, reason=reason, requested_by=SCHEDULER
+    )
+
+
+def _end(c: Cycle, job: Job) -> Event:
+    """The end of a stopped job: JobFailed for the scheduler's stops, JobCancelled for users'."""
+    assert job.stop is not None
+    if job.stop.fail:
+        return JobFailed(
+            event_id=c.event_id("failed", job), occurred_at=c.now, job_id=job.job_id, attempt=job.attempt, reason=job.stop.reason
+        )
+    return JobCancelled(event_id=c.event_id("cancelled", job), occurred_at=c.now, job_id=job.job_id, reason=job.stop.reason)
+
+
+def _preempted(c: Cycle, job: Job) -> Event:
+    return Preempted(
+        event_id=c.event_id("preempted", job),
+        occurred_at=c.now,
+        job_id=job.job_id,
+        attempt=job.attempt,
+        preemptor_job_id=job.preemptor,
+        resume_from=job.newest_checkpoint,
+    )

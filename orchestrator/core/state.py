@@ -1,0 +1,223 @@
+"""What every reader of the log knows: the cluster state that `evolve` folds.
+
+The fold owns its state: `evolve` applies an event in place and returns the
+same object, so a 1,000,000-event replay costs O(1) per event. Every value
+inside the collections is a frozen record that is *replaced* on change, never
+mutated, so `copy()` only has to copy the dicts, not the records.
+
+The state is a msgspec Struct: `snapshot(state)` is a msgpack byte string and
+folding the same log twice gives byte-equal snapshots (dict insertion order
+follows the log; nothing here is a set).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from schemas.events import RankPlacement
+from schemas.inventory import Inventory
+from schemas.jobspec import JobSpec
+
+JobStatus = Literal["pending", "reserved", "running", "preempting", "completed", "failed", "cancelled", "rejected"]
+RankStatus = Literal["started", "restarting", "exited"]
+
+#: Statuses in which a job holds GPUs (its gang is placed).
+HOLDING: frozenset[str] = frozenset({"reserved", "running", "preempting"})
+#: Statuses a job never leaves.
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "rejected"})
+
+#: `CancelRequested.requested_by` when the scheduler itself stops a job (time
+#: limit, crash without restarts left): the job then ends as JobFailed, not
+#: JobCancelled. Agents treat it like any cancel: signal, grace, kill.
+SCHEDULER = "corral-scheduler"
+
+#: Marks a free GPU in `ClusterState.owners` / an un-earmarked one in `earmarks`.
+FREE = ""
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    """ClusterConfigured settings (the log's copy, so every replay decides alike)."""
+
+    topology_levels: tuple[str, ...] = ()
+    fairshare_half_life_s: float = 0.0
+    min_runtime_s: float = 60.0
+    default_queue: str = "default"
+
+
+class Node(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    incarnation: str
+    address: str
+    inventory: Inventory
+    registered_at: float = 0.0
+    cordoned: bool = False
+    failed: bool = False
+
+    @property
+    def schedulable(self) -> bool:
+        return not (self.failed or self.cordoned)
+
+
+class Queue(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    weight: float = 1.0
+    guaranteed_gpus: int = 0
+    limit_gpus: int | None = None
+    parent: str | None = None
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """GPUs a queue holds now, and its decayed GPU-seconds for fair share.
+
+    `tree_gpus` adds the queue's descendants (a child's usage counts toward its
+    parent's limit). `decayed` is the GPU-seconds integral with the configured
+    half-life as of `at` (plain GPU-seconds when the half-life is 0).
+    """
+
+    gpus: int = 0
+    tree_gpus: int = 0
+    decayed: float = 0.0
+    at: float = 0.0
+
+
+class RankState(msgspec.Struct, frozen=True, kw_only=True):
+    node_id: str
+    status: RankStatus
+    exit_code: int | None = None
+    reason: str = ""
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    step: int
+    attempt: int
+    rank: int
+
+
+class Stop(msgspec.Struct, frozen=True, kw_only=True):
+    """A request to stop a job's workers (signal, grace, kill) and then end it.
+
+    `fail` is true when the scheduler asked (time limit, crash without
+    restarts left): the job ends as JobFailed(reason) instead of JobCancelled.
+    """
+
+    reason: str
+    requested_by: str
+    requested_at: float
+    fail: bool = False
+
+
+class Waiting(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+    at: float = 0.0
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    spec: JobSpec
+    submitted_at: float
+    #: Log position of the JobSubmitted (a deterministic arrival order).
+    submit_seq: int = 0
+    status: JobStatus = "pending"
+    attempt: int = 1
+    #: Gang restarts used so far (counts against spec.max_restarts).
+    restarts: int = 0
+    #: Queue charged while the job holds GPUs (resolved at reservation).
+    queue: str = ""
+    placement: tuple[RankPlacement, ...] = ()
+    gpus: int = 0
+    master_port: int = 0
+    epoch: int = 0
+    reserved_at: float = 0.0
+    running_at: float = 0.0
+    finished_at: float = 0.0
+    # Ranks of the current attempt (details per rank in ClusterState.ranks).
+    started: int = 0
+    live: int = 0
+    exited_ok: int = 0
+    lost: int = 0
+    #: First unexpected exit of this attempt ("rank 2 crashed (exit 1)"), "" if none.
+    failure: str = ""
+    checkpoint: Checkpoint | None = None
+    #: Where the current attempt resumes from (set by Preempted / JobRequeued).
+    resume_from: str | None = None
+    # Set while status == "preempting".
+    preemptor: str = ""
+    preempt_at: float = 0.0
+    preempt_grace_s: float = 0.0
+    stop: Stop | None = None
+    waiting: Waiting | None = None
+    #: As a preemptor: the planned placement whose GPUs are held for this job.
+    earmark: tuple[RankPlacement, ...] = ()
+    end_reason: str = ""
+
+    @property
+    def newest_checkpoint(self) -> str | None:
+        """Where a new attempt should resume: this attempt's checkpoint, else the previous resume point."""
+        return self.checkpoint.path if self.checkpoint is not None else self.resume_from
+
+
+class ClusterState(msgspec.Struct, kw_only=True):
+    #: Last applied stream sequence (or event count when folded without one).
+    seq: int = 0
+    #: Newest SchedulerElected epoch; decisions from older epochs are void.
+    epoch: int = 0
+    scheduler_id: str = ""
+    config: Config = msgspec.field(default_factory=Config)
+    nodes: dict[str, Node] = msgspec.field(default_factory=dict)
+    #: node -> owner job id per GPU index (FREE when free).
+    owners: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    #: node -> preemptor job id per GPU index (FREE when not earmarked); only nodes with an earmark.
+    earmarks: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    queues: dict[str, Queue] = msgspec.field(default_factory=dict)
+    usage: dict[str, Usage] = msgspec.field(default_factory=dict)
+    jobs: dict[str, Job] = msgspec.field(default_factory=dict)
+    #: Ordered sets (value: submit seq) of pending jobs and of jobs holding GPUs.
+    pending: dict[str, int] = msgspec.field(default_factory=dict)
+    active: dict[str, int] = msgspec.field(default_factory=dict)
+    #: job -> rank -> state, for the current attempt of active jobs.
+    ranks: dict[str, dict[int, RankState]] = msgspec.field(default_factory=dict)
+    #: job -> step -> ranks that reported a checkpoint at that step (until complete).
+    checkpoint_votes: dict[str, dict[int, tuple[int, ...]]] = msgspec.field(default_factory=dict)
+    #: Decisions recorded as void (stale epoch, GPUs taken, ...), for observability.
+    voids: int = 0
+    last_void: str = ""
+    unknown_events: int = 0
+
+    def copy(self) -> ClusterState:
+        """An independent state for tentative folding (records are frozen, so shallow copies suffice)."""
+        return ClusterState(
+            seq=self.seq,
+            epoch=self.epoch,
+            scheduler_id=self.scheduler_id,
+            config=self.config,
+            nodes=dict(self.nodes),
+            owners=dict(self.owners),
+            earmarks=dict(self.earmarks),
+            queues=dict(self.queues),
+            usage=dict(self.usage),
+            jobs=dict(self.jobs),
+            pending=dict(self.pending),
+            active=dict(self.active),
+            ranks={k: dict(v) for k, v in self.ranks.items()},
+            checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},
+            voids=self.voids,
+            last_void=self.last_void,
+            unknown_events=self.unknown_events,
+        )
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(ClusterState)
+
+
+def snapshot(state: ClusterState) -> bytes:
+    """The state as msgpack bytes; equal logs give equal bytes."""
+    return _ENCODER.encode(state)
+
+
+def restore(data: bytes) -> ClusterState:
+    return _DECODER.decode(data)

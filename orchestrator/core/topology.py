@@ -1,0 +1,80 @@
+"""The cluster's domain tree: topology levels coarse to fine, then nodes, then GPUs.
+
+Levels come from ClusterConfigured.topology_levels (e.g. ("block", "leaf"))
+and are read from node labels. A domain's id is its path ("block=b1/leaf=l3"),
+so equal labels under different parents stay distinct. A node without a
+label for a level is a domain of its own at that level: nothing says it shares
+that switch with anyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from orchestrator.core.state import Node
+
+#: The whole cluster, the coarsest domain.
+ROOT = "*"
+#: Pseudo-levels around the configured ones.
+NODE = "node"
+CLUSTER = "cluster"
+
+
+class Topology:
+    """Domains and their members; built once per decide call from the registered nodes."""
+
+    __slots__ = ("children", "domains_at", "levels", "nodes_in", "paths", "width")
+
+    def __init__(self, levels: tuple[str, ...]) -> None:
+        self.levels = levels
+        #: node -> its domains, root first then one per level (coarse to fine).
+        self.paths: dict[str, tuple[str, ...]] = {}
+        #: domain -> member nodes, in registration order.
+        self.nodes_in: dict[str, list[str]] = {ROOT: []}
+        #: domain -> child domains (empty at the finest level, whose children are nodes).
+        self.children: dict[str, list[str]] = {ROOT: []}
+        #: level -> its domains; CLUSTER -> [ROOT].
+        self.domains_at: dict[str, list[str]] = {CLUSTER: [ROOT], **{lvl: [] for lvl in levels}}
+        #: Most GPUs on one node (histogram width for capacity indexes).
+        self.width = 0
+
+    def add(self, node_id: str, labels: dict[str, str], gpu_count: int) -> None:
+        path = [ROOT]
+        parent = ROOT
+        prefix = ""
+        for lvl in self.levels:
+            label = labels.get(lvl)
+            part = f"{lvl}={label}" if label else f"{lvl}=~{node_id}"
+            prefix = f"{prefix}/{part}" if prefix else part
+            if prefix not in self.nodes_in:
+                self.nodes_in[prefix] = []
+                self.children[prefix] = []
+                self.children[parent].append(prefix)
+                self.domains_at[lvl].append(prefix)
+            path.append(prefix)
+            parent = prefix
+        for d in path:
+            self.nodes_in[d].append(node_id)
+        self.paths[node_id] = tuple(path)
+        self.width = max(self.width, gpu_count)
+
+    def level_of(self, domain: str) -> str:
+        if domain == ROOT:
+            return CLUSTER
+        return self.levels[domain.count("/")]
+
+    def label_of(self, domain: str) -> str:
+        """A domain's readable name: its last label ("l3"), or "cluster"."""
+        if domain == ROOT:
+            return CLUSTER
+        return domain.rsplit("/", 1)[-1].split("=", 1)[1].lstrip("~")
+
+    def known_level(self, level: str) -> bool:
+        return level in (NODE, CLUSTER) or level in self.levels
+
+
+def build_topology(nodes: Iterable[Node], levels: tuple[str, ...]) -> Topology:
+    topo = Topology(levels)
+    for node in nodes:
+        topo.add(node.node_id, node.inventory.labels, node.inventory.gpu_count)
+    return topo

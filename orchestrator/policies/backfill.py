@@ -1,0 +1,62 @@
+"""Backfill: the head gang that cannot start holds the GPUs it will start on.
+
+The head (the first gang in fair-share order that is blocked by capacity, not
+by quota) gets a reservation at the earliest time enough GPUs free up: running
+gangs are released in order of their expected end (start + time limit; gangs
+without a limit never end in this estimate, so they come last, oldest first)
+until the head fits topology-feasibly; the placement it would get then is the
+reservation. Its GPUs that are free now are held: later jobs may use them only
+if their own time limit ends before the reservation. Every other GPU stays
+open to everyone. So a 64-GPU gang accumulates the GPUs it waits for instead
+of losing each freed one to a stream of small jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.plan import Hold
+from orchestrator.core.topology import ROOT
+from orchestrator.policies.placement import GangRequest, LinksOf, Placement
+from schemas.events import RankPlacement
+
+FitsFn = Callable[[GangRequest, FreeIndex], bool]
+PlaceFn = Callable[[GangRequest, FreeIndex, LinksOf], Placement | None]
+
+
+class Ending(NamedTuple):
+    """A running gang and when it is expected to free its GPUs."""
+
+    job_id: str
+    ends_at: float
+    started_at: float
+    placement: tuple[RankPlacement, ...]
+
+
+def earliest_start(
+    req: GangRequest,
+    index: FreeIndex,
+    ending: Sequence[Ending],
+    fits: FitsFn,
+    place: PlaceFn,
+    links_of: LinksOf,
+) -> Hold | None:
+    """The reservation for the blocked head `req`, or None if it never fits."""
+    idx = index.copy()
+    for e in sorted(ending, key=lambda e: (e.ends_at, e.started_at, e.job_id)):
+        for rp in e.placement:
+            idx.give(rp.node_id, rp.gpus)
+        if idx.capacity(ROOT, req.gpus_per_rank, req.ranks) < req.ranks or not fits(req, idx):
+            continue
+        p = place(req, idx, links_of)
+        if p is not None:
+            return Hold(job_id=req.job_id, until=e.ends_at, ranks=p.ranks)
+    return None
+
+
+def may_use_held(ends_at: float, hold: Hold) -> bool:
+    """A job may run on held GPUs only if it is sure to end (time limit) before the reservation starts."""
+    return math.isfinite(hold.until) and ends_at <= hold.until

@@ -1,0 +1,27 @@
+"""Order: queues by weighted fair share, then priority, then submit time, then job id.
+
+A queue's share is its usage divided by its weight; usage is the GPUs it holds
+(or, with a half-life configured, its decayed average GPUs) plus what it got
+earlier in this cycle, so one decide call already interleaves queues fairly.
+Queues below their guarantee go first: idle GPUs are lent to others, but a
+queue that is owed GPUs gets the next free ones.
+"""
+
+from __future__ import annotations
+
+from orchestrator.core.plan import QueueLoad
+from orchestrator.core.state import Job
+
+JobKey = tuple[int, float, str]
+QueueKey = tuple[int, float, str]
+
+
+def job_order_key(job: Job) -> JobKey:
+    """Inside a queue: higher priority first, then earlier submit, then job id."""
+    return (-job.spec.priority, job.submitted_at, job.job_id)
+
+
+def fair_share_key(load: QueueLoad) -> QueueKey:
+    """Across queues: owed GPUs first, then the smallest weighted share, then the name."""
+    owed = 0 if load.gpus < load.guaranteed else 1
+    return (owed, load.usage / max(load.weight, 1e-9), load.name)

@@ -1,0 +1,64 @@
+"""Admission: specs that can never run on this cluster are rejected, with the numbers.
+
+"Never" means: not even with every registered GPU free (failed and cordoned
+nodes included, they may come back). A job asking for an unknown queue runs
+in the default queue when there is one, and anywhere when no queue is defined
+at all. An empty cluster rejects nothing on capacity: nodes may still come.
+"""
+
+from __future__ import annotations
+
+from orchestrator.core.facts import ClusterFacts
+from orchestrator.core.state import Job
+from orchestrator.core.topology import NODE
+from orchestrator.policies.placement import fits, request_of
+
+
+def _gpu_words(model: str | None, memory_mib: int) -> str:
+    parts = [model] if model else []
+    if memory_mib > 0:
+        parts.append(f"with >= {memory_mib} MiB")
+    return " ".join(parts) if parts else "GPU"
+
+
+def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
+    """Every reason `job` can never run here; empty when it might."""
+    spec = job.spec
+    if spec.ranks < 1 or spec.gpus_per_rank < 0:
+        return (f"a gang needs at least 1 rank and 0 or more GPUs per rank, got {spec.ranks}x{spec.gpus_per_rank}",)
+    out: list[str] = []
+    total = spec.total_gpus
+    queue = facts.queue_of(spec.queue)
+    default = facts.state.config.default_queue
+    if queue is None:
+        known = ", ".join(facts.queue_names())
+        out.append(f"unknown queue {spec.queue!r} and no {default!r} queue; queues are: {known}")
+    else:
+        over = facts.limit_of(queue, total)
+        if over is not None:
+            out.append(f"needs {total} GPUs, more than queue {over[0]}'s limit {over[1]}")
+    level_known = True
+    if spec.topology is not None and not facts.topo.known_level(spec.topology.level):
+        level_known = False
+        known = ", ".join([*facts.topo.levels, NODE])
+        out.append(f"unknown topology level {spec.topology.level!r}; this cluster has: {known}")
+    if facts.has_nodes and spec.gpus_per_rank > 0:
+        req = request_of(job)
+        if not level_known:
+            req = req._replace(level=None, required=False)
+        idx = facts.empty_index(req.cls)
+        what = _gpu_words(spec.gpu_model, spec.min_gpu_memory_mib)
+        if not idx.free:
+            out.append(f"no {what} in the cluster; it has: {', '.join(facts.models())}")
+        elif idx.largest_node_free() < spec.gpus_per_rank:
+            out.append(f"a rank needs {spec.gpus_per_rank} {what}s, the largest node has {idx.largest_node_free()}")
+        elif not fits(req, idx):
+            shape = f"{total} {what}s ({spec.ranks}x{spec.gpus_per_rank})"
+            if req.required and req.level == NODE:
+                out.append(f"needs {shape} on one node, the largest node has {idx.largest_node_free()}")
+            elif req.required and req.level is not None:
+                biggest = max((idx.free_gpus(d) for d in facts.topo.domains_at.get(req.level, [])), default=0)
+                out.append(f"needs {shape} in one {req.level}, the largest {req.level} has {biggest}")
+            else:
+                out.append(f"needs {shape}, the whole cluster has {idx.free_gpus('*')}")
+    return tuple(out)
