@@ -1,0 +1,799 @@
+"""The bus: corral's one log (a JetStream stream) and the ways to read it.
+
+Writing. `append` publishes with `Nats-Msg-Id = event.event_id`, so a publish
+retried after a lost ack is stored once: JetStream answers a duplicate with
+the original's sequence, which `append` returns. `append_many` pipelines the
+publishes (one connection, acks gathered), about 5-10x the throughput of
+awaiting each ack.
+
+Durability. The embedded server keeps nats-server's default file-store sync:
+a message is written to the OS before its PubAck (so a crash or SIGKILL of
+nats-server loses nothing) and fsynced every 2 minutes (so a kernel crash or
+power loss may lose the last ones). fsync on every write ("sync always") cost
+~5x on append throughput on the reference machine (bench/RESULTS.md). In a
+cluster, replicas=3 make an ack mean "on a quorum of machines", which is the
+real guarantee; a single-node deployment that must survive power loss should
+start its server with `sync_interval="always"`.
+
+Reading. All reads use one mechanism (`_Reader`): an ephemeral or durable
+pull consumer, raw `$JS.API.CONSUMER.MSG.NEXT` requests answered on one inbox
+subscription whose *callback* decodes messages into Envelopes. Measured on the
+reference machine (bench/RESULTS.md), this is the fastest correct way to read
+a stream with nats-py 2.16:
+- `PullSubscription.fetch()`, `next_msg()` and `async for` create a task per
+  message and read 4-6x slower;
+- a push consumer without flow control overruns the client's pending limits
+  and silently drops messages (92k of 200k in one test), and an ordered push
+  consumer with flow control was slower than raw pulls;
+- batched direct gets parse more headers per message and were ~3x slower;
+- replay consumers use AckPolicy NONE, so max_ack_pending (1,000 by default)
+  cannot stall them; the server keeps two pull requests in flight.
+Every read recovers by itself from a lost consumer, a reconnect or a
+nats-server restart: it creates a new consumer at the sequence after the last
+one it delivered, so nothing is lost or repeated.
+
+Decoding uses `schemas.decode`, which never raises: an unknown or corrupt event
+arrives as an Envelope carrying `Unknown`, logged once per type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import inspect
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import aclosing
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    ConsumerInfo,
+    DeliverPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+
+from events.subjects import ALL, check_id, normalize_filters, subject_for
+from schemas import AnyEvent, Event, Unknown, decode, encode
+
+log = structlog.get_logger("corral.bus")
+
+#: JetStream error code: "stream name already in use with a different configuration".
+_STREAM_NAME_IN_USE = 10058
+#: Retries of one append after a timeout; each retry is deduplicated by Nats-Msg-Id.
+_APPEND_ATTEMPTS = 4
+
+
+class Envelope(msgspec.Struct, frozen=True, gc=False):
+    """One event as read from the log, with where and when the log stored it.
+
+    A frozen msgspec Struct rather than a frozen dataclass (same fields, same
+    attribute API): building one costs a tenth of a frozen dataclass, and
+    `gc=False` keeps replay batches out of the cyclic GC's work (an Envelope
+    holds an immutable event tree, so it can never be part of a cycle).
+    Together that is ~15% of replay throughput (bench/RESULTS.md).
+    """
+
+    seq: int
+    subject: str
+    #: Server receive time, seconds since the epoch (the publisher's is event.occurred_at).
+    stream_time: float
+    event: AnyEvent | Unknown
+
+
+Handler = Callable[[Envelope], Awaitable[None] | None]
+
+
+class BusError(RuntimeError):
+    pass
+
+
+class ReadStalled(BusError):
+    """A read made no progress (no message, no heartbeat) and could not recover in time."""
+
+
+def _ack_fields(reply: str) -> tuple[int, int, int, int, int]:
+    """(stream seq, consumer seq, delivery count, timestamp ns, pending) from a JetStream reply subject.
+
+    v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
+    v2: $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>[.<token>]
+    """
+    t = reply.split(".")
+    o = 0 if len(t) == 9 else 2
+    return int(t[5 + o]), int(t[6 + o]), int(t[4 + o]), int(t[7 + o]), int(t[8 + o])
+
+
+class Bus:
+    """A connection to the CORRAL stream. Create with `await Bus.connect(url)`."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext, stream: str, replicas: int) -> None:
+        self.nc = nc
+        self.js = js
+        self.stream = stream
+        self.replicas = replicas
+        self._closed = False
+        self._unknown_logged: set[str | None] = set()
+        #: Readers to wake when the connection comes back: their consumers may be gone.
+        self._reconnect_listeners: set[Callable[[], None]] = set()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | list[str],
+        *,
+        stream: str = "CORRAL",
+        replicas: int = 1,
+        name: str = "corral",
+        duplicate_window: float = 300.0,
+        **nats_opts: Any,
+    ) -> Bus:
+        """Connect and create-or-update the stream (idempotent: every service may call it)."""
+        user_reconnected = nats_opts.pop("reconnected_cb", None)
+        holder: list[Bus] = []
+
+        async def reconnected() -> None:
+            if holder:
+                holder[0]._notify_reconnect()
+            if user_reconnected is not None:
+                await user_reconnected()
+
+        nats_opts.setdefault("max_reconnect_attempts", -1)
+        nats_opts.setdefault("reconnect_time_wait", 0.25)
+        nc = await nats.connect(url, name=name, reconnected_cb=reconnected, **nats_opts)
+        try:
+            js = nc.jetstream(publish_async_max_pending=8192)
+            bus = cls(nc, js, stream, replicas)
+            holder.append(bus)
+            await bus._ensure_stream(duplicate_window)
+        except BaseException:
+            await nc.close()
+            raise
+        return bus
+
+    async def _ensure_stream(self, duplicate_window: float) -> None:
+        config = StreamConfig(
+            name=self.stream,
+            subjects=[ALL],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            num_replicas=self.replicas,
+            duplicate_window=duplicate_window,
+            allow_direct=True,
+        )
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError as e:
+            if e.err_code != _STREAM_NAME_IN_USE:
+                raise
+            await self.js.update_stream(config)
+
+    async def close(self) -> None:
+        """Drain (deliver what was received, flush what was published), then close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.nc.is_closed:
+            return
+        if not self.nc.is_connected:  # reconnecting: nothing to drain, and drain would wait for it
+            await self.nc.close()
+            return
+        try:
+            await self.nc.drain()
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+            pass
+        finally:
+            if not self.nc.is_closed:
+                await self.nc.close()
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _notify_reconnect(self) -> None:
+        for listener in list(self._reconnect_listeners):
+            listener()
+
+    # -- writing ---------------------------------------------------------------
+
+    async def append(self, event: Event) -> int:
+        """Store one event; its stream sequence. A duplicate event_id returns the original's sequence."""
+        return await self._append_raw(*self._message(event))
+
+    async def append_many(self, events: Iterable[Event], *, timeout: float = 30.0) -> list[int]:
+        """Store events in order, pipelined; their sequences.
+
+        Order is kept unless a publish has to be retried (then that event lands
+        after the ones that made it the first time); retries are deduplicated.
+        """
+        msgs = [self._message(e) for e in events]
+        futures: list[asyncio.Future[Any]] = []
+        for subject, payload, headers in msgs:
+            futures.append(await self.js.publish_async(subject, payload, headers=headers))
+        if futures:
+            await asyncio.wait(futures, timeout=timeout)
+        seqs: list[int] = []
+        for i, fut in enumerate(futures):
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                seqs.append(int(fut.result().seq))
+                continue
+            if not fut.done():
+                fut.cancel()  # a plain Future, not a task: nothing to await
+            subject, payload, headers = msgs[i]
+            seqs.append(await self._append_raw(subject, payload, headers))
+        return seqs
+
+    async def _append_raw(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
+        delay = 0.25
+        for attempt in range(_APPEND_ATTEMPTS):
+            try:
+                ack = await self.js.publish(subject, payload, headers=headers, timeout=5.0)
+                return int(ack.seq)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError,
+                    nats.js.errors.ServiceUnavailableError) as e:
+                # Safe to retry: the same Nats-Msg-Id is stored once.
+                if attempt == _APPEND_ATTEMPTS - 1:
+                    raise BusError(f"append {headers['Nats-Msg-Id']!r} to {subject}: {e!r}") from e
+                log.warning("append retry", event_id=headers["Nats-Msg-Id"], error=repr(e), attempt=attempt + 1)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _message(event: Event) -> tuple[str, bytes, dict[str, str]]:
+        eid = event.event_id
+        if not eid or "\r" in eid or "\n" in eid:
+            raise ValueError(f"event_id must be a non-empty single line, got {eid!r}")
+        return subject_for(event), encode(event), {"Nats-Msg-Id": eid}
+
+    async def last_seq(self) -> int:
+        info = await self.js.stream_info(self.stream)
+        return int(info.state.last_seq)
+
+    # -- reading ---------------------------------------------------------------
+
+    async def replay(
+        self,
+        from_seq: int = 1,
+        *,
+        since: float | None = None,
+        to_seq: int | None = None,
+        subjects: list[str] | None = None,
+        batch: int = 2000,
+        stall_timeout: float = 30.0,
+    ) -> AsyncIterator[list[Envelope]]:
+        """The log from `from_seq` (or from stream time `since`, epoch seconds) in batches, in order.
+
+        Ends after `to_seq`, or after the last sequence present when called,
+        whichever is lower. `subjects` filter server-side (see events.subjects).
+        Break out early inside `contextlib.aclosing(...)` so the consumer is
+        removed at once.
+        """
+        if since is not None and from_seq != 1:
+            raise ValueError("give from_seq or since, not both")
+        end = await self.last_seq()
+        if to_seq is not None:
+            end = min(end, to_seq)
+        if end < max(from_seq, 1):
+            return
+        reader = _Reader(
+            self, _EphemeralConsumers(self, subjects, from_seq=from_seq, since=since), batch=batch,
+            end=end, stall_timeout=stall_timeout,
+        )
+        async with aclosing(reader.batches()) as batches:
+            async for items in batches:
+                yield items
+
+    async def tail(
+        self,
+        *,
+        subjects: list[str] | None = None,
+        from_seq: int | None = None,
+        since: float | None = None,
+        batch: int = 500,
+    ) -> AsyncIterator[Envelope]:
+        """Events as they are appended, from now (default), from `from_seq` or from time `since`. Never ends."""
+        if since is not None and from_seq is not None:
+            raise ValueError("give from_seq or since, not both")
+        consumers = _EphemeralConsumers(self, subjects, from_seq=from_seq, since=since, new_only=from_seq is None and
+                                        since is None)
+        reader = _Reader(self, consumers, batch=batch, end=None, stall_timeout=None)
+        async with aclosing(reader.batches()) as batches:
+            async for items in batches:
+                for env in items:
+                    yield env
+
+    def durable(
+        self,
+        name: str,
+        handler: Handler,
+        subjects: list[str] | None = None,
+        *,
+        last_applied: int = 0,
+        batch: int = 256,
+        ack_wait: float = 30.0,
+    ) -> DurableConsumer:
+        """A named consumer that resumes where it stopped, also after its process died.
+
+        See DurableConsumer. Pass the `last_applied` sequence you stored with
+        your handler's effects to make a redelivery after a crash a no-op.
+        """
+        return DurableConsumer(self, name, handler, subjects, last_applied=last_applied, batch=batch,
+                               ack_wait=ack_wait)
+
+    async def kv(self, bucket: str, *, ttl: float | None = None, history: int = 1) -> KeyValue:
+        """A KV bucket (heartbeats, leader lease), created on first use with these settings."""
+        try:
+            return await self.js.create_key_value(
+                KeyValueConfig(bucket=bucket, ttl=ttl, history=history, storage=StorageType.FILE,
+                               replicas=self.replicas)
+            )
+        except nats.js.errors.BadRequestError as e:
+            if e.err_code != _STREAM_NAME_IN_USE:
+                raise
+            log.warning("kv bucket exists with other settings; using it as is", bucket=bucket, ttl=ttl, history=history)
+            return await self.js.key_value(bucket)
+
+    # -- decoding --------------------------------------------------------------
+
+    def _envelope(self, data: bytes, subject: str, seq: int, ts_ns: int) -> Envelope:
+        event = decode(data)
+        if event.__class__ is Unknown:
+            self._log_unknown(event, seq, subject)  # type: ignore[arg-type]
+        return Envelope(seq, subject, ts_ns / 1e9, event)
+
+    def _log_unknown(self, event: Unknown, seq: int, subject: str) -> None:
+        if event.type in self._unknown_logged:
+            return
+        self._unknown_logged.add(event.type)
+        log.warning("undecodable event (logged once per type)", type=event.type, seq=seq, subject=subject,
+                    error=event.error[:200])
+
+
+# --- consumers ----------------------------------------------------------------
+
+
+class _EphemeralConsumers:
+    """Makes the ephemeral AckNone consumer of a replay or tail, and re-makes it after a loss."""
+
+    ack = False
+    keep = False
+
+    def __init__(
+        self, bus: Bus, subjects: list[str] | None, *, from_seq: int | None, since: float | None,
+        new_only: bool = False,
+    ) -> None:
+        self.bus = bus
+        self.filters = normalize_filters(subjects)
+        self.from_seq = from_seq
+        self.since = since
+        self.new_only = new_only
+
+    async def create(self, resume_at: int | None) -> ConsumerInfo:
+        """A fresh consumer at `resume_at` (after a loss) or at the read's own start."""
+        cfg = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            mem_storage=True,
+            num_replicas=1,
+            # The server removes it if we vanish without deleting it.
+            inactive_threshold=60.0,
+        )
+        if len(self.filters) == 1:
+            cfg.filter_subject = self.filters[0]
+        else:
+            cfg.filter_subjects = self.filters
+        if resume_at is not None:
+            cfg.deliver_policy, cfg.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, resume_at
+        elif self.since is not None:
+            cfg.deliver_policy = DeliverPolicy.BY_START_TIME
+            cfg.opt_start_time = _start_time(self.since)
+        elif self.new_only:
+            cfg.deliver_policy = DeliverPolicy.NEW
+        else:
+            cfg.deliver_policy, cfg.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, max(self.from_seq or 1, 1)
+        return await self.bus.js.add_consumer(self.bus.stream, cfg, timeout=5.0)
+
+    async def delete(self, name: str) -> None:
+        try:
+            await self.bus.js.delete_consumer(self.bus.stream, name)
+        except (TimeoutError, nats.errors.Error):
+            pass  # gone already, or the server is away: inactive_threshold removes it
+
+
+def _start_time(since: float) -> dt.datetime:
+    """`since` as the server's start time, at microsecond resolution (the API's), rounded down.
+
+    An Envelope's stream_time passed back as `since` must include that event,
+    but a float of epoch seconds is only good to ~0.25 us: start one
+    microsecond early, so events stored within that microsecond before may be
+    included, and none at or after `since` is skipped.
+    """
+    us = math.floor(since * 1_000_000) - 1
+    return dt.datetime.fromtimestamp(us // 1_000_000, dt.UTC).replace(microsecond=us % 1_000_000)
+
+
+class _Reset(Exception):
+    """The consumer or its pull requests were lost; make a new one and go on."""
+
+
+class _Reader:
+    """Pull requests on one inbox, decoded in the subscription callback; recovers from losses.
+
+    The callback only decodes and appends to a buffer; the reader's own loop
+    takes whole buffers, so a replay costs one await per batch, not per message.
+    Flow: at most two requests of `batch` messages are outstanding, and none
+    is sent while a full batch waits to be taken (backpressure).
+    """
+
+    _EXPIRES = 20.0
+    _HEARTBEAT = 2.0
+
+    def __init__(
+        self,
+        bus: Bus,
+        consumers: _EphemeralConsumers | _DurableConsumers,
+        *,
+        batch: int,
+        end: int | None,
+        stall_timeout: float | None,
+    ) -> None:
+        self.bus = bus
+        self.nc = bus.nc
+        self.consumers = consumers
+        self.batch = max(1, batch)
+        #: Buffered messages beyond which no more are requested until the reader catches up.
+        self._high = 4 * self.batch
+        self.end = end
+        self.stall_timeout = stall_timeout
+        self.keep_reply = consumers.ack
+        #: Next stream sequence to ask for after a reset (None: the read's own start).
+        self.resume_at: int | None = None
+        self._buf: list[Any] = []
+        self._wake = asyncio.Event()
+        self._done = False
+        self._reset_reason: str | None = None
+        self._error: BaseException | None = None
+        self._want = 0  # messages requested and not yet delivered or expired
+        self._progress = 0  # messages and statuses received: the watchdog's sign of life
+        self._next_req = b""
+        self._inbox = ""
+        self._api = ""
+
+    async def batches(self) -> AsyncIterator[list[Any]]:
+        """Lists of Envelopes (or, for durables, (Envelope, reply subject, consumer seq) tuples)."""
+        self.bus._reconnect_listeners.add(self._on_reconnect)
+        backoff = 0.05
+        stalled_since: float | None = None
+        try:
+            while not self._done:
+                sub = None
+                name = None
+                try:
+                    info = await self.consumers.create(self.resume_at)
+                    name = info.name
+                    if self.resume_at is None and info.delivered is not None:
+                        # Where this consumer starts, in case it is lost before its first message.
+                        self.resume_at = info.delivered.stream_seq + 1
+                    if self.end is not None and not info.num_pending:
+                        break
+                    sub = await self._subscribe(name, info)
+                    stalled_since = None
+                    backoff = 0.05
+                    async for items in self._run():
+                        yield items
+                except (TimeoutError, _Reset, nats.errors.Error) as e:
+                    if isinstance(e, nats.errors.ConnectionClosedError):
+                        raise
+                    if isinstance(e, nats.js.errors.APIError) and not isinstance(
+                        e, (nats.js.errors.ServiceUnavailableError, nats.js.errors.ServerError)
+                    ) and e.code != 404:
+                        raise  # a bad request (filter, sequence) will not heal by retrying
+                    now = time.monotonic()
+                    stalled_since = stalled_since or now
+                    if self.stall_timeout is not None and now - stalled_since > self.stall_timeout:
+                        raise ReadStalled(f"read stalled at seq {self.resume_at}: {e!r}") from e
+                    log.info("reader reset", reason=str(e) or type(e).__name__, resume_at=self.resume_at)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                finally:
+                    if sub is not None:
+                        try:
+                            await sub.unsubscribe()
+                        except nats.errors.Error:
+                            pass
+                    if name is not None and not self.consumers.keep:
+                        await self.consumers.delete(name)
+        finally:
+            self.bus._reconnect_listeners.discard(self._on_reconnect)
+
+    async def _subscribe(self, name: str, info: ConsumerInfo) -> Any:
+        self._buf = []
+        self._wake.clear()
+        self._reset_reason = None
+        self._want = 0
+        self._api = f"$JS.API.CONSUMER.MSG.NEXT.{self.bus.stream}.{name}"
+        req: dict[str, Any] = {"batch": self.batch, "expires": int(self._EXPIRES * 1e9),
+                               "idle_heartbeat": int(self._HEARTBEAT * 1e9)}
+        self._next_req = json.dumps(req).encode()
+        self._inbox = self.nc.new_inbox()
+        self._on_start(info)
+        cb = self._on_msg_ack if self.keep_reply else self._on_msg
+        sub = await self.nc.subscribe(self._inbox, cb=cb)
+        await self._fill()
+        return sub
+
+    def _on_start(self, info: ConsumerInfo) -> None:
+        """Hook for durables (consumer sequence tracking)."""
+
+    async def _fill(self) -> None:
+        """Keep up to two batches requested, unless the reader is `_high` messages behind."""
+        while self._want < 2 * self.batch and len(self._buf) < self._high and not self._done:
+            self._want += self.batch
+            await self.nc.publish(self._api, self._next_req, reply=self._inbox)
+
+    async def _run(self) -> AsyncIterator[list[Any]]:
+        watchdog = 3 * self._HEARTBEAT
+        seen = self._progress
+        while True:
+            if not self._buf and not self._done and self._reset_reason is None and self._error is None:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), watchdog)
+                except TimeoutError:
+                    if self._progress == seen:
+                        raise _Reset("no message or heartbeat from the consumer") from None
+                    seen = self._progress
+                    continue
+            if self._error is not None:
+                raise self._error
+            if self._buf:
+                items, self._buf = self._buf, []
+                yield items
+            if self._done:
+                return
+            if self._reset_reason is not None:
+                raise _Reset(self._reset_reason)
+            await self._fill()
+
+    def _on_reconnect(self) -> None:
+        # Pull requests (and an in-memory consumer) may not have survived.
+        self._reset_reason = "reconnected"
+        self._wake.set()
+
+    def _status(self, msg: Msg) -> None:
+        hdr = msg.headers or {}
+        code = hdr.get("Status", "")
+        self._progress += 1
+        if code == "100":
+            return  # idle heartbeat
+        if code in ("408", "404"):
+            # A request expired; the server says how many of its messages were never sent.
+            left = hdr.get("Nats-Pending-Messages")
+            self._want = max(0, self._want - (int(left) if left and left.isdigit() else self.batch))
+            if self.end is not None and code == "404":
+                self._done = True
+        elif code in ("409", "503"):  # consumer deleted, leadership change, no responders: start over
+            self._reset_reason = f"status {code} {hdr.get('Description', '')}".strip()
+        else:
+            self._error = BusError(f"pull request failed: status {code} {hdr.get('Description', '')}")
+        self._wake.set()
+
+    async def _on_msg(self, msg: Msg) -> None:
+        # The hot path of every replay: keep it to parsing, decoding and one append.
+        data = msg.data
+        if not data and msg.headers and "Status" in msg.headers:
+            self._status(msg)
+            if not self._done and self._reset_reason is None:
+                await self._fill()
+            return
+        if self._done or self._reset_reason is not None:
+            return  # in flight from a request we no longer care about
+        try:
+            t = msg.reply.split(".")  # see _ack_fields
+            o = 0 if len(t) == 9 else 2
+            sseq = int(t[5 + o])
+            self._want -= 1
+            self._progress += 1
+            end = self.end
+            if end is not None and sseq > end:
+                self._done = True
+            else:
+                event = decode(data)
+                if event.__class__ is Unknown:
+                    self.bus._log_unknown(event, sseq, msg.subject)  # type: ignore[arg-type]
+                self._buf.append(Envelope(sseq, msg.subject, int(t[7 + o]) / 1e9, event))
+                self.resume_at = sseq + 1
+                if end is not None and (sseq >= end or t[8 + o] == "0"):
+                    self._done = True
+            self._wake.set()
+            if self._want <= self.batch and len(self._buf) < self._high and not self._done:
+                await self._fill()
+        except Exception as e:  # surfaced by batches(), never swallowed by nats-py's error callback
+            self._error = e
+            self._wake.set()
+
+    async def _on_msg_ack(self, msg: Msg) -> None:
+        data = msg.data
+        if not data and msg.headers and "Status" in msg.headers:
+            self._status(msg)
+            if self._reset_reason is None:
+                await self._fill()
+            return
+        if self._reset_reason is not None:
+            return
+        try:
+            sseq, dseq, _n, ts, _pending = _ack_fields(msg.reply)
+            self._want -= 1
+            self._buf.append((self.bus._envelope(data, msg.subject, sseq, ts), msg.reply, dseq))
+            self._progress += 1
+            self._wake.set()
+            if self._want <= self.batch and len(self._buf) < self._high:
+                await self._fill()
+        except Exception as e:
+            self._error = e
+            self._wake.set()
+
+    def finish(self) -> None:
+        """Stop after the current batch (durables)."""
+        self._done = True
+        self._wake.set()
+
+
+# --- durable consumers -------------------------------------------------------------
+
+
+class _DurableConsumers:
+    """Creates the named consumer, or re-creates it at `resume_at` so delivery restarts in order."""
+
+    ack = True
+    keep = True
+
+    def __init__(self, durable: DurableConsumer) -> None:
+        self.d = durable
+
+    async def create(self, resume_at: int | None) -> ConsumerInfo:
+        d, js, stream = self.d, self.d.bus.js, self.d.bus.stream
+        cfg = d.config()
+        try:
+            info = await js.consumer_info(stream, d.name, timeout=5.0)
+        except nats.js.errors.NotFoundError:
+            info = None
+        if info is not None:
+            same = (sorted(info.config.filter_subjects or [info.config.filter_subject or ALL]) == sorted(d.filters)
+                    and info.config.ack_policy == AckPolicy.EXPLICIT)
+            in_flight = bool(info.num_ack_pending) or bool(info.num_redelivered)
+            if same and not in_flight and resume_at is None:
+                return info
+            # Delivered-but-unacked messages would come back only after ack_wait,
+            # behind newer ones. Start over at the first one not applied, in order.
+            floor = info.ack_floor.stream_seq if info.ack_floor else 0
+            start = max(floor, d.last_applied) + 1
+            log.info("durable restarts delivery", name=d.name, start=start, unacked=info.num_ack_pending,
+                     filters_changed=not same)
+            await js.delete_consumer(stream, d.name)
+        else:
+            start = d.last_applied + 1
+        cfg.deliver_policy, cfg.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, max(start, 1)
+        return await js.add_consumer(stream, cfg, timeout=5.0)
+
+    async def delete(self, name: str) -> None:  # pragma: no cover - durables are kept
+        pass
+
+
+class _DurableReader(_Reader):
+    """A Reader that notices lost deliveries by their consumer sequence."""
+
+    expected_dseq: int | None = None
+
+    def _on_start(self, info: ConsumerInfo) -> None:
+        self.expected_dseq = (info.delivered.consumer_seq if info.delivered else 0) + 1
+
+
+class DurableConsumer:
+    """Applies every event of its filters exactly once, in log order, across restarts.
+
+    How: events are handled one at a time and acked after the handler returns;
+    `last_applied` (the stream seq of the last handled event) skips anything
+    delivered again. After a crash, unacked events would be redelivered only
+    after ack_wait and behind newer ones, so on start (and whenever a delivery
+    is lost: a gap in consumer sequences) the consumer is re-created at the
+    first sequence not applied. For exactly-once effects across process
+    restarts, store `env.seq` with your handler's effect and pass it back as
+    `last_applied`; without it the server's ack floor gives at-least-once.
+
+    `run()` returns after `stop()` and raises the handler's first error (the
+    event is then not acked, and is redelivered on the next run).
+    """
+
+    def __init__(
+        self, bus: Bus, name: str, handler: Handler, subjects: list[str] | None, *, last_applied: int,
+        batch: int, ack_wait: float,
+    ) -> None:
+        self.bus = bus
+        self.name = check_id(name, "durable name")
+        self.handler = handler
+        self.filters = normalize_filters(subjects)
+        self.last_applied = last_applied
+        self.batch = batch
+        self.ack_wait = ack_wait
+        self._reader: _DurableReader | None = None
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def config(self) -> ConsumerConfig:
+        cfg = ConsumerConfig(
+            durable_name=self.name,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=-1,
+            max_ack_pending=max(1000, 2 * self.batch),
+        )
+        if len(self.filters) == 1:
+            cfg.filter_subject = self.filters[0]
+        else:
+            cfg.filter_subjects = self.filters
+        return cfg
+
+    async def run(self) -> None:
+        reader = _DurableReader(self.bus, _DurableConsumers(self), batch=self.batch, end=None, stall_timeout=None)
+        self._reader = reader
+        if self._stopping:
+            return
+        nc = self.bus.nc
+        async with aclosing(reader.batches()) as batches:
+            async for items in batches:
+                for i, (env, reply, dseq) in enumerate(items):
+                    expected = reader.expected_dseq
+                    if expected is not None and dseq != expected:
+                        # A delivery went missing (lost in a reconnect): start over after last_applied.
+                        log.warning("durable delivery gap", name=self.name, expected=expected, got=dseq)
+                        reader.resume_at = self.last_applied + 1
+                        reader._reset_reason = "delivery gap"
+                        break
+                    reader.expected_dseq = dseq + 1
+                    if env.seq > self.last_applied:
+                        result = self.handler(env)
+                        if inspect.isawaitable(result):
+                            await result
+                        self.last_applied = env.seq
+                    await nc.publish(reply, b"+ACK")
+                    if self._stopping:
+                        del items[i + 1:]  # not handled, not acked: redelivered to the next run
+                        break
+                reader.resume_at = self.last_applied + 1
+                if self._stopping:
+                    return
+
+    async def stop(self) -> None:
+        """Finish the event in hand, ack it, and make run() return. Idempotent."""
+        self._stopping = True
+        if self._reader is not None:
+            self._reader.finish()
+        if self._task is not None:
+            task, self._task = self._task, None
+            await task
+
+    async def __aenter__(self) -> DurableConsumer:
+        self._task = asyncio.create_task(self.run(), name=f"durable:{self.name}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

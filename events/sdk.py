@@ -1,0 +1,125 @@
+"""The client SDK: what users and the CLI append, and how they follow a job.
+
+Every call is safe to retry. Event ids are derived from what the call means
+(`submit:<job_id>`, `cancel:<job_id>`, a queue definition's content), so a
+retried call inside the stream's duplicate window is stored once. Past the
+window the log may hold a second copy; the scheduler's fold treats a second
+JobSubmitted or CancelRequested for the same job as no change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import aclosing
+from typing import Any
+
+from events.bus import Bus, Envelope
+from events.subjects import check_id, job_filter
+from schemas import (
+    CancelRequested,
+    JobSpec,
+    JobSubmitted,
+    NodeCordoned,
+    NodeUncordoned,
+    QueueDefined,
+    encode,
+    parse_jobspec,
+    tag_of,
+)
+
+#: Tags after which a job never changes again.
+FINAL: frozenset[str] = frozenset({"JobCompleted", "JobFailed", "JobCancelled", "JobRejected"})
+
+
+def new_job_id() -> str:
+    """Short, readable, and unique enough: 40 random bits."""
+    return "j-" + secrets.token_hex(5)
+
+
+class Client:
+    def __init__(self, bus: Bus, *, user: str = "") -> None:
+        self.bus = bus
+        self.user = user
+
+    async def submit(self, spec: JobSpec | Mapping[str, Any], job_id: str | None = None, submitted_by: str = "") -> str:
+        """Append JobSubmitted; the job id. Give `job_id` to make a retried submit a no-op.
+
+        A mapping is validated first (InvalidJobSpec lists every problem).
+        """
+        if not isinstance(spec, JobSpec):
+            spec = parse_jobspec(spec)
+        job_id = check_id(job_id, "job id") if job_id is not None else new_job_id()
+        await self.bus.append(
+            JobSubmitted(event_id=f"submit:{job_id}", occurred_at=time.time(), job_id=job_id, spec=spec,
+                         submitted_by=submitted_by or self.user)
+        )
+        return job_id
+
+    async def cancel(self, job_id: str, reason: str = "", requested_by: str = "") -> int:
+        """Append CancelRequested (once per job: asking twice is asking once); its sequence."""
+        check_id(job_id, "job id")
+        return await self.bus.append(
+            CancelRequested(event_id=f"cancel:{job_id}", occurred_at=time.time(), job_id=job_id, reason=reason,
+                            requested_by=requested_by or self.user)
+        )
+
+    async def define_queue(
+        self,
+        queue: str,
+        *,
+        weight: float = 1.0,
+        guaranteed_gpus: int = 0,
+        limit_gpus: int | None = None,
+        parent: str | None = None,
+    ) -> int:
+        """Append QueueDefined; repeating the same definition stores it once, a changed one again."""
+        check_id(queue, "queue")
+        if parent is not None:
+            check_id(parent, "parent queue")
+        fields = QueueDefined(event_id="", occurred_at=0.0, queue=queue, weight=weight,
+                              guaranteed_gpus=guaranteed_gpus, limit_gpus=limit_gpus, parent=parent)
+        digest = hashlib.sha256(encode(fields)).hexdigest()[:16]
+        return await self.bus.append(
+            QueueDefined(event_id=f"queue:{queue}:{digest}", occurred_at=time.time(), queue=queue, weight=weight,
+                         guaranteed_gpus=guaranteed_gpus, limit_gpus=limit_gpus, parent=parent)
+        )
+
+    async def cordon(self, node_id: str, reason: str = "") -> int:
+        check_id(node_id, "node id")
+        return await self.bus.append(
+            NodeCordoned(event_id=f"cordon:{node_id}:{secrets.token_hex(6)}", occurred_at=time.time(),
+                         node_id=node_id, reason=reason)
+        )
+
+    async def uncordon(self, node_id: str) -> int:
+        check_id(node_id, "node id")
+        return await self.bus.append(
+            NodeUncordoned(event_id=f"uncordon:{node_id}:{secrets.token_hex(6)}", occurred_at=time.time(),
+                           node_id=node_id)
+        )
+
+    async def watch(self, job_id: str) -> AsyncIterator[Envelope]:
+        """The job's events: its whole history, then live ones as they happen. Never ends by itself.
+
+        One consumer from the first sequence, so there is no gap or overlap
+        between history and live events.
+        """
+        async with aclosing(self.bus.tail(subjects=[job_filter(job_id)], from_seq=1)) as events:
+            async for env in events:
+                yield env
+
+    async def wait(self, job_id: str, until: Iterable[str] = FINAL, timeout: float | None = None) -> Envelope:
+        """The first event of the job whose tag is in `until` (default: any final one).
+
+        Raises TimeoutError after `timeout` seconds.
+        """
+        wanted = frozenset(until)
+        async with asyncio.timeout(timeout), aclosing(self.watch(job_id)) as events:
+            async for env in events:
+                if tag_of(env.event) in wanted:
+                    return env
+        raise AssertionError("watch() ended")  # pragma: no cover - watch never ends
