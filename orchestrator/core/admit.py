@@ -105,11 +105,11 @@ class _Admission:
         return self._victims_of.get(preemptor, [])
 
     def endings(self) -> list[Ending]:
-        state, margin, busy = self.c.state, self.c.policies.stop_margin_s, self.plan.busy
+        state, margin, plan = self.c.state, self.c.policies.stop_margin_s, self.plan
         running = [
             Ending(job_id=j.job_id, ends_at=ends_at(j, margin), started_at=j.reserved_at, placement=j.placement)
             for jid in state.active
-            if jid not in busy and (j := state.jobs[jid]).status != "preempting"
+            if jid not in plan.ended and jid not in plan.victims and (j := state.jobs[jid]).status != "preempting"
         ]
         return running + self.placed
 
@@ -144,6 +144,8 @@ def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
         waiting_on = adm.victims_of(job.job_id)
         if waiting_on:
             return Outcome(PREEMPTING, _waiting_for(waiting_on))
+        # The plan counted its claim for its queue; judge it afresh (placing charges it again).
+        plan.charge(queue, -job.spec.total_gpus)
         base = plan.earmark_view(job, req.cls)
     else:
         base = plan.index(req.cls)
@@ -266,6 +268,7 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
             )
         )
         plan.busy.add(v.job_id)
+        plan.victims.add(v.job_id)
         plan.charge(v.queue, -v.gpus)
     # The planned GPUs that are free now are earmarked: nobody else takes them this cycle either.
     plan.take(p.ranks)

@@ -17,7 +17,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
 from orchestrator.core.state import FREE, ClusterState, Job
 from orchestrator.core.topology import Topology, build_topology
-from orchestrator.core.usage import ancestors, average_gpus
+from orchestrator.core.usage import ancestors, average_gpus, resolve_queue
 from schemas.events import RankPlacement
 
 #: MASTER_PORT range for rank 0's rendezvous: 29500 + [0, PORT_SPAN).
@@ -54,6 +54,7 @@ class Plan:
         "_ports",
         "added",
         "busy",
+        "ended",
         "free",
         "gpus",
         "hold",
@@ -61,6 +62,7 @@ class Plan:
         "state",
         "topo",
         "tree",
+        "victims",
     )
 
     def __init__(self, state: ClusterState, now: float) -> None:
@@ -82,13 +84,17 @@ class Plan:
         self._indexes: dict[tuple[GpuClass, bool], FreeIndex] = {}
         self._eligible: dict[GpuClass, dict[str, frozenset[int]] | None] = {}
         self.hold: Hold | None = None
-        #: Per queue: GPUs held (own) and held by the subtree, tentative.
+        #: Per queue, tentative: GPUs it holds (for guarantees), GPUs its subtree holds
+        #: (for limits), GPUs it gained since the fold (for the fair-share order).
         self.gpus: dict[str, int] = {q: u.gpus for q, u in state.usage.items()}
         self.tree: dict[str, int] = {q: u.tree_gpus for q, u in state.usage.items()}
-        #: GPUs each queue gained this cycle (for the fair-share order inside the cycle).
         self.added: dict[str, int] = {}
-        #: Jobs already decided on this cycle (placed, preempting, victims, follow-ups).
+        self._count_preemptions()
+        #: Jobs already decided on this cycle (placed, victims, rejected, follow-ups): not again.
         self.busy: set[str] = set()
+        #: Gangs whose GPUs a follow-up releases, and gangs asked to give theirs to a preemptor.
+        self.ended: set[str] = set()
+        self.victims: set[str] = set()
         self._ports: dict[str, set[int]] | None = None
 
     # --- free GPUs ---------------------------------------------------------------
@@ -149,7 +155,12 @@ class Plan:
                 self.free[rp.node_id] = tuple(sorted({*cur, *back}))
                 for idx in self._indexes.values():
                     idx.give(rp.node_id, back)
-        self.charge(job.queue, -job.gpus)
+        if job.status == "preempting":  # its own share was already moved to its preemptor
+            for a in ancestors(self.state.queues, job.queue):
+                self.tree[a] = self.tree.get(a, 0) - job.gpus
+        else:
+            self.charge(job.queue, -job.gpus)
+        self.ended.add(job.job_id)
 
     def set_hold(self, hold: Hold) -> None:
         self.hold = hold
@@ -171,11 +182,34 @@ class Plan:
 
     # --- queues ------------------------------------------------------------------
 
-    def charge(self, queue: str, delta: int) -> None:
+    def _count_preemptions(self) -> None:
+        """Preemptions in flight move GPUs between queues before the fold does.
+
+        A preempting victim's GPUs no longer count for its queue's guarantee, and a
+        waiting preemptor's claim counts for its queue (guarantee, share and limit),
+        so the next cycle neither reclaims the same guarantee twice nor takes a
+        victim queue below its guarantee twice. Limits keep counting the victims
+        until they are gone: the fold checks limits against what is held.
+        """
+        state = self.state
+        for jid in state.active:
+            j = state.jobs[jid]
+            if j.status == "preempting":
+                self.charge(j.queue, -j.gpus, tree=False)
+        claimants: dict[str, None] = {}
+        for marks in state.earmarks.values():
+            claimants.update(dict.fromkeys(m for m in marks if m != FREE))
+        for jid in claimants:
+            j = state.jobs.get(jid)
+            if j is not None and j.status == "pending" and j.earmark:
+                self.charge(resolve_queue(state, j.spec.queue), j.spec.total_gpus)
+
+    def charge(self, queue: str, delta: int, *, tree: bool = True) -> None:
         self.gpus[queue] = self.gpus.get(queue, 0) + delta
         self.added[queue] = self.added.get(queue, 0) + delta
-        for a in ancestors(self.state.queues, queue):
-            self.tree[a] = self.tree.get(a, 0) + delta
+        if tree:
+            for a in ancestors(self.state.queues, queue):
+                self.tree[a] = self.tree.get(a, 0) + delta
 
     def load(self, queue: str) -> QueueLoad:
         q = self.state.queues.get(queue)

@@ -1,0 +1,115 @@
+"""Fair share, guarantees, limits and hierarchy."""
+
+from __future__ import annotations
+
+from schemas.events import GangReserved, JobWaiting
+from tests.core.harness import Sim, of_type
+
+
+def busy_cluster(sim: Sim, nodes: int = 4) -> None:
+    for i in range(nodes):
+        sim.node(f"n{i}")
+
+
+def churn(s: Sim, rounds: int, finish_per_round: int) -> list[tuple[int, int]]:
+    """Each round: the oldest running jobs finish, decide refills; returns (a, b) holdings per round."""
+    seen = []
+    for _ in range(rounds):
+        running = [j for j in s.state.active if s.state.jobs[j].status == "running"]
+        for jid in sorted(running, key=lambda j: s.state.jobs[j].reserved_at)[:finish_per_round]:
+            s.finish(jid)
+        s.tick(10)
+        s.run(cycles=3)
+        seen.append((s.holding("a"), s.holding("b")))
+    return seen
+
+
+def test_two_equal_teams_each_get_half_of_a_full_cluster_over_time() -> None:
+    s = Sim()
+    busy_cluster(s)
+    s.queue("a")
+    s.queue("b")
+    for i in range(60):
+        s.submit(f"a{i:02}", queue="a")
+    s.tick(1)
+    for i in range(60):
+        s.submit(f"b{i:02}", queue="b")  # later, yet not behind all of a's
+    s.run()
+    assert (s.holding("a"), s.holding("b")) == (16, 16)
+    for a, b in churn(s, rounds=10, finish_per_round=5):
+        assert a + b == 32 and abs(a - b) <= 1
+
+
+def test_weights_split_the_cluster_proportionally() -> None:
+    s = Sim()
+    busy_cluster(s)
+    s.queue("a", weight=3.0)
+    s.queue("b", weight=1.0)
+    for i in range(40):
+        s.submit(f"a{i:02}", queue="a")
+        s.submit(f"b{i:02}", queue="b")
+    s.run()
+    assert (s.holding("a"), s.holding("b")) == (24, 8)
+
+
+def test_third_team_gets_its_guarantee_back_by_reclaim() -> None:
+    s = Sim()
+    busy_cluster(s)
+    s.queue("a", guaranteed_gpus=8)
+    s.queue("b", guaranteed_gpus=8)
+    s.queue("c", guaranteed_gpus=8)
+    for i in range(20):
+        s.submit(f"a{i:02}", queue="a")
+        s.submit(f"b{i:02}", queue="b")
+    s.run()
+    assert (s.holding("a"), s.holding("b")) == (16, 16)  # idle GPUs lent out
+    s.tick(120)
+    for i in range(10):
+        s.submit(f"c{i:02}", queue="c")
+    s.run(cycles=4)  # preempt, victims exit, reclaimed GPUs start
+    assert s.holding("c") == 8
+    assert s.holding("a") >= 8 and s.holding("b") >= 8
+    assert s.holding("a") + s.holding("b") + s.holding("c") == 32
+
+
+def test_queue_never_exceeds_its_limit_and_says_so() -> None:
+    s = Sim()
+    busy_cluster(s, 1)
+    s.queue("x", limit_gpus=4)
+    for i in range(6):
+        s.submit(f"x{i}", queue="x")
+    events = s.run()
+    assert len(of_type(events, GangReserved)) == 4 and s.holding("x") == 4
+    waits = {e.job_id: e for e in of_type(events, JobWaiting)}
+    assert waits["x4"].code == "quota"
+    assert waits["x4"].message == "queue x at its limit 4: holds 4, needs 1 more"
+
+
+def test_child_usage_counts_toward_parent_limit() -> None:
+    s = Sim()
+    busy_cluster(s, 2)
+    s.queue("org", limit_gpus=6)
+    s.queue("t1", parent="org")
+    s.queue("t2", parent="org")
+    for i in range(5):
+        s.submit(f"t1-{i}", queue="t1")
+        s.submit(f"t2-{i}", queue="t2")
+    s.run()
+    assert s.holding("t1") + s.holding("t2") == 6
+    assert s.state.usage["org"].tree_gpus == 6
+
+
+def test_decayed_usage_puts_recent_heavy_users_last() -> None:
+    s = Sim(half_life_s=600)
+    busy_cluster(s, 1)
+    s.queue("a")
+    s.queue("b")
+    s.submit("a-old", queue="a", gpus_per_rank=8)
+    s.run()
+    s.tick(1200)  # a held 8 GPUs for two half-lives
+    s.finish("a-old")
+    s.run()
+    s.submit("a-new", queue="a", gpus_per_rank=8)
+    s.submit("b-new", queue="b", gpus_per_rank=8)
+    (g,) = of_type(s.decide(), GangReserved)
+    assert g.job_id == "b-new"
