@@ -200,9 +200,9 @@ class Plan:
         for marks in state.earmarks.values():
             claimants.update(dict.fromkeys(m for m in marks if m != FREE))
         for jid in claimants:
-            j = state.jobs.get(jid)
-            if j is not None and j.status == "pending" and j.earmark:
-                self.charge(resolve_queue(state, j.spec.queue), j.spec.total_gpus)
+            claimant = state.jobs.get(jid)
+            if claimant is not None and claimant.status == "pending" and claimant.earmark:
+                self.charge(resolve_queue(state, claimant.spec.queue), claimant.spec.total_gpus)
 
     def charge(self, queue: str, delta: int, *, tree: bool = True) -> None:
         self.gpus[queue] = self.gpus.get(queue, 0) + delta
