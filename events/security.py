@@ -12,7 +12,10 @@ TLS handshake or nats-py's reconnect loop with a less useful message.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import re
 import ssl
 from pathlib import Path
 from typing import Any
@@ -47,8 +50,9 @@ def connect_options(
     - `inbox_prefix`: where replies and consumer deliveries arrive. corral's
       server configs let each user subscribe to `_INBOX_<user>.>` only (see
       deploy/nats/permissions.py for why), so with a `user` it defaults to
-      that; with `creds` pass it (the user name is inside the JWT). Harmless
-      against a server without such limits.
+      that; with `creds`, to `_INBOX_<name>` from the JWT's `name` claim
+      (the user name `nsc add user` was given). Harmless against a server
+      without such limits.
     - `tls_hostname`: the name to check the server's certificate against when
       it differs from the URL's host (e.g. connecting by IP).
     """
@@ -58,6 +62,9 @@ def connect_options(
         if user is not None or password is not None or password_file is not None:
             raise ValueError("--creds already identifies the user: do not also pass a user or password")
         opts["user_credentials"] = str(_readable(creds, "--creds"))
+        name = creds_user_name(creds)
+        if inbox_prefix is None and name is not None:
+            inbox_prefix = user_inbox_prefix(name)
 
     if password is not None and password_file is not None:
         raise ValueError("pass a password or a password file, not both")
@@ -87,6 +94,23 @@ def connect_options(
     elif tls_hostname is not None:
         raise ValueError("--tls-hostname needs --tls-ca or --tls-cert")
     return opts
+
+
+def creds_user_name(creds: str | os.PathLike[str]) -> str | None:
+    """The `name` claim of the user JWT in a .creds file (not verified: the server does that)."""
+    lines = Path(creds).read_text().splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if "BEGIN NATS USER JWT" in line)
+        token = next(line.strip() for line in lines[start + 1 :] if line.strip())
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (StopIteration, IndexError, ValueError):
+        return None
+    name = claims.get("name") if isinstance(claims, dict) else None
+    return name if isinstance(name, str) and _TOKEN.fullmatch(name) else None
+
+
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a name usable in one subject token
 
 
 def user_inbox_prefix(user: str) -> str:

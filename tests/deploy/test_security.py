@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import ssl
 from pathlib import Path
 
@@ -24,14 +26,31 @@ def test_nothing_given_is_a_plain_connection() -> None:
     assert connect_options() == {}
 
 
-def test_creds_file_becomes_user_credentials(tmp_path: Path) -> None:
-    """A .creds file is handed to nats-py, which signs the server's nonce with its nkey."""
-    creds = tmp_path / "agent.creds"
-    creds.write_text("-----BEGIN NATS USER JWT-----\n...\n")
-    assert connect_options(creds=creds, inbox_prefix="_INBOX_agent-n1") == {
-        "user_credentials": str(creds),
-        "inbox_prefix": "_INBOX_agent-n1",
-    }
+def _creds(path: Path, claims: dict[str, object]) -> Path:
+    """A .creds file shaped like nsc's (the signature and seed are not checked client-side)."""
+    part = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).decode().rstrip("=")  # noqa: E731
+    jwt = f"{part({'typ': 'JWT', 'alg': 'ed25519-nkey'})}.{part(claims)}.c2ln"
+    path.write_text(
+        f"-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
+        "-----BEGIN USER NKEY SEED-----\nSUAEXAMPLE\n------END USER NKEY SEED------\n"
+    )
+    return path
+
+
+def test_creds_file_becomes_user_credentials_and_its_inbox(tmp_path: Path) -> None:
+    """A .creds file goes to nats-py (which signs the server's nonce with the nkey); the private
+    inbox comes from the JWT's user name, as the server's permissions expect."""
+    creds = _creds(tmp_path / "agent.creds", {"name": "agent-n1", "sub": "UXXXX"})
+    assert connect_options(creds=creds) == {"user_credentials": str(creds), "inbox_prefix": "_INBOX_agent-n1"}
+    assert connect_options(creds=creds, inbox_prefix="_INBOX_x")["inbox_prefix"] == "_INBOX_x"
+
+
+def test_creds_without_a_usable_name_keep_the_default_inbox(tmp_path: Path) -> None:
+    """No name (or one that cannot be a subject token): nats-py's default inbox, no guessing."""
+    assert "inbox_prefix" not in connect_options(creds=_creds(tmp_path / "a.creds", {"sub": "U"}))
+    assert "inbox_prefix" not in connect_options(creds=_creds(tmp_path / "b.creds", {"name": "a.b"}))
+    (tmp_path / "c.creds").write_text("not a creds file")
+    assert "inbox_prefix" not in connect_options(creds=tmp_path / "c.creds")
 
 
 def test_missing_files_fail_early_and_name_the_flag(tmp_path: Path) -> None:
