@@ -1,0 +1,409 @@
+"""The node agent: turns the ranks the log places on this node into running workers.
+
+It folds the same log as the scheduler (shared `evolve`), so "what should run
+here" is a pure read of the state (`reconcile.node_work`); the agent's job is
+the difference between that and the workers that exist. Everything it learns
+(a worker started, exited, checkpointed) goes back into the log as an event
+whose id is derived from the worker's identity, so a retried or repeated
+report is stored once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal as signals
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from events.bus import Bus
+from nodeagent.backoff import Backoff
+from nodeagent.checkpoint import newest_manifest
+from nodeagent.heartbeat import publish_heartbeats
+from nodeagent.rank_env import rank_env
+from nodeagent.reconcile import Intent, WorkerKey, node_work
+from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
+from orchestrator.core.state import Job
+from orchestrator.follow import Follower
+from schemas import (
+    Checkpointed,
+    Event,
+    GangReserved,
+    Inventory,
+    NodeRecovered,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from schemas.heartbeat import HEARTBEAT_BUCKET
+
+log = structlog.get_logger("corral.agent")
+
+#: Grace for stopping a worker nobody wants any more (superseded attempt, requeued gang).
+UNWANTED_GRACE_S = 5.0
+
+
+@dataclass
+class Tracked:
+    handle: WorkerHandle
+    spec: WorkerSpec
+    grace_s: float
+    signal_name: str
+    restart_policy: str
+    max_restarts: int
+    #: Why we are ending it: preempted | cancelled | killed; None while it should run.
+    ending: str | None = None
+    signaled_at: float = 0.0
+    checkpoint_step: int = -1
+    waiter: asyncio.Task[None] | None = None
+    stopper: asyncio.Task[ExitInfo] | None = None
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_id: str
+    address: str = "127.0.0.1"
+    data_dir: Path = Path(".corral/agent")
+    #: Where ranks checkpoint (shared storage in a real cluster, so a requeued job resumes elsewhere).
+    checkpoint_root: Path | None = None
+    heartbeat_s: float = 1.0
+    tick_s: float = 0.5
+    #: Docker renumbers the GPUs it exposes from 0 inside the container.
+    isolated_gpus: bool = False
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+class Agent:
+    def __init__(self, bus: Bus, config: AgentConfig, inventory: Inventory, runtime: Runtime) -> None:
+        self.bus = bus
+        self.config = config
+        self.inventory = inventory
+        self.runtime = runtime
+        self.follower = Follower(bus)
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.workers: dict[WorkerKey, Tracked] = {}
+        self._restarting: set[WorkerKey] = set()
+        self._recovery_sent_for = ""
+        self._tasks: set[asyncio.Task[object]] = set()
+
+    @property
+    def node_id(self) -> str:
+        return self.config.node_id
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Register, adopt what survived a restart, then reconcile until cancelled."""
+        await self.follower.catch_up()
+        await self._adopt()
+        await self._append(
+            NodeRegistered(
+                event_id=f"register:{self.node_id}:{self.incarnation}",
+                occurred_at=time.time(),
+                node_id=self.node_id,
+                incarnation=self.incarnation,
+                address=self.config.address,
+                inventory=self.inventory,
+            )
+        )
+        hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
+        log.info("agent_started", node_id=self.node_id, incarnation=self.incarnation, gpus=self.inventory.gpu_count)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.follower.follow())
+                tg.create_task(
+                    publish_heartbeats(
+                        hb_kv, self.node_id, self.incarnation, self.config.heartbeat_s, lambda: len(self.workers)
+                    )
+                )
+                tg.create_task(self._reconcile_loop())
+        finally:
+            for t in list(self._tasks):
+                t.cancel()
+            for t in list(self._tasks):
+                with contextlib.suppress(BaseException):
+                    await t
+
+    def _spawn(self, coro: object) -> asyncio.Task[object]:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _append(self, event: Event) -> None:
+        await self.bus.append(event)
+
+    # --- adoption (agent restart) ----------------------------------------------------
+
+    async def _adopt(self) -> None:
+        """Take over the workers a previous agent process left: track the live, report the dead."""
+        state = self.follower.state
+        for found in await self.runtime.adopt():
+            lb = found.handle.labels
+            key = (lb.job_id, lb.attempt, lb.rank)
+            job = state.jobs.get(lb.job_id)
+            if found.running:
+                if job is None:
+                    await stop_with_grace(self.runtime, found.handle, UNWANTED_GRACE_S)
+                    await self.runtime.remove(found.handle)
+                    continue
+                tr = self._track(found.handle, job, lb.restarts)
+                log.info("worker_adopted", job_id=lb.job_id, attempt=lb.attempt, rank=lb.rank)
+                tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
+                continue
+            rank = (
+                state.ranks.get(lb.job_id, {}).get(lb.rank) if job is not None and job.attempt == lb.attempt else None
+            )
+            if job is not None and job.attempt == lb.attempt and (rank is None or rank.status != "exited"):
+                info = found.exit or ExitInfo.of(None, None)
+                log.info("worker_exited_while_down", job_id=lb.job_id, rank=lb.rank, reason=info.reason)
+                await self._report_exit(key, lb.restarts, info, info.reason, will_restart=False)
+            await self.runtime.remove(found.handle)
+
+    def _track(self, handle: WorkerHandle, job: Job, restarts: int, spec: WorkerSpec | None = None) -> Tracked:
+        lb = handle.labels
+        tr = Tracked(
+            handle=handle,
+            spec=spec
+            or WorkerSpec(
+                job_id=lb.job_id,
+                attempt=lb.attempt,
+                rank=lb.rank,
+                node_id=lb.node_id,
+                command=job.spec.command,
+                restarts=restarts,
+                checkpoint_dir=str(self._checkpoint_dir(job, lb.rank)),
+            ),
+            grace_s=job.spec.grace_period_s,
+            signal_name=job.spec.checkpoint_signal,
+            restart_policy=job.spec.restart_policy,
+            max_restarts=job.spec.max_restarts,
+        )
+        self.workers[(lb.job_id, lb.attempt, lb.rank)] = tr
+        return tr
+
+    # --- reconciling --------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        changed = self.follower.changed
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), self.config.tick_s)
+            changed.clear()
+            await self.reconcile()
+
+    async def reconcile(self) -> None:
+        state = self.follower.state
+        me = state.nodes.get(self.node_id)
+        if (
+            me is not None
+            and me.failed
+            and me.incarnation == self.incarnation
+            and self._recovery_sent_for != self.incarnation
+        ):
+            # We were declared dead (a partition) but are alive: our gangs were requeued; come back.
+            self._recovery_sent_for = self.incarnation
+            await self._append(
+                NodeRecovered(
+                    event_id=f"recovered:{self.node_id}:{self.incarnation}:{state.seq}",
+                    occurred_at=time.time(),
+                    node_id=self.node_id,
+                    incarnation=self.incarnation,
+                )
+            )
+        work = node_work(state, self.node_id)
+        now = time.monotonic()
+        for key, intent in work.items():
+            tr = self.workers.get(key)
+            if tr is None:
+                if intent == "run" and key not in self._restarting:
+                    await self._start(key, restarts=0)
+                continue
+            await self._steer(key, tr, intent, now)
+        for key, tr in list(self.workers.items()):
+            if key not in work and tr.ending is None:
+                tr.ending = "killed"
+                tr.stopper = asyncio.ensure_future(
+                    stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
+                )
+
+    async def _steer(self, key: WorkerKey, tr: Tracked, intent: Intent, now: float) -> None:
+        if intent == "checkpoint":
+            if tr.ending is None:
+                tr.ending = "preempted"
+                tr.signaled_at = now
+                sig = getattr(signals, tr.signal_name, signals.SIGUSR1)
+                log.info("checkpoint_signal", job_id=key[0], rank=key[2], signal=tr.signal_name)
+                await self.runtime.signal(tr.handle, int(sig))
+            await self._report_checkpoint(key, tr)
+            job = self.follower.state.jobs.get(key[0])
+            grace = job.preempt_grace_s if job is not None and job.preempt_grace_s > 0 else tr.grace_s
+            if tr.stopper is None and now - tr.signaled_at > grace:
+                log.warning("grace_expired", job_id=key[0], rank=key[2], grace_s=grace)
+                tr.stopper = asyncio.ensure_future(stop_with_grace(self.runtime, tr.handle, 0.0))
+        elif intent == "stop" and tr.stopper is None:
+            tr.ending = tr.ending or "cancelled"
+            tr.stopper = asyncio.ensure_future(stop_with_grace(self.runtime, tr.handle, tr.grace_s))
+
+    async def _report_checkpoint(self, key: WorkerKey, tr: Tracked) -> None:
+        if tr.spec.checkpoint_dir is None:
+            return
+        manifest = newest_manifest(tr.spec.checkpoint_dir)
+        if manifest is None or manifest.step <= tr.checkpoint_step:
+            return
+        tr.checkpoint_step = manifest.step
+        job_id, attempt, rank = key
+        await self._append(
+            Checkpointed(
+                event_id=f"ckpt:{job_id}:{attempt}:{rank}:{manifest.step}",
+                occurred_at=time.time(),
+                job_id=job_id,
+                attempt=attempt,
+                rank=rank,
+                step=manifest.step,
+                path=manifest.path,
+            )
+        )
+
+    def _checkpoint_dir(self, job: Job, rank: int) -> Path:
+        if job.spec.checkpoint_dir:
+            return Path(job.spec.checkpoint_dir) / f"rank-{rank}"
+        root = self.config.checkpoint_root or self.config.data_dir / "checkpoints"
+        return root / job.job_id / f"rank-{rank}"
+
+    async def _start(self, key: WorkerKey, restarts: int) -> None:
+        job_id, attempt, rank = key
+        state = self.follower.state
+        job = state.jobs[job_id]
+        reservation = GangReserved(
+            event_id="",
+            occurred_at=0.0,
+            job_id=job_id,
+            attempt=attempt,
+            epoch=job.epoch,
+            ranks=job.placement,
+            master_port=job.master_port,
+        )
+        placement = next(p for p in job.placement if p.rank == rank)
+        ckpt = self._checkpoint_dir(job, rank)
+        env = rank_env(
+            reservation,
+            rank,
+            spec=job.spec,
+            node_addresses={n.node_id: n.address for n in state.nodes.values()},
+            resume_from=job.resume_from,
+            checkpoint_dir=str(ckpt),
+            isolated_gpus=self.config.isolated_gpus,
+        )
+        spec = WorkerSpec(
+            job_id=job_id,
+            attempt=attempt,
+            rank=rank,
+            node_id=self.node_id,
+            command=job.spec.command,
+            env=env,
+            image=job.spec.image,
+            mounts=job.spec.mounts,
+            gpus=placement.gpus,
+            log_dir=str(self.config.data_dir / "logs"),
+            checkpoint_dir=str(ckpt),
+            restarts=restarts,
+        )
+        try:
+            handle = await self.runtime.start(spec)
+        except Exception as e:  # a worker that cannot start is a crash to report, not ours
+            log.warning("worker_start_failed", job_id=job_id, rank=rank, error=str(e))
+            await self._report_exit(
+                key, restarts, ExitInfo(127, None, "crashed", str(e)), "crashed", will_restart=False
+            )
+            return
+        tr = self._track(handle, job, restarts, spec)
+        await self._append(
+            WorkerStarted(
+                event_id=f"started:{job_id}:{attempt}:{rank}:{restarts}",
+                occurred_at=time.time(),
+                job_id=job_id,
+                attempt=attempt,
+                rank=rank,
+                node_id=self.node_id,
+                worker_id=handle.worker_id,
+                restarts=restarts,
+            )
+        )
+        log.info("worker_started", job_id=job_id, attempt=attempt, rank=rank, gpus=placement.gpus)
+        tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
+
+    async def _watch(self, key: WorkerKey, tr: Tracked) -> None:
+        info = await self.runtime.wait(tr.handle)
+        if tr.stopper is not None:
+            with contextlib.suppress(Exception):
+                await tr.stopper
+        if tr.ending == "preempted":
+            await self._report_checkpoint(key, tr)  # the worker may have written it just before exiting
+        reason = tr.ending or info.reason
+        work = node_work(self.follower.state, self.node_id)
+        restart = (
+            tr.ending is None
+            and info.reason in ("crashed", "killed")
+            and tr.restart_policy == "rank"
+            and tr.spec.restarts < tr.max_restarts
+            and work.get(key) == "run"
+        )
+        if restart:
+            self._restarting.add(key)
+        try:
+            await self._report_exit(key, tr.spec.restarts, info, reason, will_restart=restart)
+            await self.runtime.remove(tr.handle)
+        finally:
+            self.workers.pop(key, None)
+        if restart:
+            self._spawn(self._restart_later(key, tr.spec.restarts + 1))
+
+    async def _restart_later(self, key: WorkerKey, restarts: int) -> None:
+        try:
+            await asyncio.sleep(self.config.backoff.delay_for(restarts))
+            if node_work(self.follower.state, self.node_id).get(key) == "run" and key not in self.workers:
+                await self._start(key, restarts)
+        finally:
+            self._restarting.discard(key)
+
+    async def _report_exit(
+        self, key: WorkerKey, restarts: int, info: ExitInfo, reason: str, *, will_restart: bool
+    ) -> None:
+        job_id, attempt, rank = key
+        log.info(
+            "worker_exited",
+            job_id=job_id,
+            attempt=attempt,
+            rank=rank,
+            reason=reason,
+            exit_code=info.exit_code,
+            signal=info.signal,
+            will_restart=will_restart,
+        )
+        await self._append(
+            WorkerExited(
+                event_id=f"exited:{job_id}:{attempt}:{rank}:{restarts}",
+                occurred_at=time.time(),
+                job_id=job_id,
+                attempt=attempt,
+                rank=rank,
+                node_id=self.node_id,
+                exit_code=info.exit_code,
+                signal=info.signal,
+                reason=reason,
+                log_tail=info.log_tail[-4000:],
+                restarts=restarts,
+                will_restart=will_restart,
+            )
+        )
+
+    async def stop_workers(self, grace_s: float = UNWANTED_GRACE_S) -> None:
+        """Stop every worker this agent runs (used when `corral up` exits without --keep-workers)."""
+        for tr in list(self.workers.values()):
+            with contextlib.suppress(Exception):
+                await stop_with_grace(self.runtime, tr.handle, min(grace_s, tr.grace_s))

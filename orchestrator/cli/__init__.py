@@ -1,0 +1,60 @@
+"""The `corral` command line: one entry point, subcommands in small modules."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from orchestrator.cli import errors
+from orchestrator.cli.errors import CliError
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def _nats_url_default() -> str:
+    return os.environ.get("CORRAL_NATS_URL", DEFAULT_NATS_URL)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from orchestrator.cli import commands
+
+    parser = argparse.ArgumentParser(
+        prog="corral",
+        description="corral: an event-sourced GPU scheduler. Every command reads or appends the NATS JetStream log.",
+        epilog="Exit codes: 0 ok, 1 failed, 2 usage/invalid input, 3 NATS unreachable, 4 not found, 5 timed out.",
+    )
+    parser.add_argument(
+        "--nats",
+        default=_nats_url_default(),
+        metavar="URL",
+        help="NATS server URL (env CORRAL_NATS_URL; default %(default)s, the embedded server of `corral up`)",
+    )
+    parser.add_argument("--creds", metavar="FILE", default=os.environ.get("CORRAL_NATS_CREDS"),
+                        help="NATS credentials file (env CORRAL_NATS_CREDS)")
+    parser.add_argument("--tls-ca", metavar="FILE", default=os.environ.get("CORRAL_NATS_CA"),
+                        help="CA bundle to verify the NATS server's TLS certificate (env CORRAL_NATS_CA)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    commands.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        code = asyncio.run(handler(args))
+    except CliError as e:
+        print(f"corral: error: {e}", file=sys.stderr)
+        code = e.code
+    except KeyboardInterrupt:
+        code = errors.INTERRUPTED
+    except BrokenPipeError:  # `corral tail | head` closes early: not an error
+        code = errors.OK
+    sys.exit(code)

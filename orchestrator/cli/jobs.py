@@ -1,0 +1,64 @@
+"""Job commands: submit and cancel."""
+
+from __future__ import annotations
+
+import argparse
+
+from events.sdk import FINAL, Client
+from orchestrator.cli.connect import add_connection_args, connected
+from orchestrator.cli.errors import FAILURE, OK, TIMEOUT, CliError
+from orchestrator.cli.output import print_json
+from orchestrator.cli.render import line
+from orchestrator.cli.specfile import load_jobspec
+from schemas import tag_of
+
+
+async def submit(args: argparse.Namespace) -> int:
+    spec = load_jobspec(args.file)
+    async with connected(args) as bus:
+        client = Client(bus)
+        job_id = await client.submit(spec, job_id=args.id)
+        if args.json and not args.wait:
+            print_json({"job_id": job_id})
+        elif not args.json:
+            print(job_id)
+        if not args.wait:
+            return OK
+        try:
+            env = await client.wait(job_id, until=FINAL, timeout=args.timeout)
+        except TimeoutError:
+            raise CliError(f"{job_id} not finished after {args.timeout:g}s", TIMEOUT) from None
+        tag = tag_of(env.event)
+        if args.json:
+            print_json({"job_id": job_id, "result": tag, "seq": env.seq})
+        else:
+            print(line(env))
+        return OK if tag == "JobCompleted" else FAILURE
+
+
+async def cancel(args: argparse.Namespace) -> int:
+    async with connected(args) as bus:
+        seq = await Client(bus).cancel(args.job, reason=args.reason)
+    print_json({"job_id": args.job, "seq": seq}) if args.json else print(f"cancel requested for {args.job}")
+    return OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("submit", help="submit a job spec (YAML or JSON file, - for stdin)",
+                       description="Validate a JobSpec and append JobSubmitted. Invalid specs list every problem "
+                                   "and exit 2.")
+    add_connection_args(p)
+    p.add_argument("file", help="job spec file (.yaml/.yml/.json) or - for stdin")
+    p.add_argument("--id", help="job id (makes a retried submit a no-op); default generated")
+    p.add_argument("--wait", action="store_true", help="wait until the job is final; exit 0 only if it completed")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: give up after S seconds")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=submit)
+
+    p = sub.add_parser("cancel", help="cancel a job", description="Append CancelRequested; running workers get "
+                       "SIGTERM and their grace period.")
+    add_connection_args(p)
+    p.add_argument("job", help="job id")
+    p.add_argument("--reason", default="", help="recorded in the log")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=cancel)

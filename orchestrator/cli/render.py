@@ -1,0 +1,114 @@
+"""One readable line per event: what `corral tail`, the demo and `corral top` print."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from events.bus import Envelope
+from schemas import (
+    Checkpointed,
+    ClusterConfigured,
+    GangReserved,
+    GangRestarted,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobRunning,
+    JobSubmitted,
+    JobWaiting,
+    NodeFailed,
+    NodeRegistered,
+    Preempted,
+    PreemptionRequested,
+    QueueDefined,
+    RankPlacement,
+    SchedulerElected,
+    Unknown,
+    WorkerExited,
+    WorkerStarted,
+    tag_of,
+)
+
+
+def placement_summary(ranks: tuple[RankPlacement, ...]) -> str:
+    """`n1[0-7] n2[0-7]`: nodes in rank order with their GPU indices."""
+    by_node: dict[str, list[int]] = {}
+    for p in sorted(ranks, key=lambda p: p.rank):
+        by_node.setdefault(p.node_id, []).extend(p.gpus)
+    return " ".join(f"{n}[{_ranges(g)}]" for n, g in by_node.items())
+
+
+def _ranges(xs: list[int]) -> str:
+    xs = sorted(xs)
+    out: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def essentials(event: object) -> str:
+    """The few facts of an event an operator scans for."""
+    match event:
+        case JobSubmitted(spec=s):
+            topo = f" {s.topology.mode} {s.topology.level}" if s.topology else ""
+            return f"{s.name} queue={s.queue} prio={s.priority} {s.ranks}x{s.gpus_per_rank} GPU{topo}"
+        case GangReserved():
+            return f"attempt={event.attempt} epoch={event.epoch} {placement_summary(event.ranks)} {event.reason}".rstrip()
+        case JobWaiting():
+            return f"{event.code}: {event.message}"
+        case WorkerStarted():
+            return f"attempt={event.attempt} rank={event.rank} on {event.node_id}" + (
+                f" restart {event.restarts}" if event.restarts else "")
+        case WorkerExited():
+            how = f"exit={event.exit_code}" if event.signal is None else f"signal={event.signal}"
+            again = " (restarting)" if event.will_restart else ""
+            return f"attempt={event.attempt} rank={event.rank} {event.reason} {how}{again}"
+        case JobRunning() | JobCompleted():
+            return f"attempt={event.attempt}"
+        case PreemptionRequested():
+            return f"attempt={event.attempt} for {event.preemptor_job_id}: {event.reason} (grace {event.grace_s:g}s)"
+        case Checkpointed():
+            return f"attempt={event.attempt} rank={event.rank} step={event.step} {event.path}"
+        case Preempted():
+            return f"attempt={event.attempt} by {event.preemptor_job_id} resume_from={event.resume_from or '-'}"
+        case GangRestarted() | JobRequeued():
+            extra = f" resume_from={event.resume_from}" if isinstance(event, JobRequeued) and event.resume_from else ""
+            return f"attempt={event.attempt} {event.reason}{extra}"
+        case JobFailed():
+            return f"attempt={event.attempt} {event.reason}"
+        case JobRejected():
+            return "; ".join(event.reasons)
+        case JobCancelled():
+            return event.reason
+        case NodeRegistered():
+            inv = event.inventory
+            model = inv.gpus[0].model if inv.gpus else "no GPUs"
+            labels = ",".join(f"{k}={v}" for k, v in sorted(inv.labels.items()))
+            return f"{inv.gpu_count}x {model} at {event.address} {labels}".rstrip()
+        case NodeFailed():
+            return event.reason
+        case QueueDefined():
+            limit = "-" if event.limit_gpus is None else event.limit_gpus
+            return f"weight={event.weight:g} guarantee={event.guaranteed_gpus} limit={limit}"
+        case SchedulerElected():
+            return f"epoch={event.epoch} {event.scheduler_id}"
+        case ClusterConfigured():
+            return f"levels={'>'.join(event.topology_levels) or '-'} min_runtime={event.min_runtime_s:g}s"
+        case Unknown():
+            return f"undecodable: {event.error[:80]}"
+        case _:
+            return ""
+
+
+def line(env: Envelope) -> str:
+    ts = dt.datetime.fromtimestamp(env.stream_time).strftime("%H:%M:%S.%f")[:-3]
+    ev = env.event
+    entity = env.subject.split(".")[2] if env.subject.count(".") >= 3 else "-"
+    return f"{ts} #{env.seq:<6} {tag_of(ev):<20} {entity:<16} {essentials(ev)}".rstrip()

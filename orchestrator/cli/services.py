@@ -1,0 +1,215 @@
+"""The long-running commands: `corral scheduler`, `corral agent` and `corral up`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import structlog
+
+from events.bus import Bus
+from events.server import NatsServer, NatsServerError
+from nodeagent.agent import Agent, AgentConfig
+from nodeagent.discovery import NoGpuError, node_inventory
+from nodeagent.runtime.base import Runtime
+from nodeagent.runtime.process import ProcessRuntime
+from orchestrator.cli.connect import connected
+from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
+from orchestrator.logging import configure_logging
+from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_id
+from schemas import ClusterConfigured, Inventory
+
+log = structlog.get_logger("corral.cli")
+
+
+def parse_labels(text: str | None) -> dict[str, str]:
+    """`leaf=l1,block=b0` -> {"leaf": "l1", "block": "b0"}."""
+    out: dict[str, str] = {}
+    for part in filter(None, (text or "").split(",")):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise CliError(f"bad label {part!r}: expected KEY=VALUE[,KEY=VALUE...]", USAGE)
+        out[key.strip()] = value.strip()
+    return out
+
+
+def cluster_config(args: argparse.Namespace) -> ClusterConfigured:
+    levels = tuple(x for x in (args.topology_levels or "").split(",") if x)
+    return ClusterConfigured(event_id=f"config:{','.join(levels)}:{args.min_runtime}", occurred_at=0.0,
+                             topology_levels=levels, min_runtime_s=args.min_runtime,
+                             fairshare_half_life_s=args.half_life)
+
+
+async def run_scheduler(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    config = SchedulerConfig(scheduler_id=args.id or default_scheduler_id(), tick_s=args.tick,
+                             heartbeat_timeout_s=args.heartbeat_timeout, lease_ttl_s=args.lease_ttl,
+                             snapshot_every=args.snapshot_every, cluster=cluster_config(args))
+    async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
+        await Scheduler(bus, config).run()
+    return OK
+
+
+def make_runtime(kind: str, state_dir: Path, node_id: str) -> Runtime:
+    if kind == "process":
+        return ProcessRuntime(state_dir / "workers", node_id=node_id)
+    if kind == "docker":
+        from nodeagent.runtime.docker import DockerRuntime
+
+        return DockerRuntime(node_id=node_id)
+    raise CliError(f"unknown runtime {kind!r}: use process or docker", USAGE)
+
+
+def agent_inventory(args: argparse.Namespace, node_id: str) -> Inventory:
+    try:
+        found = node_inventory(node_id, fake_gpus=args.fake_gpus, labels=parse_labels(args.labels),
+                               fake_model=args.gpu_model)
+    except NoGpuError as e:
+        raise CliError(str(e), FAILURE) from None
+    for problem in found.problems:
+        log.warning("discovery_problem", problem=str(problem))
+    return found.inventory
+
+
+async def run_agent(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    data_dir = Path(args.data_dir).resolve() / args.node_id
+    inventory = agent_inventory(args, args.node_id)
+    config = AgentConfig(node_id=args.node_id, address=args.address or socket.gethostname(), data_dir=data_dir,
+                         checkpoint_root=Path(args.checkpoint_root).resolve() if args.checkpoint_root else None,
+                         heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
+    runtime = make_runtime(args.runtime, data_dir, args.node_id)
+    async with connected(args, name=f"corral-agent-{args.node_id}", forever=True) as bus:
+        await Agent(bus, config, inventory, runtime).run()
+    return OK
+
+
+# --- corral up ---------------------------------------------------------------------
+
+
+def fake_node_labels(i: int) -> dict[str, str]:
+    """Two nodes per leaf switch, eight per block: enough structure that placement matters."""
+    return {"block": f"b{i // 8}", "leaf": f"l{i // 2}"}
+
+
+async def run_up(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    data = Path(args.data_dir).resolve()
+    server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server)
+    try:
+        await asyncio.to_thread(server.start)
+    except NatsServerError as e:
+        raise CliError(f"could not start nats-server: {e}", FAILURE) from None
+    print(f"corral up: NATS at {server.url} (data in {data}); export CORRAL_NATS_URL={server.url}", flush=True)
+    try:
+        bus = await Bus.connect(server.url, name="corral-up")
+        try:
+            return await _run_cluster(args, bus, data, server.url)
+        finally:
+            await bus.close()
+    finally:
+        await asyncio.to_thread(server.stop)
+        print("corral up: stopped", flush=True)
+
+
+async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str) -> int:
+    from orchestrator.cli.demo import run_demo
+
+    sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=args.heartbeat_timeout,
+                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)))
+    agents = []
+    for i in range(args.nodes):
+        node_id = f"node-{i}"
+        node_dir = data / "agents" / node_id
+        inventory = node_inventory(node_id, fake_gpus=args.gpus_per_node, labels=fake_node_labels(i),
+                                   fake_model=args.gpu_model).inventory
+        config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
+                             checkpoint_root=data / "checkpoints", heartbeat_s=1.0)
+        agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id)))
+    print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
+          f"(process runtime); Ctrl-C stops", flush=True)
+    result = OK
+    try:
+        async with asyncio.TaskGroup() as tg:
+            services = [tg.create_task(sched.run())] + [tg.create_task(a.run()) for a in agents]
+            if args.demo:
+                result = await run_demo(bus, url, duration=args.duration)
+            elif args.duration:
+                await asyncio.sleep(args.duration)
+            else:
+                await asyncio.Event().wait()
+            for t in services:
+                t.cancel()
+    except* asyncio.CancelledError:
+        pass
+    finally:
+        if not args.keep_workers:
+            await asyncio.gather(*(a.stop_workers() for a in agents), return_exceptions=True)
+    return result
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from orchestrator.cli.connect import add_connection_args
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--log-level", default=os.environ.get("CORRAL_LOG_LEVEL", "info"),
+                       choices=("debug", "info", "warning", "error"), help="structlog JSON log level")
+
+    def sched_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--topology-levels", default="block,leaf", metavar="L1,L2",
+                       help="topology levels above node, coarse to fine, read from node labels (default %(default)s)")
+        p.add_argument("--min-runtime", type=float, default=60.0, metavar="S",
+                       help="a job younger than this is not preempted (default %(default)s)")
+        p.add_argument("--half-life", type=float, default=0.0, metavar="S",
+                       help="fair-share usage half-life; 0 = no decay (default)")
+        p.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
+                       help="declare a node failed after this long without a heartbeat (default %(default)s)")
+
+    p = sub.add_parser("scheduler", help="run the scheduler service (one leader, others stand by)",
+                       description="Follow the log, decide, append decisions. Several may run: a lease elects one.")
+    add_connection_args(p)
+    common(p)
+    sched_opts(p)
+    p.add_argument("--id", help="scheduler id (default host-pid)")
+    p.add_argument("--tick", type=float, default=1.0, metavar="S", help="decide at least this often")
+    p.add_argument("--lease-ttl", type=float, default=5.0, metavar="S", help="leader lease TTL")
+    p.add_argument("--snapshot-every", type=int, default=10_000, metavar="N", help="snapshot after N events")
+    p.set_defaults(handler=run_scheduler)
+
+    p = sub.add_parser("agent", help="run a node agent", description="Register this node, heartbeat, run the "
+                       "ranks the log places here.")
+    add_connection_args(p)
+    common(p)
+    p.add_argument("--node-id", required=True, help="this node's id (unique in the cluster)")
+    p.add_argument("--runtime", choices=("process", "docker"), default="process")
+    p.add_argument("--address", help="address other nodes reach this one at (MASTER_ADDR); default hostname")
+    p.add_argument("--fake-gpus", type=int, metavar="N", help="simulate N GPUs instead of asking NVML")
+    p.add_argument("--gpu-model", default="H100", help="model of the fake GPUs (default %(default)s)")
+    p.add_argument("--labels", help="topology labels, e.g. block=b0,leaf=l1")
+    p.add_argument("--data-dir", default=".corral/agent", help="worker state and logs (default %(default)s)")
+    p.add_argument("--checkpoint-root", help="shared checkpoint storage (default DATA_DIR/checkpoints)")
+    p.add_argument("--heartbeat", type=float, default=1.0, metavar="S", help="heartbeat interval")
+    p.set_defaults(handler=run_agent)
+
+    p = sub.add_parser("up", help="embedded cluster: NATS + scheduler + simulated nodes in one command",
+                       description="Start nats-server (bundled), the scheduler and N simulated node agents "
+                                   "(process runtime, fake GPUs). Restarting on the same --data-dir recovers "
+                                   "the state from the log.")
+    common(p)
+    sched_opts(p)
+    p.set_defaults(min_runtime=5.0, heartbeat_timeout=5.0)
+    p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default %(default)s)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per node (default %(default)s)")
+    p.add_argument("--gpu-model", default="H100")
+    p.add_argument("--data-dir", default=".corral", help="NATS store, worker state, checkpoints (default %(default)s)")
+    p.add_argument("--port", type=int, default=4222, help="NATS port (default %(default)s; 0 = any free port)")
+    p.add_argument("--nats-server", metavar="PATH", help="nats-server binary (default: the bundled one)")
+    p.add_argument("--demo", action="store_true", help="submit a sample workload and narrate it")
+    p.add_argument("--duration", type=float, default=0.0, metavar="S",
+                   help="stop after S seconds (with --demo: at most S, ends earlier when the demo is done)")
+    p.add_argument("--keep-workers", action="store_true",
+                   help="leave workers running on exit; the next `corral up` on this data dir adopts them")
+    p.set_defaults(handler=run_up)

@@ -1,0 +1,69 @@
+"""Following the log into a ClusterState: the one fold loop every service shares.
+
+The scheduler, the node agents and the live CLI views all hold the same
+projection (`evolve` over the log); this is the IO around it: catch up by the
+fast replay path, then tail live, skipping anything already folded (so a
+redelivery is never applied twice, DESIGN.md invariant 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from events.bus import Bus, Envelope
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState
+
+
+class Follower:
+    def __init__(self, bus: Bus, state: ClusterState | None = None) -> None:
+        self.bus = bus
+        self.state = state if state is not None else ClusterState()
+        #: Set whenever an event was folded; consumers clear it when they have looked.
+        self.changed = asyncio.Event()
+        self._listeners: list[Callable[[Envelope], None]] = []
+        self._seq_waiters: list[tuple[int, asyncio.Future[None]]] = []
+
+    def on_event(self, listener: Callable[[Envelope], None]) -> None:
+        """Called after each folded event (for counters, live views)."""
+        self._listeners.append(listener)
+
+    def apply(self, env: Envelope) -> bool:
+        if env.seq <= self.state.seq:
+            return False
+        self.state = evolve(self.state, env.event, env.seq)
+        for listener in self._listeners:
+            listener(env)
+        self.changed.set()
+        if self._seq_waiters:
+            self._wake()
+        return True
+
+    def _wake(self) -> None:
+        keep = []
+        for seq, fut in self._seq_waiters:
+            if self.state.seq >= seq:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((seq, fut))
+        self._seq_waiters = keep
+
+    async def wait_for_seq(self, seq: int) -> None:
+        """Until the fold has reached `seq` (e.g. our own append came back)."""
+        if self.state.seq >= seq:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._seq_waiters.append((seq, fut))
+        await fut
+
+    async def catch_up(self, to_seq: int | None = None) -> None:
+        async for batch in self.bus.replay(from_seq=self.state.seq + 1, to_seq=to_seq):
+            for env in batch:
+                self.apply(env)
+
+    async def follow(self) -> None:
+        """Tail the log forever (after `catch_up`)."""
+        async for env in self.bus.tail(from_seq=self.state.seq + 1):
+            self.apply(env)

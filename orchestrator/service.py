@@ -1,0 +1,180 @@
+"""The scheduler service: the thin async shell around the pure core.
+
+Loop, in words: load the newest snapshot, replay the log's tail into it, then
+follow the live log. Every event is folded with the shared `evolve`; when the
+state changed (or on a tick, for time-based rules) the leader runs `decide`
+and appends what it returns. Its own decisions are *not* applied locally:
+they take effect when they come back from the log, like everyone else's, and
+the leader waits for them before deciding again, so it never decides twice
+on a stale view. A standby follows the log too, so a takeover starts hot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from events.bus import Bus
+from orchestrator.core.decide import decide
+from orchestrator.core.state import ClusterState, Config
+from orchestrator.follow import Follower
+from orchestrator.health import HeartbeatMonitor
+from orchestrator.leader import LEASE_BUCKET, Lease
+from orchestrator.snapshot import SnapshotStore
+from schemas import ClusterConfigured, Event, NodeFailed, SchedulerElected
+from schemas.heartbeat import HEARTBEAT_BUCKET
+
+log = structlog.get_logger("corral.scheduler")
+
+
+def default_scheduler_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    scheduler_id: str = field(default_factory=default_scheduler_id)
+    tick_s: float = 1.0
+    snapshot_every: int = 10_000
+    lease_ttl_s: float = 5.0
+    heartbeat_timeout_s: float = 10.0
+    #: Appended once when the log has no cluster settings yet, so every replay decides alike.
+    cluster: ClusterConfigured | None = None
+
+
+class Scheduler:
+    def __init__(self, bus: Bus, config: SchedulerConfig | None = None) -> None:
+        self.bus = bus
+        self.config = config or SchedulerConfig()
+        self.follower = Follower(bus)
+        self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
+        self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
+        self._since_snapshot = 0
+        self._snapshots = SnapshotStore(bus.js, replicas=bus.replicas)
+        self._monitor: HeartbeatMonitor | None = None
+        self._lease: Lease | None = None
+        self.appended = 0
+        self.decide_seconds: list[float] = []
+        self.follower.on_event(self._count)
+
+    @property
+    def state(self) -> ClusterState:
+        return self.follower.state
+
+    def _count(self, _env: object) -> None:
+        self._since_snapshot += 1
+
+    @property
+    def leading(self) -> bool:
+        """We lead when the *log* says so: our SchedulerElected is the newest one folded."""
+        s = self.state
+        return self.epoch > 0 and s.epoch == self.epoch and s.scheduler_id == self.config.scheduler_id
+
+    async def _append(self, events: Sequence[Event]) -> None:
+        if events:
+            seqs = await self.bus.append_many(events)
+            self.appended += len(events)
+            self._awaiting = max(self._awaiting, *seqs)
+
+    async def _restore(self) -> None:
+        snap = await self._snapshots.load(ClusterState)
+        if snap is not None:
+            self.follower.state = snap
+            log.info("snapshot_loaded", seq=snap.seq)
+        await self.follower.catch_up()
+        log.info("caught_up", seq=self.state.seq, jobs=len(self.state.jobs), nodes=len(self.state.nodes))
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self._since_snapshot >= self.config.snapshot_every:
+                self._since_snapshot = 0
+                size = await self._snapshots.save(self.state)
+                log.info("snapshot_saved", seq=self.state.seq, bytes=size)
+
+    async def _campaign(self) -> None:
+        assert self._lease is not None
+        while True:
+            if self._lease.held:
+                if not await self._lease.renew(self.epoch):
+                    log.warning("standing_by", reason="lease lost")
+                    self.epoch = 0
+                elif self.state.epoch > self.epoch:
+                    log.warning("standing_by", reason="newer epoch in the log", epoch=self.state.epoch)
+                    self.epoch = 0
+                    await self._lease.release()
+            elif await self._lease.try_acquire(self.state.epoch + 1):
+                await self._elect()
+            await asyncio.sleep(self.config.lease_ttl_s / 3)
+
+    async def _elect(self) -> None:
+        self.epoch = self.state.epoch + 1
+        sid = self.config.scheduler_id
+        # Settings first, in the same append: the first decision must already see them.
+        cfg = self.config.cluster
+        first = [cfg] if cfg is not None and self.state.config == Config() else []
+        await self._append([*first, SchedulerElected(event_id=f"elect:{self.epoch}:{sid}", occurred_at=time.time(),
+                                                     epoch=self.epoch, scheduler_id=sid)])
+        await self.follower.wait_for_seq(self._awaiting)
+        if self.leading:
+            log.info("leading", epoch=self.epoch)
+        self.follower.changed.set()
+
+    async def _decide_loop(self) -> None:
+        changed = self.follower.changed
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), self.config.tick_s)
+            changed.clear()
+            if not self.leading or self.state.seq < self._awaiting:
+                continue
+            t0 = time.perf_counter()
+            events = decide(self.state, time.time(), epoch=self.epoch)
+            self.decide_seconds.append(time.perf_counter() - t0)
+            if len(self.decide_seconds) > 10_000:
+                del self.decide_seconds[:5_000]
+            await self._append(events)
+
+    async def _health_loop(self) -> None:
+        monitor = self._monitor
+        assert monitor is not None
+        while True:
+            await asyncio.sleep(min(1.0, monitor.timeout_s / 4))
+            if not self.leading:
+                continue
+            live = [(n.node_id, n.incarnation) for n in self.state.nodes.values() if not n.failed]
+            now = time.time()
+            failed = [
+                NodeFailed(event_id=f"nodefailed:{node_id}:{inc}", occurred_at=now, node_id=node_id,
+                           incarnation=inc, reason=f"no heartbeat for {silent:.0f}s")
+                for node_id, inc, silent in monitor.overdue(live)
+            ]
+            if failed:
+                log.warning("nodes_failed", nodes=[e.node_id for e in failed])
+                await self._append(failed)
+
+    async def run(self) -> None:
+        """Run until cancelled; the first fatal error propagates."""
+        await self._restore()
+        lease_kv = await self.bus.kv(LEASE_BUCKET, ttl=self.config.lease_ttl_s)
+        hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
+        self._lease = Lease(lease_kv, self.config.scheduler_id)
+        self._monitor = HeartbeatMonitor(hb_kv, self.config.heartbeat_timeout_s)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.follower.follow())
+                tg.create_task(self._monitor.run())
+                tg.create_task(self._campaign())
+                tg.create_task(self._decide_loop())
+                tg.create_task(self._health_loop())
+                tg.create_task(self._snapshot_loop())
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._lease.release())
