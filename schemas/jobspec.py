@@ -150,7 +150,7 @@ def jobspec_problems(obj: Any) -> list[Problem]:
     out: list[Problem] = []
     for key in obj:
         if key not in _FIELDS:
-            out.append(Problem(key, f"unknown field; known fields are {', '.join(sorted(_FIELDS))}"))
+            out.append(Problem(str(key), f"unknown field; known fields are {', '.join(sorted(_FIELDS))}"))
     if "name" not in obj:
         out.append(Problem("name", "is required"))
     else:
