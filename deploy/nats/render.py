@@ -251,7 +251,8 @@ def helm_values(nodes: Iterable[str], teams: Iterable[str] = ()) -> dict[str, An
             },
             "merge": auth,
         },
-        "tlsCA": {"enabled": True, "secretName": "corral-nats-ca", "key": "ca.crt"},
+        # The CA certificate (not its key) from the issued server certificate's secret.
+        "tlsCA": {"enabled": True, "secretName": "corral-nats-client-tls", "key": "ca.crt"},
         "container": {"env": env},
         "podTemplate": {
             "topologySpreadConstraints": {
@@ -333,8 +334,8 @@ def examples(nodes: Sequence[str] = EXAMPLE_NODES, teams: Sequence[str] = EXAMPL
             "# Values for NATS's official Helm chart:\n"
             "#   helm repo add nats https://nats-io.github.io/k8s/helm/charts/\n"
             "#   helm install nats nats/nats -n corral -f deploy/k8s/nats-values.yaml\n"
-            "# Needs the Secrets corral-nats-users, corral-nats-ca, corral-nats-client-tls and\n"
-            "# corral-nats-route-tls (deploy/README.md says how to make them).\n\n"
+            "# Needs the Secrets corral-nats-users, corral-nats-client-tls and corral-nats-route-tls\n"
+            "# (deploy/k8s/certificates.yaml and deploy/README.md say how to make them).\n\n"
         )
         + yaml.safe_dump(helm_values(nodes, teams), sort_keys=False, width=120)
     )

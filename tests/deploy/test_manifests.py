@@ -1,0 +1,234 @@
+"""The files under deploy/ are valid and agree with each other, the renderer and the CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy.nats import permissions
+from deploy.nats.render import DEPLOY, EXAMPLE_NODES, EXAMPLE_TEAMS, examples, password_envs
+from deploy.nats.secrets import write_secrets
+from tests.deploy.launcher import nats_server_binary
+from tests.deploy.pki import have_openssl, make_pki
+
+YAML_FILES = sorted(p for ext in ("*.yml", "*.yaml") for p in DEPLOY.rglob(ext) if "secrets" not in p.parts)
+CONF_FILES = sorted((DEPLOY / "nats").rglob("*.conf"))
+ENV = {var: "example-password" for var in password_envs(EXAMPLE_NODES, EXAMPLE_TEAMS)}
+
+#: Flags the manifests use that the CLI may not have yet (each takes one value).
+#: While the CLI lacks one, the command is checked without it; see deploy/README.md.
+PENDING_FLAGS = ("--replicas", "--user", "--password-file")
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(DEPLOY))
+
+
+def _docs(path: Path) -> list[Any]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=_rel)
+def test_yaml_parses(path: Path) -> None:
+    """Every YAML file under deploy/ parses (yaml.safe_load_all) and is not empty."""
+    assert _docs(path)
+
+
+def test_committed_examples_equal_a_fresh_render() -> None:
+    """The configs in deploy/ are exactly what `python -m deploy.nats.render` writes: no hand edits
+    that the tests (which render the same functions) would not see."""
+    for rel, text in examples().items():
+        assert (DEPLOY / rel).read_text() == text, f"deploy/{rel} is stale: run python -m deploy.nats.render"
+
+
+@pytest.mark.parametrize("path", CONF_FILES, ids=_rel)
+def test_nats_server_accepts_config(path: Path, tmp_path: Path) -> None:
+    """nats-server itself parses every committed config (`-t`), includes and variables resolved."""
+    conf = path
+    if "tls {" in path.read_text():  # nats-server loads the certificates: give it real ones
+        if not have_openssl():
+            pytest.skip("needs openssl for certificates")
+        pki = make_pki(tmp_path / "pki")
+        conf = tmp_path / path.name
+        conf.write_text(path.read_text().replace("/etc/corral/tls/", f"{pki.ca.parent}/"))
+        shutil.copy(DEPLOY / "nats" / "accounts.conf", tmp_path / "accounts.conf")
+    out = subprocess.run(
+        [str(nats_server_binary()), "-t", "-c", str(conf)],
+        env={**os.environ, **ENV}, capture_output=True, text=True, timeout=20, cwd=conf.parent,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr + out.stdout
+
+
+def test_missing_password_variable_stops_the_server() -> None:
+    """A password not set in the environment is an error at startup, never an empty password."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    out = subprocess.run(
+        [str(nats_server_binary()), "-t", "-c", str(DEPLOY / "nats" / "single.conf")],
+        env=env, capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+    assert out.returncode != 0 and "CORRAL_" in out.stderr + out.stdout
+
+
+def test_secrets_cover_every_user_and_stay_private(tmp_path: Path) -> None:
+    """deploy.nats.secrets writes a password for each variable the configs reference (0600 files),
+    and keeps existing ones on a rerun."""
+    out = tmp_path / "secrets"
+    env = write_secrets(out, EXAMPLE_NODES, EXAMPLE_TEAMS)
+    assert set(env) == set(ENV)
+    assert all(len(v) >= 24 for v in env.values()) and len(set(env.values())) == len(env)
+    assert (out / "nats-users.env").stat().st_mode & 0o077 == 0
+    assert (out / "agent-node1.password").read_text().strip() == env["CORRAL_AGENT_NODE1_PASSWORD"]
+    assert write_secrets(out, EXAMPLE_NODES, EXAMPLE_TEAMS) == env
+
+
+# -- docker compose ------------------------------------------------------------
+
+COMPOSE = DEPLOY / "docker-compose.yml"
+
+
+def _compose() -> dict[str, Any]:
+    (doc,) = _docs(COMPOSE)
+    return doc
+
+
+def _has_compose() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=20).returncode == 0
+
+
+@pytest.mark.skipif(not _has_compose(), reason="no docker CLI with the compose plugin")
+def test_docker_compose_config(tmp_path: Path) -> None:
+    """`docker compose config` accepts the file (with the secrets it expects in place)."""
+    secrets_dir = DEPLOY / "secrets"
+    made = not secrets_dir.exists()
+    if made:
+        write_secrets(secrets_dir, EXAMPLE_NODES, EXAMPLE_TEAMS)
+    try:
+        out = subprocess.run(
+            ["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+    finally:
+        if made:
+            shutil.rmtree(secrets_dir)
+
+
+def test_compose_runs_a_three_server_cluster() -> None:
+    """Three NATS servers, distinct names and volumes, one shared config that routes to all three."""
+    services = _compose()["services"]
+    nats = {name: s for name, s in services.items() if name.startswith("nats-")}
+    assert sorted(nats) == ["nats-1", "nats-2", "nats-3"]
+    for name, svc in nats.items():
+        assert svc["image"].startswith("nats:"), "NATS's official image"
+        assert svc["command"][-2:] == ["--name", name]
+        assert "/etc/nats/compose.conf" in svc["command"]
+        assert f"{name}:/data" in svc["volumes"]
+    conf = (DEPLOY / "nats" / "compose.conf").read_text()
+    for name in nats:
+        assert f"nats-route://{name}:6222" in conf
+
+
+def test_compose_agents_have_their_own_users() -> None:
+    """Each agent logs in as agent-<its node id>, a user accounts.conf defines for that node."""
+    accounts = (DEPLOY / "nats" / "accounts.conf").read_text()
+    agents = {n: s for n, s in _compose()["services"].items() if n.startswith("agent-")}
+    assert agents
+    for svc in agents.values():
+        cmd = svc["command"]
+        node = cmd[cmd.index("--node-id") + 1]
+        assert cmd[cmd.index("--user") + 1] == f"agent-{node}"
+        assert f'"$KV.{permissions.HEARTBEATS}.{node}"' in accounts
+
+
+# -- Kubernetes ----------------------------------------------------------------
+
+K8S = DEPLOY / "k8s"
+
+
+def _objects() -> dict[tuple[str, str], dict[str, Any]]:
+    out = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in _docs(path):
+            if "kind" in doc and "apiVersion" in doc and doc["kind"] != "Kustomization":
+                out[(doc["kind"], doc["metadata"]["name"])] = doc
+    return out
+
+
+def test_kustomization_lists_existing_files() -> None:
+    """kubectl apply -k deploy/k8s finds every file it names."""
+    (kust,) = _docs(K8S / "kustomization.yaml")
+    for res in kust["resources"]:
+        assert (K8S / res).is_file(), res
+
+
+def test_scheduler_runs_twice_and_agents_on_every_gpu_node() -> None:
+    """2 scheduler replicas (the lease picks one); one agent per GPU node with the NVIDIA runtime."""
+    objs = _objects()
+    sched = objs[("Deployment", "corral-scheduler")]
+    assert sched["spec"]["replicas"] == 2
+    agent = objs[("DaemonSet", "corral-agent")]["spec"]["template"]["spec"]
+    assert agent["runtimeClassName"] == "nvidia"
+    assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    cmd = agent["containers"][0]["command"]
+    assert cmd[cmd.index("--node-id") + 1] == "$(NODE_NAME)"
+    assert cmd[cmd.index("--runtime") + 1] == "docker"
+    assert ("ServiceAccount", "corral") in objs and ("ConfigMap", "corral-config") in objs
+
+
+def test_nats_chart_values_cluster_of_three_with_jetstream() -> None:
+    """The chart runs 3 JetStream servers on persistent volumes, with corral's accounts merged in."""
+    (values,) = _docs(K8S / "nats-values.yaml")
+    cfg = values["config"]
+    assert cfg["cluster"]["enabled"] and cfg["cluster"]["replicas"] == 3
+    assert cfg["jetstream"]["enabled"] and cfg["jetstream"]["fileStore"]["pvc"]["enabled"]
+    users = {u["user"] for u in cfg["merge"]["accounts"]["CORRAL"]["users"]}
+    assert {"scheduler", "ops", "agent-node1"} <= users
+    assert set(values["container"]["env"]) == set(ENV)
+
+
+# -- every command is one the CLI understands --------------------------------
+
+
+def _commands() -> list[tuple[str, list[str]]]:
+    out = [(f"compose:{name}", svc["command"]) for name, svc in _compose()["services"].items() if "build" in svc]
+    for (kind, name), obj in _objects().items():
+        if kind in ("Deployment", "DaemonSet"):
+            for c in obj["spec"]["template"]["spec"]["containers"]:
+                out.append((f"k8s:{name}/{c['name']}", c["command"]))
+    return out
+
+
+def _substituted(argv: list[str]) -> list[str]:
+    """Kubernetes $(VAR) and compose ${VAR} filled with sample values."""
+    return [re.sub(r"\$[({]([A-Z_]+)[)}]", lambda m: f"sample-{m.group(1).lower()}", a) for a in argv]
+
+
+@pytest.mark.parametrize(("where", "argv"), _commands(), ids=[w for w, _ in _commands()])
+def test_command_parses_with_the_cli(where: str, argv: list[str]) -> None:
+    """`corral scheduler|agent ...` in compose and k8s is accepted by the real argument parser."""
+    cli = pytest.importorskip("orchestrator.cli")
+    assert argv[0] == "corral" and argv[1] in ("scheduler", "agent")
+    args = _substituted(argv[1:])
+    parser = cli.build_parser()
+    try:
+        parser.parse_args(args)
+    except SystemExit:
+        pending = [f for f in PENDING_FLAGS if f in args]
+        stripped = list(args)
+        for flag in pending:
+            i = stripped.index(flag)
+            del stripped[i : i + 2]
+        try:
+            parser.parse_args(stripped)
+        except SystemExit:
+            pytest.fail(f"{where}: `corral {shlex.join(args)}` is not a valid command")
+        pytest.skip(f"CLI lacks {', '.join(pending)} (deploy/README.md); the rest parses")
