@@ -176,5 +176,9 @@ class Scheduler:
                 tg.create_task(self._health_loop())
                 tg.create_task(self._snapshot_loop())
         finally:
+            # A clean stop leaves a fresh snapshot (the next start replays less) and frees the lease
+            # at once instead of after its TTL.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._snapshots.save(self.state))
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._lease.release())

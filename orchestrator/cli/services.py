@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import socket
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -23,6 +26,23 @@ from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_i
 from schemas import ClusterConfigured, Inventory
 
 log = structlog.get_logger("corral.cli")
+
+
+async def until_signalled(coro: Coroutine[Any, Any, None]) -> int:
+    """Run a service until it ends or SIGTERM/SIGINT arrives; a signal is a clean stop (exit 0)."""
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not task.cancelled():
+            raise
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return OK
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -49,18 +69,21 @@ async def run_scheduler(args: argparse.Namespace) -> int:
                              heartbeat_timeout_s=args.heartbeat_timeout, lease_ttl_s=args.lease_ttl,
                              snapshot_every=args.snapshot_every, cluster=cluster_config(args))
     async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
-        await Scheduler(bus, config).run()
-    return OK
+        return await until_signalled(Scheduler(bus, config).run())
 
 
 def make_runtime(kind: str, state_dir: Path, node_id: str) -> Runtime:
     if kind == "process":
         return ProcessRuntime(state_dir / "workers", node_id=node_id)
+    if kind == "simulated":
+        from nodeagent.runtime.simulated import SimulatedRuntime
+
+        return SimulatedRuntime()
     if kind == "docker":
         from nodeagent.runtime.docker import DockerRuntime
 
         return DockerRuntime(node_id=node_id)
-    raise CliError(f"unknown runtime {kind!r}: use process or docker", USAGE)
+    raise CliError(f"unknown runtime {kind!r}: use process, docker or simulated", USAGE)
 
 
 def agent_inventory(args: argparse.Namespace, node_id: str) -> Inventory:
@@ -83,8 +106,7 @@ async def run_agent(args: argparse.Namespace) -> int:
                          heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
     runtime = make_runtime(args.runtime, data_dir, args.node_id)
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True) as bus:
-        await Agent(bus, config, inventory, runtime).run()
-    return OK
+        return await until_signalled(Agent(bus, config, inventory, runtime).run())
 
 
 # --- corral up ---------------------------------------------------------------------
@@ -184,7 +206,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_args(p)
     common(p)
     p.add_argument("--node-id", required=True, help="this node's id (unique in the cluster)")
-    p.add_argument("--runtime", choices=("process", "docker"), default="process")
+    p.add_argument("--runtime", choices=("process", "docker", "simulated"), default="process",
+                   help="process: local processes; docker: containers; simulated: timers, no processes (scale tests)")
     p.add_argument("--address", help="address other nodes reach this one at (MASTER_ADDR); default hostname")
     p.add_argument("--fake-gpus", type=int, metavar="N", help="simulate N GPUs instead of asking NVML")
     p.add_argument("--gpu-model", default="H100", help="model of the fake GPUs (default %(default)s)")

@@ -1,0 +1,87 @@
+"""Helpers for integration tests: real `corral` processes and in-process simulated agents."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+
+from events.bus import Bus
+from nodeagent.agent import Agent, AgentConfig
+from nodeagent.backoff import Backoff
+from nodeagent.fake_gpus import fake_inventory
+from nodeagent.runtime.base import Runtime
+from nodeagent.runtime.simulated import SimulatedRuntime
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import HOLDING, ClusterState
+from orchestrator.follow import Follower
+
+CORRAL = str(Path(sys.executable).parent / "corral")
+
+
+def start_corral(*args: str, log: Path) -> subprocess.Popen[bytes]:
+    """A real `corral` process (its structlog JSON goes to `log`)."""
+    out = open(log, "ab")  # noqa: SIM115 - owned by the process for its lifetime
+    return subprocess.Popen([CORRAL, *args], stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    return proc.wait(timeout)
+
+
+@contextlib.asynccontextmanager
+async def agents(bus: Bus, count: int, data_dir: Path, *, gpus: int = 8,
+                 runtime: type[Runtime] | None = None) -> AsyncIterator[list[Agent]]:
+    """`count` in-process agents with fake GPUs (two nodes per leaf, eight per block)."""
+    made = []
+    for i in range(count):
+        node_id = f"n{i}"
+        inv = fake_inventory(gpus, node_id=node_id, labels={"block": f"b{i // 8}", "leaf": f"l{i // 2}"})
+        cfg = AgentConfig(node_id=node_id, data_dir=data_dir / node_id, heartbeat_s=0.5, tick_s=0.2,
+                          backoff=Backoff(base_s=0.05, cap_s=0.2))
+        made.append(Agent(bus, cfg, inv, (runtime or SimulatedRuntime)()))  # type: ignore[call-arg]
+    tasks = [asyncio.create_task(a.run()) for a in made]
+    try:
+        yield made
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def wait_until(follower: Follower, predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    async def loop() -> None:
+        while not predicate(follower.state):
+            follower.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(follower.changed.wait(), 0.5)
+
+    try:
+        await asyncio.wait_for(loop(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+
+
+def assert_no_double_booking(events: Iterable[tuple[int, object]]) -> ClusterState:
+    """Fold event by event and check, independently of `owners`, that no GPU is in two live gangs."""
+    state = ClusterState()
+    for seq, event in events:
+        state = evolve(state, event, seq)  # type: ignore[arg-type]
+        seen: dict[tuple[str, int], str] = {}
+        for job_id in state.active:
+            job = state.jobs[job_id]
+            assert job.status in HOLDING
+            for p in job.placement:
+                for g in p.gpus:
+                    other = seen.setdefault((p.node_id, g), job_id)
+                    assert other == job_id, f"seq {seq}: GPU {p.node_id}/{g} held by {other} and {job_id}"
+            ranks = {p.rank for p in job.placement}
+            assert ranks == set(range(job.spec.ranks)), f"seq {seq}: gang {job_id} is partial: {sorted(ranks)}"
+    return state
