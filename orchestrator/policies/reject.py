@@ -14,11 +14,11 @@ from orchestrator.core.topology import NODE
 from orchestrator.policies.placement import fits, request_of
 
 
-def _gpu_words(model: str | None, memory_mib: int) -> str:
-    parts = [model] if model else []
-    if memory_mib > 0:
-        parts.append(f"with >= {memory_mib} MiB")
-    return " ".join(parts) if parts else "GPU"
+def _gpus(count: int | None, model: str | None, memory_mib: int) -> str:
+    """ "16 H100 GPUs with >= 80000 MiB", "a GPU", ... """
+    noun = f"{model} GPU" if model else "GPU"
+    words = f"a {noun}" if count is None else f"{count} {noun}{'' if count == 1 else 's'}"
+    return words + (f" with >= {memory_mib} MiB" if memory_mib > 0 else "")
 
 
 def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
@@ -47,13 +47,14 @@ def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
         if not level_known:
             req = req._replace(level=None, required=False)
         idx = facts.empty_index(req.cls)
-        what = _gpu_words(spec.gpu_model, spec.min_gpu_memory_mib)
+        model, memory = spec.gpu_model, spec.min_gpu_memory_mib
         if not idx.free:
-            out.append(f"no {what} in the cluster; it has: {', '.join(facts.models())}")
+            out.append(f"no cluster node has {_gpus(None, model, memory)}; it has: {', '.join(facts.models())}")
         elif idx.largest_node_free() < spec.gpus_per_rank:
-            out.append(f"a rank needs {spec.gpus_per_rank} {what}s, the largest node has {idx.largest_node_free()}")
+            what = _gpus(spec.gpus_per_rank, model, memory)
+            out.append(f"a rank needs {what}, the largest node has {idx.largest_node_free()}")
         elif not fits(req, idx):
-            shape = f"{total} {what}s ({spec.ranks}x{spec.gpus_per_rank})"
+            shape = f"{_gpus(total, model, memory)} ({spec.ranks}x{spec.gpus_per_rank})"
             if req.required and req.level == NODE:
                 out.append(f"needs {shape} on one node, the largest node has {idx.largest_node_free()}")
             elif req.required and req.level is not None:

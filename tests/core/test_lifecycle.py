@@ -154,7 +154,7 @@ def test_rejections_say_why() -> None:
     s.submit("unknown-queue-ok", queue="nope")
     reasons = {e.job_id: e.reasons for e in of_type(s.decide(), JobRejected)}
     assert reasons["too-big"] == ("needs 24 GPUs (3x8), the whole cluster has 16",)
-    assert reasons["bad-model"][0].startswith("no B200 in the cluster; it has: H100")
+    assert reasons["bad-model"][0].startswith("no cluster node has a B200 GPU; it has: H100")
     assert reasons["bad-level"][0] == "unknown topology level 'rack'; this cluster has: leaf, node"
     assert reasons["one-leaf"] == ("needs 16 GPUs (2x8) in one leaf, the largest leaf has 8",)
     assert reasons["over-limit"] == ("needs 16 GPUs, more than queue research's limit 8",)
