@@ -390,3 +390,26 @@ def test_agent_users_name_a_valid_node() -> None:
         permissions.role_permissions("agent", "agent-x", "gpu1.example.com")
     with pytest.raises(ValueError):
         permissions.role_permissions("agent", "agent-x")
+
+
+async def test_message_id_squatting_is_not_stopped_by_permissions(secured: Server) -> None:
+    """Residual risk, documented in deploy/README.md: the duplicate window is per stream, not per
+    subject, so a client that appends its own JobSubmitted under the Nats-Msg-Id of a decision the
+    scheduler will make (decide's ids are predictable) makes that decision a "duplicate": acked, not
+    stored. Permissions cannot prevent this; the appender must check where a duplicate ack points."""
+    client = await _connect(secured, USERS["client"])
+    admin_nc = await _connect(secured, "scheduler")
+    try:
+        token = uuid.uuid4().hex[:12]
+        squat = f"GangReserved:{token}:1:42"
+        mine = await client.jetstream(timeout=3).publish(
+            f"corral.job.{token}.JobSubmitted", b"{}", headers={"Nats-Msg-Id": squat}
+        )
+        admin = admin_nc.jetstream(timeout=3)
+        decision = await admin.publish(f"corral.job.{token}.GangReserved", b"{}", headers={"Nats-Msg-Id": squat})
+        assert decision.duplicate and decision.seq == mine.seq
+        assert (await admin.get_msg(permissions.STREAM, decision.seq)).subject.endswith(".JobSubmitted")
+        assert await _last_or_none(admin, f"corral.job.{token}.GangReserved") is None
+    finally:
+        await client.close()
+        await admin_nc.close()
