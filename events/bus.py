@@ -758,29 +758,39 @@ class DurableConsumer:
         if self._stopping:
             return
         nc = self.bus.nc
-        async with aclosing(reader.batches()) as batches:
-            async for items in batches:
-                for i, (env, reply, dseq) in enumerate(items):
-                    expected = reader.expected_dseq
-                    if expected is not None and dseq != expected:
-                        # A delivery went missing (lost in a reconnect): start over after last_applied.
-                        log.warning("durable delivery gap", name=self.name, expected=expected, got=dseq)
-                        reader.resume_at = self.last_applied + 1
-                        reader._reset_reason = "delivery gap"
-                        break
-                    reader.expected_dseq = dseq + 1
-                    if env.seq > self.last_applied:
-                        result = self.handler(env)
-                        if inspect.isawaitable(result):
-                            await result
-                        self.last_applied = env.seq
-                    await nc.publish(reply, b"+ACK")
+        last_ack = ""
+        try:
+            async with aclosing(reader.batches()) as batches:
+                async for items in batches:
+                    for env, reply, dseq in items:
+                        expected = reader.expected_dseq
+                        if expected is not None and dseq != expected:
+                            # A delivery went missing (lost in a reconnect): start over after last_applied.
+                            log.warning("durable delivery gap", name=self.name, expected=expected, got=dseq)
+                            reader.resume_at = self.last_applied + 1
+                            reader._reset_reason = "delivery gap"
+                            break
+                        reader.expected_dseq = dseq + 1
+                        if env.seq > self.last_applied:
+                            result = self.handler(env)
+                            if inspect.isawaitable(result):
+                                await result
+                            self.last_applied = env.seq
+                        await nc.publish(reply, b"+ACK")
+                        last_ack = reply
+                        if self._stopping:
+                            break  # the rest of the batch is neither handled nor acked: the next run gets it
+                    reader.resume_at = self.last_applied + 1
                     if self._stopping:
-                        del items[i + 1:]  # not handled, not acked: redelivered to the next run
-                        break
-                reader.resume_at = self.last_applied + 1
-                if self._stopping:
-                    return
+                        return
+        finally:
+            if last_ack and nc.is_connected:
+                # Acks are fire-and-forget; one acknowledged ack means the server has processed
+                # every earlier one too, so whoever starts this consumer next sees an exact ack floor.
+                try:
+                    await nc.request(last_ack, b"+ACK", timeout=2.0)
+                except (nats.errors.Error, TimeoutError):
+                    pass
 
     async def stop(self) -> None:
         """Finish the event in hand, ack it, and make run() return. Idempotent."""
