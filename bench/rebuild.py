@@ -1,0 +1,123 @@
+"""Rebuild the scheduler's state from the log, against the raw read rate of the same stream.
+
+    python bench/rebuild.py [--events 1000000] [--tail 10000]
+
+Appends N realistic events (job lifecycles on a 64-node cluster) to an
+embedded nats-server, then measures in one run:
+- raw_per_s: the fastest raw nats-py read of the stream, decoding each event;
+- rebuild_per_s: our replay API folding every event with `evolve` into a
+  ClusterState (what a scheduler, agent or CLI does at start);
+- ratio = rebuild / raw (target >= 0.8);
+- restart_s: a restart from the newest snapshot (object store) plus the
+  tail of --tail events after it (target < 3 s).
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from replay import read_raw, realistic_events  # noqa: E402
+
+from events.bus import Bus  # noqa: E402
+from events.server import NatsServer  # noqa: E402
+from orchestrator.core.evolve import evolve  # noqa: E402
+from orchestrator.core.state import ClusterState, snapshot  # noqa: E402
+from orchestrator.follow import Follower  # noqa: E402
+from orchestrator.snapshot import SnapshotStore  # noqa: E402
+
+
+async def rebuild(bus: Bus, expect: int) -> tuple[float, ClusterState]:
+    follower = Follower(bus)
+    t = time.perf_counter()
+    await follower.catch_up()
+    dt = time.perf_counter() - t
+    assert follower.state.seq == expect, f"rebuilt to seq {follower.state.seq}, expected {expect}"
+    return expect / dt, follower.state
+
+
+async def restart(bus: Bus, n: int, tail: int) -> tuple[float, int, int]:
+    """Snapshot the state at seq n - tail, then time load + catch-up, as a restarting scheduler does."""
+    state = ClusterState()
+    async for batch in bus.replay(to_seq=n - tail):
+        for env in batch:
+            state = evolve(state, env.event, env.seq)
+    store = SnapshotStore(bus.js, name="bench")
+    size = await store.save(state)
+    del state
+    gc.collect()
+    t = time.perf_counter()
+    loaded = await SnapshotStore(bus.js, name="bench").load(ClusterState)
+    assert loaded is not None
+    follower = Follower(bus, loaded)
+    await follower.catch_up()
+    dt = time.perf_counter() - t
+    assert follower.state.seq == n
+    return dt, size, len(follower.state.jobs)
+
+
+async def run(n: int, tail: int, rounds: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="corral-rebuild-") as tmp:
+        async with NatsServer(tmp) as server:
+            bus = await Bus.connect(server.url)
+            try:
+                print(f"appending {n:,} events ...", flush=True)
+                t = time.perf_counter()
+                chunk: list = []  # type: ignore[type-arg]
+                for ev in realistic_events(n, time.time()):
+                    chunk.append(ev)
+                    if len(chunk) == 20_000:
+                        await bus.append_many(chunk)
+                        chunk = []
+                if chunk:
+                    await bus.append_many(chunk)
+                print(f"  appended at {n / (time.perf_counter() - t):,.0f}/s", flush=True)
+                raws, ours = [], []
+                final: ClusterState | None = None
+                for r in range(rounds):
+                    raws.append(await read_raw(bus, n))
+                    final = None
+                    gc.collect()
+                    rate, final = await rebuild(bus, n)
+                    ours.append(rate)
+                    print(f"  round {r + 1}: rebuild {ours[-1]:,.0f}/s  raw {raws[-1]:,.0f}/s", flush=True)
+                assert final is not None
+                state_bytes = len(snapshot(final))
+                del final
+                gc.collect()
+                restart_s, snap_bytes, jobs = await restart(bus, n, tail)
+                print(f"  restart from snapshot ({snap_bytes / 1e6:.1f} MB, {jobs:,} jobs) + {tail:,} "
+                      f"events: {restart_s:.2f}s", flush=True)
+            finally:
+                await bus.close()
+    best_ours, best_raw = max(ours), max(raws)
+    return {
+        "events": n,
+        "rebuild_per_s": round(best_ours),
+        "raw_per_s": round(best_raw),
+        "ratio": round(best_ours / best_raw, 3),
+        "restart_s": round(restart_s, 3),
+        "restart_tail_events": tail,
+        "snapshot_bytes": state_bytes,
+        "python": platform.python_version(),
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--tail", type=int, default=10_000, help="events after the snapshot for the restart figure")
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    print(json.dumps(asyncio.run(run(a.events, min(a.tail, a.events // 2), a.rounds))))

@@ -1,0 +1,5 @@
+"""`python -m orchestrator.cli`: the same as the `corral` command."""
+
+from orchestrator.cli import main
+
+main()
