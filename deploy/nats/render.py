@@ -354,14 +354,17 @@ def write_examples(
     return written
 
 
+def _split(csv: str) -> tuple[str, ...]:
+    return tuple(x for x in csv.split(",") if x)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default=",".join(EXAMPLE_NODES), help="comma-separated node ids, one agent user each")
     ap.add_argument("--teams", default=",".join(EXAMPLE_TEAMS), help="comma-separated teams, one client user each")
     ap.add_argument("--out", type=Path, default=DEPLOY, help="directory to write nats/ and k8s/ under")
     args = ap.parse_args(argv)
-    split = lambda s: tuple(x for x in s.split(",") if x)  # noqa: E731
-    for path in write_examples(args.out, split(args.nodes), split(args.teams)):
+    for path in write_examples(args.out, _split(args.nodes), _split(args.teams)):
         print(path)
 
 
