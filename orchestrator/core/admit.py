@@ -1,4 +1,4 @@
-"""Stages 4-5: each queue's heads, admitted in fair-share order.
+"""Stages 4-5: each queue's line of pending jobs, heads admitted in fair-share order.
 
 For one head, in this order:
   a. a preemptor still waiting on its victims keeps waiting;
@@ -16,8 +16,8 @@ after `heads_per_queue` blocked heads a queue is done for this cycle.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from heapq import heapify, heappop, heappush
+from collections.abc import Iterator, Sequence
+from heapq import heapify, heappop, heappush, merge
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
@@ -31,29 +31,62 @@ from orchestrator.core.explain import (
     capacity_outcome,
 )
 from orchestrator.core.plan import Plan, ends_at
-from orchestrator.core.state import Job
+from orchestrator.core.state import Job, LineKey
 from orchestrator.core.usage import resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
-from orchestrator.policies.fairshare import JobKey
+from orchestrator.policies.fairshare import JobKey, job_order_key
 from orchestrator.policies.links import Links
 from orchestrator.policies.placement import GangRequest, Placement
 from schemas.events import Event, GangReserved, PreemptionRequested
 
-Heads = dict[str, list[tuple[JobKey, Job]]]
+
+class Line:
+    """One queue's pending jobs in order, read lazily: a cycle looks at a few heads, not the whole backlog."""
+
+    __slots__ = ("_busy", "_items", "head")
+
+    def __init__(self, items: Iterator[tuple[JobKey, Job]], busy: set[str]) -> None:
+        self._items = items
+        self._busy = busy
+        self.head: tuple[JobKey, Job] | None = None
+        self._advance()
+
+    def _advance(self) -> None:
+        for key, job in self._items:
+            if job.job_id not in self._busy:
+                self.head = (key, job)
+                return
+        self.head = None
+
+    def pop(self) -> Job:
+        assert self.head is not None
+        job = self.head[1]
+        self._advance()
+        return job
 
 
-def queue_heads(c: Cycle, plan: Plan, pending: list[Job]) -> Heads:
-    """Per queue, a heap of its pending jobs in priority / submit / id order (popped lazily)."""
+def queue_lines(c: Cycle, plan: Plan, pending: list[Job]) -> dict[str, Line]:
+    """Each queue's line of pending jobs (jobs already decided on this cycle are skipped).
+
+    With the default order the fold's sorted lines are read as they are (several
+    spec queue names may resolve to one queue: their lines merge); a custom
+    `job_key` sorts the backlog once per cycle.
+    """
+    state, busy = c.state, plan.busy
+    if c.policies.job_key is job_order_key:
+        by_queue: dict[str, list[list[LineKey]]] = {}
+        for name, keys in state.lines.items():
+            by_queue.setdefault(resolve_queue(state, name), []).append(keys)
+        jobs = state.jobs
+        return {
+            q: Line(((k, jobs[k[2]]) for k in (ks[0] if len(ks) == 1 else merge(*ks))), busy)
+            for q, ks in by_queue.items()
+        }
     key = c.policies.job_key
-    heads: Heads = {}
+    custom: dict[str, list[tuple[JobKey, Job]]] = {}
     for job in pending:
-        if job.job_id in plan.busy:
-            continue
-        q = resolve_queue(c.state, job.spec.queue)
-        heads.setdefault(q, []).append((key(job), job))
-    for h in heads.values():
-        heapify(h)
-    return heads
+        custom.setdefault(resolve_queue(state, job.spec.queue), []).append((key(job), job))
+    return {q: Line(iter(sorted(items, key=lambda kj: kj[0])), busy) for q, items in custom.items()}
 
 
 class _Admission:
@@ -65,6 +98,8 @@ class _Admission:
         self.events: list[Event] = []
         self.searches = c.policies.preemption_searches
         self._candidates: list[Candidate] | None = None
+        #: Queue -> lowest priority among its candidates.
+        self._lowest: dict[str, int] = {}
         self._victims_of: dict[str, list[str]] | None = None
         #: Gangs placed earlier in this cycle: they end too (backfill estimates).
         self.placed: list[Ending] = []
@@ -73,8 +108,9 @@ class _Admission:
         return self.c.state.nodes[node].inventory.links
 
     def candidates(self) -> list[Candidate]:
+        """Running preemptible gangs not yet decided on this cycle (rebuilt after each preemption)."""
         if self._candidates is None:
-            state = self.c.state
+            state, busy = self.c.state, self.plan.busy
             self._candidates = [
                 Candidate(
                     job_id=j.job_id,
@@ -87,13 +123,26 @@ class _Admission:
                     placement=j.placement,
                 )
                 for jid in state.active
-                if (j := state.jobs[jid]).status in ("reserved", "running")
+                if jid not in busy
+                and (j := state.jobs[jid]).status in ("reserved", "running")
                 and j.stop is None
                 and j.spec.preemptible
                 and j.gpus > 0
             ]
-        busy = self.plan.busy
-        return [x for x in self._candidates if x.job_id not in busy]
+            self._lowest = {}
+            for x in self._candidates:
+                self._lowest[x.queue] = min(x.priority, self._lowest.get(x.queue, x.priority))
+        return self._candidates
+
+    def could_preempt(self, queue: str, priority: int, owed: bool) -> bool:
+        """Cheap necessary condition for a victim search: someone it may preempt at all."""
+        self.candidates()
+        if self._lowest.get(queue, priority) < priority:
+            return True
+        return owed and any(q != queue for q in self._lowest)
+
+    def preempted(self) -> None:
+        self._candidates = None
 
     def victims_of(self, preemptor: str) -> list[str]:
         if self._victims_of is None:
@@ -114,25 +163,26 @@ class _Admission:
         return running + self.placed
 
 
-def admit(c: Cycle, plan: Plan, heads: Heads) -> tuple[list[Event], dict[str, Outcome]]:
+def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], dict[str, Outcome]]:
     pol = c.policies
     adm = _Admission(c, plan)
     outcomes: dict[str, Outcome] = {}
-    order = [(pol.queue_key(plan.load(q)), h[0][0], q) for q, h in heads.items() if h]
+    # Fair-share order across queues, then the heads' line order (priority, submit time, id).
+    order = [(pol.queue_key(plan.load(q)), line.head[0], q) for q, line in lines.items() if line.head]
     heapify(order)
-    blocked = dict.fromkeys(heads, 0)
+    blocked = dict.fromkeys(lines, 0)
     while order:
         _, _, q = heappop(order)
-        jobs = heads[q]
-        _, job = heappop(jobs)
+        line = lines[q]
+        job = line.pop()
         outcome = _admit_one(adm, job, q)
         outcomes[job.job_id] = outcome
         if outcome.code != PLACED:
             blocked[q] += 1
             if blocked[q] >= pol.heads_per_queue:
                 continue
-        if jobs:
-            heappush(order, (pol.queue_key(plan.load(q)), jobs[0][0], q))
+        if line.head is not None:
+            heappush(order, (pol.queue_key(plan.load(q)), line.head[0], q))
     return adm.events, outcomes
 
 
@@ -225,11 +275,11 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
         now=c.now,
         min_runtime_s=c.state.config.min_runtime_s,
     )
-    cands = adm.candidates()
-    if not any((x.queue == queue and x.priority < ask.priority) or (ask.owed and x.queue != queue) for x in cands):
+    if not adm.could_preempt(queue, ask.priority, ask.owed):
         return None  # nobody it could preempt: do not spend a search
     adm.searches -= 1
-    loads = {x.queue: plan.load(x.queue) for x in cands}
+    cands = adm.candidates()
+    loads = {q: plan.load(q) for q in dict.fromkeys(x.queue for x in cands)}
 
     def quota_ok(victims: Sequence[Candidate]) -> bool:
         freed: dict[str, int] = {}
@@ -270,6 +320,7 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
         plan.busy.add(v.job_id)
         plan.victims.add(v.job_id)
         plan.charge(v.queue, -v.gpus)
+    adm.preempted()
     # The planned GPUs that are free now are earmarked: nobody else takes them this cycle either.
     plan.take(p.ranks)
     plan.charge(queue, req.gpus)

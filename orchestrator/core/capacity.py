@@ -18,7 +18,7 @@ from orchestrator.core.topology import Topology
 
 
 class FreeIndex:
-    __slots__ = ("buckets", "cls", "eligible", "free", "hist", "topo")
+    __slots__ = ("buckets", "cls", "eligible", "free", "hist", "topo", "totals")
 
     def __init__(
         self,
@@ -35,9 +35,11 @@ class FreeIndex:
         self.free = free
         width = topo.width + 1
         self.hist: dict[str, list[int]] = {}
+        #: domain -> free GPUs in it.
+        self.totals: dict[str, int] = {}
         #: free count -> nodes with that many free GPUs (ordered set), for best-fit node search.
         self.buckets: list[dict[str, None]] = [{} for _ in range(width)]
-        hist = self.hist
+        hist, totals = self.hist, self.totals
         for node, gpus in free.items():
             f = len(gpus)
             self.buckets[f][node] = None
@@ -45,7 +47,9 @@ class FreeIndex:
                 h = hist.get(d)
                 if h is None:
                     h = hist[d] = [0] * width
+                    totals[d] = 0
                 h[f] += 1
+                totals[d] += f
 
     def copy(self) -> FreeIndex:
         new = FreeIndex.__new__(FreeIndex)
@@ -54,6 +58,7 @@ class FreeIndex:
         new.eligible = self.eligible
         new.free = dict(self.free)
         new.hist = {d: list(h) for d, h in self.hist.items()}
+        new.totals = dict(self.totals)
         new.buckets = [dict(b) for b in self.buckets]
         return new
 
@@ -62,10 +67,13 @@ class FreeIndex:
             return
         del self.buckets[before][node]
         self.buckets[after][node] = None
+        delta = after - before
+        totals = self.totals
         for d in self.topo.paths[node]:
             h = self.hist[d]
             h[before] -= 1
             h[after] += 1
+            totals[d] += delta
 
     def take(self, node: str, gpus: Iterable[int]) -> None:
         """Mark `gpus` of `node` as used (GPUs this index does not hold are ignored)."""
@@ -107,8 +115,7 @@ class FreeIndex:
         return total
 
     def free_gpus(self, domain: str) -> int:
-        h = self.hist.get(domain)
-        return sum(f * c for f, c in enumerate(h)) if h is not None else 0
+        return self.totals.get(domain, 0)
 
     def largest_node_free(self) -> int:
         for f in range(len(self.buckets) - 1, -1, -1):

@@ -9,7 +9,7 @@ follow-ups before it are folded).
 
 from __future__ import annotations
 
-from orchestrator.core.admit import admit, queue_heads
+from orchestrator.core.admit import admit, queue_lines
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import explain
 from orchestrator.core.plan import Plan
@@ -34,11 +34,11 @@ def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = 
     plan: Plan = snapshot(c, followups)
     # 3. Reject: pending specs that can never fit this cluster.
     rejections = reject_unfit(c, plan, pending)
-    # 4. Heads: each queue's pending jobs in priority / submit / id order.
-    heads = queue_heads(c, plan, pending)
+    # 4. Heads: each queue's line of pending jobs (priority, submit time, id: kept sorted by the fold).
+    lines = queue_lines(c, plan, pending)
     # 5. Admit in fair-share order: allocate, else preempt / reclaim, else wait
     #    for quota, else hold a backfill reservation for the first blocked gang.
-    admitted, outcomes = admit(c, plan, heads)
+    admitted, outcomes = admit(c, plan, lines)
     # 6. Explain: a JobWaiting for each job left pending whose reason changed.
     waiting = explain(c, plan, pending, outcomes)
     return [*followups, *rejections, *admitted, *waiting]

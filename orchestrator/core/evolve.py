@@ -14,6 +14,7 @@ transition. Events about unknown jobs or nodes change nothing.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterable
 from typing import assert_never
 
@@ -149,8 +150,25 @@ def fold(events: Iterable[AnyEvent | Unknown], state: ClusterState | None = None
 def _job_submitted(state: ClusterState, e: JobSubmitted) -> None:
     if e.job_id in state.jobs:
         return  # a retried submit
-    state.jobs[e.job_id] = Job(job_id=e.job_id, spec=e.spec, submitted_at=e.occurred_at, submit_seq=state.seq)
-    state.pending[e.job_id] = state.seq
+    job = state.jobs[e.job_id] = Job(job_id=e.job_id, spec=e.spec, submitted_at=e.occurred_at, submit_seq=state.seq)
+    _enqueue(state, job)
+
+
+def _enqueue(state: ClusterState, job: Job) -> None:
+    state.pending[job.job_id] = job.submit_seq
+    insort(state.lines.setdefault(job.spec.queue, []), job.line_key)
+
+
+def _dequeue(state: ClusterState, job: Job) -> None:
+    if state.pending.pop(job.job_id, None) is None:
+        return
+    line = state.lines[job.spec.queue]
+    key = job.line_key
+    i = bisect_left(line, key)
+    if i < len(line) and line[i] == key:
+        del line[i]
+    if not line:
+        del state.lines[job.spec.queue]
 
 
 def _job_rejected(state: ClusterState, e: JobRejected) -> None:
@@ -158,7 +176,7 @@ def _job_rejected(state: ClusterState, e: JobRejected) -> None:
     if job is None or job.status != "pending":
         return
     _clear_earmark(state, job)
-    state.pending.pop(e.job_id, None)
+    _dequeue(state, job)
     state.jobs[e.job_id] = replace(
         job, status="rejected", earmark=(), waiting=None, finished_at=e.occurred_at, end_reason="; ".join(e.reasons)
     )
@@ -223,7 +241,7 @@ def _gang_reserved(state: ClusterState, e: GangReserved) -> None:
     queue = resolve_queue(state, job.spec.queue)
     gpus = job.spec.total_gpus
     charge(state, queue, gpus, e.occurred_at)
-    state.pending.pop(e.job_id, None)
+    _dequeue(state, job)
     state.active[e.job_id] = job.submit_seq
     state.ranks[e.job_id] = {}
     state.jobs[e.job_id] = replace(
@@ -373,7 +391,7 @@ def _preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
 def _requeue(state: ClusterState, job: Job, attempt: int, resume_from: str | None, at: float) -> None:
     """Release the gang and put the job back in line as `attempt` (same submit order)."""
     _release(state, job, at)
-    state.pending[job.job_id] = job.submit_seq
+    _enqueue(state, job)
     state.jobs[job.job_id] = replace(
         job,
         status="pending",
@@ -431,7 +449,7 @@ def _gang_restarted(state: ClusterState, e: GangRestarted) -> None:
 def _finish(state: ClusterState, job: Job, status: JobStatus, reason: str, at: float) -> None:
     _release(state, job, at)
     _clear_earmark(state, job)
-    state.pending.pop(job.job_id, None)
+    _dequeue(state, job)
     state.checkpoint_votes.pop(job.job_id, None)
     state.jobs[job.job_id] = replace(
         job, status=status, gpus=0, finished_at=at, end_reason=reason, earmark=(), live=0

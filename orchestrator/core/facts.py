@@ -6,6 +6,8 @@ not now waits, one that does not fit here is rejected with the numbers.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
 from orchestrator.core.state import ClusterState
@@ -14,12 +16,14 @@ from orchestrator.core.usage import limit_blocker, resolve_queue
 
 
 class ClusterFacts:
-    __slots__ = ("_empty", "state", "topo")
+    __slots__ = ("_empty", "memo", "state", "topo")
 
     def __init__(self, state: ClusterState, topo: Topology) -> None:
         self.state = state
         self.topo = topo
         self._empty: dict[GpuClass, FreeIndex] = {}
+        #: Answers of admission rules by the spec shape they read (a backlog has few shapes).
+        self.memo: dict[Hashable, tuple[str, ...]] = {}
 
     @property
     def has_nodes(self) -> bool:

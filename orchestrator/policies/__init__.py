@@ -36,6 +36,7 @@ class Policies:
     #: Capacity-only feasibility (same answer as `place` is not None, cheaper).
     fits: FitsFn = fits
     request: Callable[[Job], GangRequest] = request_of
+    #: Order inside a queue; the default one is kept sorted by the fold (no per-cycle sort).
     job_key: Callable[[Job], JobKey] = job_order_key
     queue_key: Callable[[QueueLoad], QueueKey] = fair_share_key
     victims: VictimsFn = find_victims

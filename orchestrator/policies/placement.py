@@ -20,11 +20,12 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import GpuClass, gpu_class
+from orchestrator.core.eligibility import ANY_GPU, GpuClass, gpu_class
 from orchestrator.core.state import Job
 from orchestrator.core.topology import CLUSTER, NODE, ROOT, Topology
 from orchestrator.policies.links import Links, best_gpu_set, split_ranks
 from schemas.events import RankPlacement
+from schemas.jobspec import JobSpec
 
 LinksOf = Callable[[str], Links]
 
@@ -46,13 +47,16 @@ class GangRequest(NamedTuple):
 
 
 def request_of(job: Job) -> GangRequest:
-    spec = job.spec
+    return request_for(job.job_id, job.spec)
+
+
+def request_for(job_id: str, spec: JobSpec) -> GangRequest:
     topo = spec.topology
     return GangRequest(
-        job_id=job.job_id,
+        job_id=job_id,
         ranks=spec.ranks,
         gpus_per_rank=spec.gpus_per_rank,
-        cls=gpu_class(spec.gpu_model, spec.min_gpu_memory_mib),
+        cls=gpu_class(spec.gpu_model, spec.min_gpu_memory_mib) if spec.gpus_per_rank > 0 else ANY_GPU,
         level=topo.level if topo is not None else None,
         required=topo is not None and topo.mode == "require",
     )

@@ -11,7 +11,8 @@ from __future__ import annotations
 from orchestrator.core.facts import ClusterFacts
 from orchestrator.core.state import Job
 from orchestrator.core.topology import NODE
-from orchestrator.policies.placement import fits, request_of
+from orchestrator.policies.placement import fits, request_for
+from schemas.jobspec import JobSpec
 
 
 def _gpus(count: int | None, model: str | None, memory_mib: int) -> str:
@@ -24,6 +25,16 @@ def _gpus(count: int | None, model: str | None, memory_mib: int) -> str:
 def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
     """Every reason `job` can never run here; empty when it might."""
     spec = job.spec
+    topo = spec.topology
+    shape = (spec.queue, spec.ranks, spec.gpus_per_rank, spec.gpu_model, spec.min_gpu_memory_mib,
+             topo.level if topo else None, topo.mode if topo else None)
+    found = facts.memo.get(shape)
+    if found is None:
+        found = facts.memo[shape] = _unfit(spec, facts)
+    return found
+
+
+def _unfit(spec: JobSpec, facts: ClusterFacts) -> tuple[str, ...]:
     if spec.ranks < 1 or spec.gpus_per_rank < 0:
         return (f"a gang needs at least 1 rank and 0 or more GPUs per rank, got {spec.ranks}x{spec.gpus_per_rank}",)
     out: list[str] = []
@@ -43,7 +54,7 @@ def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
         known = ", ".join([*facts.topo.levels, NODE])
         out.append(f"unknown topology level {spec.topology.level!r}; this cluster has: {known}")
     if facts.has_nodes and spec.gpus_per_rank > 0:
-        req = request_of(job)
+        req = request_for("", spec)
         if not level_known:
             req = req._replace(level=None, required=False)
         idx = facts.empty_index(req.cls)

@@ -113,3 +113,20 @@ def test_decayed_usage_puts_recent_heavy_users_last() -> None:
     s.submit("b-new", queue="b", gpus_per_rank=8)
     (g,) = of_type(s.decide(), GangReserved)
     assert g.job_id == "b-new"
+
+
+def test_a_custom_job_order_is_a_policy_function() -> None:
+    """Swapping `job_key` (here: strict submit order, priority ignored) changes who goes first."""
+    import dataclasses
+
+    from orchestrator.policies import DEFAULT_POLICIES
+
+    fifo = dataclasses.replace(DEFAULT_POLICIES, job_key=lambda job: (job.submitted_at, job.job_id))
+    for policies, first in ((DEFAULT_POLICIES, "late-urgent"), (fifo, "early")):
+        s = Sim(policies=policies)
+        busy_cluster(s, 1)
+        s.submit("early", gpus_per_rank=8)
+        s.tick(1)
+        s.submit("late-urgent", gpus_per_rank=8, priority=5)
+        (g,) = of_type(s.decide(), GangReserved)
+        assert g.job_id == first

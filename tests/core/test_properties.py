@@ -53,6 +53,10 @@ def check_invariants(state: ClusterState) -> None:
     assert owned == held, "an owner map entry without a holding gang"
     for jid in state.pending:
         assert state.jobs[jid].status == "pending"
+    # the fold's queue lines hold exactly the pending jobs, sorted
+    in_lines = [k for line in state.lines.values() for k in line]
+    assert sorted(k[2] for k in in_lines) == sorted(state.pending)
+    assert all(line == sorted(line) for line in state.lines.values())
     # usage bookkeeping matches the gangs
     for q, u in state.usage.items():
         assert u.gpus == per_queue.get(q, 0), q
