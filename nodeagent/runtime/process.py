@@ -246,9 +246,8 @@ class ProcessRuntime:
             raise WorkerExists(f"worker {handle.worker_id} is still running")
         if w.shim is not None and w.shim.returncode is None:
             await w.shim.wait()
+        # A log kept in its own log_dir outlives the worker: it is what an operator reads afterwards.
         shutil.rmtree(w.dir, ignore_errors=True)
-        if w.log.parent != w.dir:
-            w.log.unlink(missing_ok=True)
         self._workers.pop(handle.worker_id, None)
 
 

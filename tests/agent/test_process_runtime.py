@@ -180,4 +180,6 @@ async def test_log_dir_and_workdir(tmp_path: Path) -> None:
     assert str(tmp_path / "work") in info.log_tail
     assert (tmp_path / "logs" / f"{h.worker_id}.log").exists() and (tmp_path / "ck").is_dir()
     await rt.remove(h)
-    assert not (tmp_path / "logs" / f"{h.worker_id}.log").exists()
+    assert not (tmp_path / "state" / h.worker_id).exists()
+    assert (tmp_path / "logs" / f"{h.worker_id}.log").exists(), "a log in log_dir outlives the worker"
+

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 from events.bus import Bus
@@ -16,10 +16,13 @@ from nodeagent.agent import Agent, AgentConfig
 from nodeagent.backoff import Backoff
 from nodeagent.fake_gpus import fake_inventory
 from nodeagent.runtime.base import Runtime
+from nodeagent.runtime.process import ProcessRuntime
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import HOLDING, ClusterState
 from orchestrator.follow import Follower
+from orchestrator.service import Scheduler, SchedulerConfig
+from schemas import ClusterConfigured
 
 CORRAL = str(Path(sys.executable).parent / "corral")
 
@@ -36,17 +39,28 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: floa
     return proc.wait(timeout)
 
 
+RuntimeFactory = Callable[[str, Path], Runtime]
+
+
+def simulated(node_id: str, data_dir: Path) -> Runtime:
+    return SimulatedRuntime()
+
+
+def processes(node_id: str, data_dir: Path) -> Runtime:
+    return ProcessRuntime(data_dir / "workers", node_id=node_id)
+
+
 @contextlib.asynccontextmanager
 async def agents(bus: Bus, count: int, data_dir: Path, *, gpus: int = 8,
-                 runtime: type[Runtime] | None = None) -> AsyncIterator[list[Agent]]:
-    """`count` in-process agents with fake GPUs (two nodes per leaf, eight per block)."""
+                 runtime: RuntimeFactory = simulated) -> AsyncIterator[list[Agent]]:
+    """`count` in-process agents n0..n{count-1} with fake GPUs (two nodes per leaf, eight per block)."""
     made = []
     for i in range(count):
         node_id = f"n{i}"
         inv = fake_inventory(gpus, node_id=node_id, labels={"block": f"b{i // 8}", "leaf": f"l{i // 2}"})
         cfg = AgentConfig(node_id=node_id, data_dir=data_dir / node_id, heartbeat_s=0.5, tick_s=0.2,
-                          backoff=Backoff(base_s=0.05, cap_s=0.2))
-        made.append(Agent(bus, cfg, inv, (runtime or SimulatedRuntime)()))  # type: ignore[call-arg]
+                          checkpoint_root=data_dir / "checkpoints", backoff=Backoff(base_s=0.05, cap_s=0.2))
+        made.append(Agent(bus, cfg, inv, runtime(node_id, data_dir / node_id)))
     tasks = [asyncio.create_task(a.run()) for a in made]
     try:
         yield made
@@ -54,6 +68,23 @@ async def agents(bus: Bus, count: int, data_dir: Path, *, gpus: int = 8,
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(a.stop_workers(0.5) for a in made), return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def scheduler(bus: Bus, **config: object) -> AsyncIterator[Scheduler]:
+    """An in-process scheduler (tests that do not kill it)."""
+    defaults: dict[str, object] = {
+        "scheduler_id": "test-scheduler", "tick_s": 0.2, "lease_ttl_s": 2.0, "heartbeat_timeout_s": 30.0,
+        "cluster": ClusterConfigured(event_id="config:test", occurred_at=0.0, topology_levels=("block", "leaf"),
+                                     min_runtime_s=0.0)}
+    sched = Scheduler(bus, SchedulerConfig(**{**defaults, **config}))  # type: ignore[arg-type]
+    task = asyncio.create_task(sched.run())
+    try:
+        yield sched
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def wait_until(follower: Follower, predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
