@@ -44,7 +44,7 @@ import inspect
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 from typing import Any
 
@@ -182,7 +182,16 @@ class Bus:
         except nats.js.errors.BadRequestError as e:
             if e.err_code != _STREAM_NAME_IN_USE:
                 raise
-            await self.js.update_stream(config)
+            # Exists with other settings (limits set by an operator, replicas raised by
+            # the deployment): change only what the bus needs, and never lower replicas.
+            current = (await self.js.stream_info(self.stream)).config
+            wanted = current.evolve(
+                subjects=sorted({*(current.subjects or []), ALL}),
+                duplicate_window=duplicate_window,
+                num_replicas=max(current.num_replicas or 1, self.replicas),
+            )
+            if wanted != current:
+                await self.js.update_stream(wanted)
 
     async def close(self) -> None:
         """Drain (deliver what was received, flush what was published), then close. Idempotent."""
@@ -279,7 +288,7 @@ class Bus:
         subjects: list[str] | None = None,
         batch: int = 2000,
         stall_timeout: float = 30.0,
-    ) -> AsyncIterator[list[Envelope]]:
+    ) -> AsyncGenerator[list[Envelope], None]:
         """The log from `from_seq` (or from stream time `since`, epoch seconds) in batches, in order.
 
         Ends after `to_seq`, or after the last sequence present when called,
@@ -309,7 +318,7 @@ class Bus:
         from_seq: int | None = None,
         since: float | None = None,
         batch: int = 500,
-    ) -> AsyncIterator[Envelope]:
+    ) -> AsyncGenerator[Envelope, None]:
         """Events as they are appended, from now (default), from `from_seq` or from time `since`. Never ends."""
         if since is not None and from_seq is not None:
             raise ValueError("give from_seq or since, not both")
@@ -357,7 +366,7 @@ class Bus:
     def _envelope(self, data: bytes, subject: str, seq: int, ts_ns: int) -> Envelope:
         event = decode(data)
         if event.__class__ is Unknown:
-            self._log_unknown(event, seq, subject)  # type: ignore[arg-type]
+            self._log_unknown(event, seq, subject)
         return Envelope(seq, subject, ts_ns / 1e9, event)
 
     def _log_unknown(self, event: Unknown, seq: int, subject: str) -> None:
@@ -439,8 +448,11 @@ class _Reader:
 
     The callback only decodes and appends to a buffer; the reader's own loop
     takes whole buffers, so a replay costs one await per batch, not per message.
-    Flow: at most two requests of `batch` messages are outstanding, and none
-    is sent while a full batch waits to be taken (backpressure).
+    Flow: two requests of `batch` messages are kept outstanding (so the server
+    never waits for a round trip), and none is sent while four batches wait to
+    be taken (backpressure: a slow reader holds at most ~6 batches in memory).
+    Requests expire after _EXPIRES and ask for idle heartbeats, so silence for
+    three heartbeats means the consumer or the connection is gone: start over.
     """
 
     _EXPIRES = 20.0
@@ -477,7 +489,7 @@ class _Reader:
         self._inbox = ""
         self._api = ""
 
-    async def batches(self) -> AsyncIterator[list[Any]]:
+    async def batches(self) -> AsyncGenerator[list[Any], None]:
         """Lists of Envelopes (or, for durables, (Envelope, reply subject, consumer seq) tuples)."""
         self.bus._reconnect_listeners.add(self._on_reconnect)
         backoff = 0.05
@@ -549,7 +561,7 @@ class _Reader:
             self._want += self.batch
             await self.nc.publish(self._api, self._next_req, reply=self._inbox)
 
-    async def _run(self) -> AsyncIterator[list[Any]]:
+    async def _run(self) -> AsyncGenerator[list[Any], None]:
         watchdog = 3 * self._HEARTBEAT
         seen = self._progress
         while True:
@@ -618,7 +630,7 @@ class _Reader:
             else:
                 event = decode(data)
                 if event.__class__ is Unknown:
-                    self.bus._log_unknown(event, sseq, msg.subject)  # type: ignore[arg-type]
+                    self.bus._log_unknown(event, sseq, msg.subject)
                 self._buf.append(Envelope(sseq, msg.subject, int(t[7 + o]) / 1e9, event))
                 self.resume_at = sseq + 1
                 if end is not None and (sseq >= end or t[8 + o] == "0"):
@@ -672,6 +684,7 @@ class _DurableConsumers:
     async def create(self, resume_at: int | None) -> ConsumerInfo:
         d, js, stream = self.d, self.d.bus.js, self.d.bus.stream
         cfg = d.config()
+        info: ConsumerInfo | None
         try:
             info = await js.consumer_info(stream, d.name, timeout=5.0)
         except nats.js.errors.NotFoundError:

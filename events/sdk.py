@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -102,7 +102,7 @@ class Client:
                            node_id=node_id)
         )
 
-    async def watch(self, job_id: str) -> AsyncIterator[Envelope]:
+    async def watch(self, job_id: str) -> AsyncGenerator[Envelope, None]:
         """The job's events: its whole history, then live ones as they happen. Never ends by itself.
 
         One consumer from the first sequence, so there is no gap or overlap

@@ -106,10 +106,14 @@ async def test_append_rejects_ids_that_would_break_subjects(bus: Bus) -> None:
 
 async def test_stream_create_is_idempotent(nats_server: NatsServer, bus: Bus) -> None:
     await bus.append(running("j1"))
+    # An operator's limit survives a service connecting with its own settings.
+    info = await bus.js.stream_info("CORRAL")
+    await bus.js.update_stream(info.config.evolve(max_msgs=1_000_000))
     other = await Bus.connect(nats_server.url, duplicate_window=120.0)  # create-or-update, keeps the data
     try:
         info = await other.js.stream_info("CORRAL")
         assert info.config.duplicate_window == 120.0
+        assert info.config.max_msgs == 1_000_000
         assert info.state.messages == 1
     finally:
         await other.close()
