@@ -1,0 +1,263 @@
+"""Replay throughput: corral's Bus.replay against the fastest raw nats-py read of the same stream.
+
+Starts its own nats-server (temp dir), appends N realistic events (job
+lifecycles with placements, preemptions and failures, node registrations,
+queue definitions), then reads the whole stream back with
+
+  ours: `Bus.replay()`, every message decoded into an Envelope;
+  raw:  the fastest raw nats-py read we found (bench/RESULTS.md): an AckNone
+        pull consumer, raw $JS.API.CONSUMER.MSG.NEXT batch requests kept two
+        in flight, a callback subscription on the inbox that decodes each
+        message with schemas.decode and keeps nothing but a count.
+
+Both run `--rounds` times, alternating; each figure is the best round (the
+machine is shared, so the best round is the one least disturbed). The client
+CPU time per event (process time, which other load on the machine barely
+moves) is reported too: `cpu_ratio` = raw CPU / ours CPU. Prints human lines,
+then one JSON object as the last line.
+
+    .venv/bin/python bench/replay.py [--events N] [--rounds R] [--sync-always]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from events.bus import Bus
+from events.server import NatsServer
+from schemas import (
+    Checkpointed,
+    Event,
+    GangReserved,
+    Gpu,
+    Inventory,
+    JobCompleted,
+    JobFailed,
+    JobRunning,
+    JobSpec,
+    JobSubmitted,
+    NodeRegistered,
+    Preempted,
+    PreemptionRequested,
+    QueueDefined,
+    SchedulerElected,
+    WorkerExited,
+    WorkerStarted,
+    decode,
+)
+from schemas.events import RankPlacement
+
+NODES = 64
+GPUS = 8
+
+
+def _inventory(n: int) -> Inventory:
+    gpus = tuple(
+        Gpu(index=i, uuid=f"GPU-{n:04x}{i:04x}-5b9e-4a2c-9f00-0000000000{i:02d}", model="NVIDIA H100 80GB HBM3",
+            memory_mib=81559, pci_bus_id=f"00000000:{0x18 + i:02X}:00.0")
+        for i in range(GPUS)
+    )
+    links = tuple(tuple(0 if i == j else 118 for j in range(GPUS)) for i in range(GPUS))
+    return Inventory(gpus=gpus, links=links, labels={"block": f"b{n // 32}", "leaf": f"l{n // 8}"})
+
+
+def realistic_events(n: int, t0: float) -> Iterator[Event]:
+    """A cluster's log: nodes and queues first, then job lifecycles, some preempted or failed."""
+    t = t0
+    yield SchedulerElected(event_id="elected:1", occurred_at=t, epoch=1, scheduler_id="sched-a")
+    for q, w in (("research", 2.0), ("prod", 4.0), ("batch", 1.0)):
+        yield QueueDefined(event_id=f"queue:{q}", occurred_at=t, queue=q, weight=w, guaranteed_gpus=64)
+    for i in range(NODES):
+        yield NodeRegistered(event_id=f"reg:node-{i:03d}:1", occurred_at=t, node_id=f"node-{i:03d}",
+                             incarnation="1", address=f"10.0.{i // 256}.{i % 256}:7070", inventory=_inventory(i))
+    emitted = 4 + NODES
+    j = 0
+    while emitted < n:
+        job = f"j-{j:010x}"
+        ranks = 1 + j % 4
+        queue = ("research", "prod", "batch")[j % 3]
+        spec = JobSpec(name=f"llama-ft-{j}", queue=queue, priority=j % 5, ranks=ranks, gpus_per_rank=8,
+                       image="nvcr.io/nvidia/pytorch:24.05-py3", command=("torchrun", "train.py", "--cfg", "ft.yaml"),
+                       env={"WANDB_PROJECT": "ft", "NCCL_DEBUG": "WARN"}, checkpoint_dir=f"/ckpt/{job}",
+                       time_limit_s=86400.0)
+        nodes = [f"node-{(j + r) % NODES:03d}" for r in range(ranks)]
+        batch: list[Event] = [
+            JobSubmitted(event_id=f"submit:{job}", occurred_at=t, job_id=job, spec=spec, submitted_by="alice"),
+            GangReserved(event_id=f"reserve:{job}:1:{emitted}", occurred_at=t, job_id=job, attempt=1, epoch=1,
+                         ranks=tuple(RankPlacement(rank=r, node_id=nodes[r], gpus=tuple(range(8)))
+                                     for r in range(ranks))),
+        ]
+        batch += [WorkerStarted(event_id=f"started:{job}:1:{r}", occurred_at=t, job_id=job, attempt=1, rank=r,
+                                node_id=nodes[r], worker_id=f"{job}-1-{r}") for r in range(ranks)]
+        batch.append(JobRunning(event_id=f"running:{job}:1", occurred_at=t, job_id=job, attempt=1))
+        batch.append(Checkpointed(event_id=f"ckpt:{job}:1:100", occurred_at=t, job_id=job, attempt=1, rank=0,
+                                  step=100, path=f"/ckpt/{job}/step-100"))
+        if j % 10 == 7:
+            batch.append(PreemptionRequested(event_id=f"preempt:{job}:1", occurred_at=t, job_id=job, attempt=1,
+                                             preemptor_job_id=f"j-{j + 1:010x}", reason="priority", grace_s=30.0))
+            batch += [WorkerExited(event_id=f"exited:{job}:1:{r}", occurred_at=t, job_id=job, attempt=1, rank=r,
+                                   node_id=nodes[r], signal=15, reason="preempted") for r in range(ranks)]
+            batch.append(Preempted(event_id=f"preempted:{job}:1", occurred_at=t, job_id=job, attempt=1,
+                                   resume_from=f"/ckpt/{job}/step-100"))
+        elif j % 10 == 9:
+            batch += [WorkerExited(event_id=f"exited:{job}:1:{r}", occurred_at=t, job_id=job, attempt=1, rank=r,
+                                   node_id=nodes[r], exit_code=1, reason="crashed",
+                                   log_tail="RuntimeError: CUDA error: an illegal memory access was encountered")
+                      for r in range(ranks)]
+            batch.append(JobFailed(event_id=f"failed:{job}:1", occurred_at=t, job_id=job, attempt=1,
+                                   reason="rank 0 exited 1"))
+        else:
+            batch += [WorkerExited(event_id=f"exited:{job}:1:{r}", occurred_at=t, job_id=job, attempt=1, rank=r,
+                                   node_id=nodes[r], exit_code=0) for r in range(ranks)]
+            batch.append(JobCompleted(event_id=f"completed:{job}:1", occurred_at=t, job_id=job, attempt=1))
+        yield from batch[: n - emitted]
+        emitted += len(batch)
+        j += 1
+        t += 0.5
+
+
+async def read_ours(bus: Bus, expect: int) -> tuple[float, float]:
+    """(events/s wall clock, client CPU microseconds per event)."""
+    c = time.process_time()
+    t = time.perf_counter()
+    n = last = 0
+    async for batch in bus.replay():
+        n += len(batch)
+        last = batch[-1].seq
+    dt = time.perf_counter() - t
+    cpu = time.process_time() - c
+    assert n == expect and last == expect, f"ours read {n} events up to seq {last}, expected {expect}"
+    return expect / dt, cpu / expect * 1e6
+
+
+async def read_raw(bus: Bus, expect: int, batch: int = 2000) -> float:
+    """Events/s of the raw baseline (bench/rebuild.py compares against it too)."""
+    return (await timed_raw(bus, expect, batch))[0]
+
+
+async def timed_raw(bus: Bus, expect: int, batch: int = 2000) -> tuple[float, float]:
+    """The raw baseline: no Envelope, no buffering, no recovery; decode and count.
+
+    (events/s wall clock, client CPU microseconds per event).
+    """
+    nc, js = bus.nc, bus.js
+    c = time.process_time()
+    t = time.perf_counter()
+    info = await js.add_consumer(bus.stream, ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
+                                                            mem_storage=True, inactive_threshold=30.0))
+    api = f"$JS.API.CONSUMER.MSG.NEXT.{bus.stream}.{info.name}"
+    req = json.dumps({"batch": batch, "expires": 20_000_000_000}).encode()
+    inbox = nc.new_inbox()
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    n = got = last = 0
+
+    async def on_msg(msg: Msg) -> None:
+        nonlocal n, got, last
+        if not msg.data:
+            return  # status (heartbeat, expiry)
+        seq = int(msg.reply.split(".")[5])
+        decode(msg.data)
+        n += 1
+        got += 1
+        last = seq
+        if seq >= expect:
+            if not done.done():
+                done.set_result(None)
+            return
+        if got == batch:
+            got = 0
+            await nc.publish(api, req, reply=inbox)
+
+    sub = await nc.subscribe(inbox, cb=on_msg)
+    for _ in range(2):
+        await nc.publish(api, req, reply=inbox)
+    await asyncio.wait_for(done, 120)
+    dt = time.perf_counter() - t
+    cpu = time.process_time() - c
+    await sub.unsubscribe()
+    await js.delete_consumer(bus.stream, info.name)
+    assert n == expect and last == expect, f"raw read {n} events up to seq {last}, expected {expect}"
+    return expect / dt, cpu / expect * 1e6
+
+
+async def main(n: int, rounds: int, sync_always: bool) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
+        async with NatsServer(tmp, sync_interval="always" if sync_always else None) as server:
+            bus = await Bus.connect(server.url)
+            try:
+                return await run(bus, n, rounds, sync_always)
+            finally:
+                await bus.close()
+
+
+async def run(bus: Bus, n: int, rounds: int, sync_always: bool) -> dict[str, object]:
+    events = list(realistic_events(n, time.time()))
+    single = min(2000, n // 10)
+    print(f"appending {n:,} events ...", flush=True)
+    t = time.perf_counter()
+    for ev in events[:single]:  # one at a time, awaiting each ack: what a CLI or an agent does
+        await bus.append(ev)
+    append_single_per_s = single / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(single, n, 20_000):
+        await bus.append_many(events[i : i + 20_000])
+    append_per_s = (n - single) / (time.perf_counter() - t)
+    del events
+    gc.collect()
+    info = await bus.js.stream_info(bus.stream)
+    assert info.state.messages == n, f"stream holds {info.state.messages}, expected {n}"
+    print(f"  append_many {append_per_s:,.0f}/s, append one by one {append_single_per_s:,.0f}/s; "
+          f"{info.state.bytes / n:.0f} bytes/event stored", flush=True)
+    ours: list[tuple[float, float]] = []
+    raw: list[tuple[float, float]] = []
+    for r in range(rounds):
+        raw.append(await timed_raw(bus, n))
+        gc.collect()
+        ours.append(await read_ours(bus, n))
+        gc.collect()
+        print(f"  round {r + 1}: ours {ours[-1][0]:,.0f}/s ({ours[-1][1]:.1f} us CPU/event)  "
+              f"raw {raw[-1][0]:,.0f}/s ({raw[-1][1]:.1f} us CPU/event)", flush=True)
+    best_ours, best_raw = max(x[0] for x in ours), max(x[0] for x in raw)
+    cpu_ours, cpu_raw = min(x[1] for x in ours), min(x[1] for x in raw)
+    print(f"replay of {n:,} events (best of {rounds}): ours {best_ours:,.0f}/s, raw {best_raw:,.0f}/s, "
+          f"ratio {best_ours / best_raw:.2f}; client CPU per event: ours {cpu_ours:.1f} us, raw {cpu_raw:.1f} us")
+    return {
+        "events": n,
+        "ours_per_s": round(best_ours),
+        "raw_per_s": round(best_raw),
+        "ratio": round(best_ours / best_raw, 3),
+        "append_per_s": round(append_per_s),
+        "append_single_per_s": round(append_single_per_s),
+        "ours_cpu_us_per_event": round(cpu_ours, 2),
+        "raw_cpu_us_per_event": round(cpu_raw, 2),
+        "cpu_ratio": round(cpu_raw / cpu_ours, 3),
+        "ours_rounds": [round(x[0]) for x in ours],
+        "raw_rounds": [round(x[0]) for x in raw],
+        "bytes_per_event": round(info.state.bytes / n),
+        "sync": "always" if sync_always else "default",
+        "python": platform.python_version(),
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--sync-always", action="store_true", help="fsync every write (JetStream sync_interval: always)")
+    args = ap.parse_args()
+    result = asyncio.run(main(args.events, args.rounds, args.sync_always))
+    print(json.dumps(result))
