@@ -65,7 +65,7 @@ class Line:
         return job
 
 
-def queue_lines(c: Cycle, plan: Plan, pending: list[Job]) -> dict[str, Line]:
+def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
     """Each queue's line of pending jobs (jobs already decided on this cycle are skipped).
 
     With the default order the fold's sorted lines are read as they are (several
@@ -84,7 +84,8 @@ def queue_lines(c: Cycle, plan: Plan, pending: list[Job]) -> dict[str, Line]:
         }
     key = c.policies.job_key
     custom: dict[str, list[tuple[JobKey, Job]]] = {}
-    for job in pending:
+    for jid in state.pending:
+        job = state.jobs[jid]
         custom.setdefault(resolve_queue(state, job.spec.queue), []).append((key(job), job))
     return {q: Line(iter(sorted(items, key=lambda kj: kj[0])), busy) for q, items in custom.items()}
 
@@ -97,6 +98,7 @@ class _Admission:
         self.plan = plan
         self.events: list[Event] = []
         self.searches = c.policies.preemption_searches
+        self._eligible_jobs: list[Job] | None = None
         self._candidates: list[Candidate] | None = None
         #: Queue -> lowest priority among its candidates.
         self._lowest: dict[str, int] = {}
@@ -107,10 +109,29 @@ class _Admission:
     def links_of(self, node: str) -> Links:
         return self.c.state.nodes[node].inventory.links
 
-    def candidates(self) -> list[Candidate]:
+    def _eligible(self) -> list[Job]:
         """Running preemptible gangs not yet decided on this cycle (rebuilt after each preemption)."""
-        if self._candidates is None:
+        if self._eligible_jobs is None:
             state, busy = self.c.state, self.plan.busy
+            self._eligible_jobs = [
+                j
+                for jid in state.active
+                if jid not in busy
+                and (j := state.jobs[jid]).status in ("reserved", "running")
+                and j.stop is None
+                and j.spec.preemptible
+                and j.gpus > 0
+            ]
+            self._lowest = {}
+            for j in self._eligible_jobs:
+                p = j.spec.priority
+                if p < self._lowest.get(j.queue, p + 1):
+                    self._lowest[j.queue] = p
+            self._candidates = None
+        return self._eligible_jobs
+
+    def candidates(self) -> list[Candidate]:
+        if self._candidates is None:
             self._candidates = [
                 Candidate(
                     job_id=j.job_id,
@@ -122,26 +143,19 @@ class _Admission:
                     gpus=j.gpus,
                     placement=j.placement,
                 )
-                for jid in state.active
-                if jid not in busy
-                and (j := state.jobs[jid]).status in ("reserved", "running")
-                and j.stop is None
-                and j.spec.preemptible
-                and j.gpus > 0
+                for j in self._eligible()
             ]
-            self._lowest = {}
-            for x in self._candidates:
-                self._lowest[x.queue] = min(x.priority, self._lowest.get(x.queue, x.priority))
         return self._candidates
 
     def could_preempt(self, queue: str, priority: int, owed: bool) -> bool:
         """Cheap necessary condition for a victim search: someone it may preempt at all."""
-        self.candidates()
+        self._eligible()
         if self._lowest.get(queue, priority) < priority:
             return True
         return owed and any(q != queue for q in self._lowest)
 
     def preempted(self) -> None:
+        self._eligible_jobs = None
         self._candidates = None
 
     def victims_of(self, preemptor: str) -> list[str]:

@@ -10,6 +10,7 @@ follow-ups before it are folded).
 from __future__ import annotations
 
 from orchestrator.core.admit import admit, queue_lines
+from orchestrator.core.backlog import Backlog
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import explain
 from orchestrator.core.plan import Plan
@@ -25,20 +26,20 @@ def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = 
     if epoch < state.epoch:
         return []  # a deposed leader decides nothing; its events would be void anyway
     c = Cycle(state=state, now=now, epoch=epoch, policies=policies)
-    pending = [state.jobs[jid] for jid in state.pending]
+    backlog = Backlog.of(state)
     # 1. React: follow-ups the log already implies (running, completed, restarted,
     #    requeued, preempted, stopped, cancelled).
-    followups = react(c, pending)
+    followups = react(c, backlog.stopping)
     # 2. Snapshot: the tentative plan -- free GPUs per node and domain, queue usage --
     #    with the GPUs the follow-ups release already free.
     plan: Plan = snapshot(c, followups)
     # 3. Reject: pending specs that can never fit this cluster.
-    rejections = reject_unfit(c, plan, pending)
+    rejections = reject_unfit(c, plan, backlog.fresh)
     # 4. Heads: each queue's line of pending jobs (priority, submit time, id: kept sorted by the fold).
-    lines = queue_lines(c, plan, pending)
+    lines = queue_lines(c, plan)
     # 5. Admit in fair-share order: allocate, else preempt / reclaim, else wait
     #    for quota, else hold a backfill reservation for the first blocked gang.
     admitted, outcomes = admit(c, plan, lines)
     # 6. Explain: a JobWaiting for each job left pending whose reason changed.
-    waiting = explain(c, plan, pending, outcomes)
+    waiting = explain(c, plan, backlog.fresh, outcomes)
     return [*followups, *rejections, *admitted, *waiting]

@@ -156,12 +156,14 @@ def _job_submitted(state: ClusterState, e: JobSubmitted) -> None:
 
 def _enqueue(state: ClusterState, job: Job) -> None:
     state.pending[job.job_id] = job.submit_seq
+    state.unexplained[job.job_id] = job.submit_seq
     insort(state.lines.setdefault(job.spec.queue, []), job.line_key)
 
 
 def _dequeue(state: ClusterState, job: Job) -> None:
     if state.pending.pop(job.job_id, None) is None:
         return
+    state.unexplained.pop(job.job_id, None)
     line = state.lines[job.spec.queue]
     key = job.line_key
     i = bisect_left(line, key)
@@ -272,6 +274,7 @@ def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
         # The scheduler no longer waits on a preemption for it: release what it held.
         _clear_earmark(state, job)
         job = replace(job, earmark=())
+    state.unexplained.pop(e.job_id, None)
     state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at))
 
 
@@ -450,6 +453,7 @@ def _finish(state: ClusterState, job: Job, status: JobStatus, reason: str, at: f
     _release(state, job, at)
     _clear_earmark(state, job)
     _dequeue(state, job)
+    state.stopping.pop(job.job_id, None)
     state.checkpoint_votes.pop(job.job_id, None)
     state.jobs[job.job_id] = replace(
         job, status=status, gpus=0, finished_at=at, end_reason=reason, earmark=(), live=0
@@ -476,6 +480,7 @@ def _cancel_requested(state: ClusterState, e: CancelRequested) -> None:
     stop = Stop(
         reason=e.reason, requested_by=e.requested_by, requested_at=e.occurred_at, fail=e.requested_by == SCHEDULER
     )
+    state.stopping[e.job_id] = job.submit_seq
     state.jobs[e.job_id] = replace(job, stop=stop)
 
 

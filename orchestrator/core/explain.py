@@ -53,30 +53,31 @@ def capacity_outcome(req: GangRequest, index: FreeIndex, model: str | None) -> O
     return Outcome(CAPACITY, f"needs {shape}, {free} free in the cluster")
 
 
-def explain(c: Cycle, plan: Plan, pending: list[Job], outcomes: dict[str, Outcome]) -> list[JobWaiting]:
+def explain(c: Cycle, plan: Plan, fresh: list[Job], outcomes: dict[str, Outcome]) -> list[JobWaiting]:
+    """JobWaiting for the heads looked at whose reason changed, and a first reason for new jobs."""
     out: list[JobWaiting] = []
-    for job in pending:
-        if job.job_id in plan.busy:
-            continue
-        o = outcomes.get(job.job_id)
-        if o is None:
-            if job.waiting is not None:
-                continue  # not looked at this cycle: its last reason still stands
-            queue = resolve_queue(c.state, job.spec.queue)
-            o = Outcome(QUEUED, f"in queue {queue} behind jobs that go first")
-        elif o.code == PLACED:
+    jobs = c.state.jobs
+    for jid, o in outcomes.items():
+        job = jobs[jid]
+        if o.code == PLACED or jid in plan.busy:
             continue
         w = job.waiting
-        if w is not None and w.code == o.code and w.message == o.message:
+        if w is None or w.code != o.code or w.message != o.message:
+            out.append(_waiting(c, job, o))
+    for job in fresh:
+        if job.job_id in outcomes or job.job_id in plan.busy:
             continue
-        out.append(
-            JobWaiting(
-                event_id=c.event_id("waiting", job),
-                occurred_at=c.now,
-                job_id=job.job_id,
-                code=o.code,
-                message=o.message,
-                epoch=c.epoch,
-            )
-        )
+        queue = resolve_queue(c.state, job.spec.queue)
+        out.append(_waiting(c, job, Outcome(QUEUED, f"in queue {queue} behind jobs that go first")))
     return out
+
+
+def _waiting(c: Cycle, job: Job, o: Outcome) -> JobWaiting:
+    return JobWaiting(
+        event_id=c.event_id("waiting", job),
+        occurred_at=c.now,
+        job_id=job.job_id,
+        code=o.code,
+        message=o.message,
+        epoch=c.epoch,
+    )

@@ -49,6 +49,7 @@ class Hold(NamedTuple):
 
 class Plan:
     __slots__ = (
+        "_cpu_gangs",
         "_eligible",
         "_indexes",
         "_ports",
@@ -96,6 +97,7 @@ class Plan:
         self.ended: set[str] = set()
         self.victims: set[str] = set()
         self._ports: dict[str, set[int]] | None = None
+        self._cpu_gangs: list[str] | None = None
 
     # --- free GPUs ---------------------------------------------------------------
 
@@ -114,8 +116,8 @@ class Plan:
 
     def index(self, cls: GpuClass, *, through_hold: bool = False) -> FreeIndex:
         """Free GPUs of `cls`; without `through_hold`, minus those held by the backfill reservation."""
-        key = (cls, through_hold and self.hold is not None)
-        idx = self._indexes.get(key)
+        through = through_hold and self.hold is not None
+        idx = self._indexes.get((cls, through))
         if idx is None:
             eligible = self.eligible(cls)
             if eligible is None:
@@ -123,10 +125,10 @@ class Plan:
             else:
                 free = {n: tuple(g for g in self.free[n] if g in e) for n, e in eligible.items()}
             idx = FreeIndex(self.topo, cls, free, eligible)
-            if not key[1] and self.hold is not None:
+            if not through and self.hold is not None:
                 for rp in self.hold.ranks:
                     idx.take(rp.node_id, rp.gpus)
-            self._indexes[key] = idx
+            self._indexes[(cls, through)] = idx
         return idx
 
     def take(self, ranks: tuple[RankPlacement, ...]) -> None:
@@ -163,9 +165,11 @@ class Plan:
         self.ended.add(job.job_id)
 
     def set_hold(self, hold: Hold) -> None:
+        """Hold GPUs for the backfill head: hidden from the plain indexes, kept in the through-hold ones."""
         self.hold = hold
-        for (_cls, through), idx in self._indexes.items():
+        for (cls, through), idx in list(self._indexes.items()):
             if not through:
+                self._indexes[(cls, True)] = idx.copy()
                 for rp in hold.ranks:
                     idx.take(rp.node_id, rp.gpus)
 
@@ -249,11 +253,9 @@ class Plan:
         """A deterministic rendezvous port for rank 0, unused by other gangs whose rank 0 is on `node`."""
         if self._ports is None:
             self._ports = {}
-            for jid in self.state.active:
-                j = self.state.jobs[jid]
-                if j.placement:
-                    self._ports.setdefault(j.placement[0].node_id, set()).add(j.master_port)
-        taken = self._ports.setdefault(node, set())
+        taken = self._ports.get(node)
+        if taken is None:
+            taken = self._ports[node] = self._ports_on(node)
         start = crc32(f"{job_id}:{attempt}".encode()) % PORT_SPAN
         for i in range(PORT_SPAN):
             port = PORT_BASE + (start + i) % PORT_SPAN
@@ -261,6 +263,18 @@ class Plan:
                 taken.add(port)
                 return port
         return PORT_BASE + start
+
+    def _ports_on(self, node: str) -> set[int]:
+        """Ports of gangs whose rank 0 is on `node`: GPU gangs found through the node's owners."""
+        state = self.state
+        if self._cpu_gangs is None:
+            self._cpu_gangs = [jid for jid in state.active if state.jobs[jid].gpus == 0]
+        ports: set[int] = set()
+        for jid in {*state.owners.get(node, ()), *self._cpu_gangs}:
+            j = state.jobs.get(jid)
+            if j is not None and j.placement and j.placement[0].node_id == node and jid in state.active:
+                ports.add(j.master_port)
+        return ports
 
 
 def ends_at(job: Job, margin_s: float) -> float:

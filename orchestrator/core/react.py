@@ -60,7 +60,8 @@ def lost_gangs(state: ClusterState) -> dict[str, str]:
     return lost
 
 
-def react(c: Cycle, pending: list[Job]) -> list[Event]:
+def react(c: Cycle, stopping: list[Job]) -> list[Event]:
+    """Follow-ups for gangs holding GPUs, and the end of pending jobs asked to stop."""
     state = c.state
     lost = lost_gangs(state)
     out: list[Event] = []
@@ -69,9 +70,7 @@ def react(c: Cycle, pending: list[Job]) -> list[Event]:
         e = _follow_up(c, job, lost.get(jid))
         if e is not None:
             out.append(e)
-    for job in pending:
-        if job.stop is not None:
-            out.append(_end(c, job))
+    out.extend(_end(c, job) for job in stopping)
     return out
 
 

@@ -188,6 +188,10 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: Queue name a spec asks for -> its pending jobs in line order, kept sorted by the fold
     #: so a decide cycle reads each queue's heads without sorting 10,000 jobs.
     lines: dict[str, list[LineKey]] = msgspec.field(default_factory=dict)
+    #: Pending jobs with no JobWaiting yet (new or requeued): admission checks them once.
+    unexplained: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Jobs with a stop requested that have not ended yet.
+    stopping: dict[str, int] = msgspec.field(default_factory=dict)
     #: job -> rank -> state, for the current attempt of active jobs.
     ranks: dict[str, dict[int, RankState]] = msgspec.field(default_factory=dict)
     #: job -> step -> ranks that reported a checkpoint at that step (until complete).
@@ -213,6 +217,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             pending=dict(self.pending),
             active=dict(self.active),
             lines={k: list(v) for k, v in self.lines.items()},
+            unexplained=dict(self.unexplained),
+            stopping=dict(self.stopping),
             ranks={k: dict(v) for k, v in self.ranks.items()},
             checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},
             voids=self.voids,

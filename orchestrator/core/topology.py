@@ -9,6 +9,7 @@ that switch with anyone.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 
 from orchestrator.core.state import Node
@@ -73,8 +74,21 @@ class Topology:
         return level in (NODE, CLUSTER) or level in self.levels
 
 
+#: The last few (nodes, levels) -> Topology built. Node records are frozen and replaced on
+#: every change, so the same record objects in the same order mean the same topology; the
+#: entry keeps the records alive, so an identity match can never be a recycled address.
+_RECENT: list[tuple[tuple[Node, ...], tuple[str, ...], Topology]] = []
+
+
 def build_topology(nodes: Iterable[Node], levels: tuple[str, ...]) -> Topology:
+    """The domain tree of `nodes`; reused while no node changed (a Topology is never modified once built)."""
+    key = tuple(nodes)
+    for cached, cached_levels, topo in _RECENT:
+        if cached_levels == levels and len(cached) == len(key) and all(map(operator.is_, cached, key)):
+            return topo
     topo = Topology(levels)
-    for node in nodes:
+    for node in key:
         topo.add(node.node_id, node.inventory.labels, node.inventory.gpu_count)
+    _RECENT.insert(0, (key, levels, topo))
+    del _RECENT[4:]
     return topo

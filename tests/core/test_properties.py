@@ -57,6 +57,9 @@ def check_invariants(state: ClusterState) -> None:
     in_lines = [k for line in state.lines.values() for k in line]
     assert sorted(k[2] for k in in_lines) == sorted(state.pending)
     assert all(line == sorted(line) for line in state.lines.values())
+    assert set(state.unexplained) == {j for j in state.pending if state.jobs[j].waiting is None}
+    assert set(state.stopping) == {j for j, job in state.jobs.items() if job.stop is not None
+                                   and job.status not in ("completed", "failed", "cancelled", "rejected")}
     # usage bookkeeping matches the gangs
     for q, u in state.usage.items():
         assert u.gpus == per_queue.get(q, 0), q
