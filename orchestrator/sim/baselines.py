@@ -1,0 +1,140 @@
+"""The policies a simulation compares: corral's defaults and four baselines over the same core.
+
+Every baseline is a `Policies` record -- the production `decide` runs
+unchanged, only the functions in the record differ -- so a difference in the
+results is a difference of policy, not of implementation. Inside a queue the
+core keeps one line order for everyone (higher priority, then earlier
+submit); the policies differ in how queues take turns, what a blocked gang
+holds, and whether anything is preempted:
+
+* corral        -- DEFAULT_POLICIES: weighted fair share across queues (owed
+                   guarantees first), gang/topology best fit, a backfill
+                   reservation for the first blocked gang, preemption for
+                   priority and for reclaiming guarantees.
+* fifo          -- one line across all queues (priority, then submit time);
+                   the first gang that does not fit holds every free GPU, so
+                   nothing behind it starts (no backfill, no preemption).
+* fifo-backfill -- Slurm-like: the same one line; the first blocked gang holds
+                   the GPUs it will start on and later jobs use them only if
+                   their time limit ends first, other free GPUs go to whoever
+                   fits (EASY backfill, no preemption).
+* drf           -- queues in order of the GPUs they hold per weight (DRF with
+                   one resource), greedy, no reservation, no preemption.
+* las           -- least attained service by queue (Tiresias-like, at team
+                   level): queues in order of the GPU-seconds they received,
+                   decayed with a half-life, greedy, no reservation, no
+                   preemption. Job-level Tiresias (order jobs by their own
+                   attained service, preempt jobs that outgrew a threshold)
+                   needs two core hooks that `Policies` lacks: a line order
+                   inside a queue, and a preemption rule beyond priority and
+                   guarantees.
+
+`las` needs attained service, which the ClusterState keeps only with the
+cluster's own half-life: the simulator keeps it in an `Attained` ledger that
+the queue order reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.plan import Hold, QueueLoad
+from orchestrator.core.state import Usage
+from orchestrator.core.usage import decayed_at
+from orchestrator.policies import DEFAULT_POLICIES, Ending, Policies
+from orchestrator.policies.backfill import FitsFn, PlaceFn
+from orchestrator.policies.fairshare import QueueKey
+from orchestrator.policies.placement import GangRequest, LinksOf
+from schemas.events import RankPlacement
+
+POLICY_NAMES = ("corral", "fifo", "fifo-backfill", "drf", "las")
+
+#: LAS: attained service halves every this many seconds (old service is forgiven, as Tiresias's starvation relief).
+LAS_HALF_LIFE_S = 6 * 3600.0
+
+
+class Attained:
+    """GPU-seconds each queue received, decayed with a half-life (LAS's order), fed by the simulator."""
+
+    __slots__ = ("half_life_s", "now", "usage")
+
+    def __init__(self, half_life_s: float = LAS_HALF_LIFE_S) -> None:
+        self.half_life_s = half_life_s
+        #: The simulated clock, set before every decide call.
+        self.now = 0.0
+        self.usage: dict[str, Usage] = {}
+
+    def charge(self, queue: str, delta_gpus: int, at: float) -> None:
+        u = self.usage.get(queue) or Usage(at=at)
+        self.usage[queue] = Usage(gpus=u.gpus + delta_gpus, decayed=decayed_at(u, at, self.half_life_s), at=at)
+
+    def value(self, queue: str) -> float:
+        u = self.usage.get(queue)
+        return decayed_at(u, self.now, self.half_life_s) if u is not None else 0.0
+
+
+def one_line(load: QueueLoad) -> QueueKey:
+    """Every queue ranks the same, so the heads merge by their job keys into one line."""
+    del load
+    return (0, 0.0, "")
+
+
+def dominant_share(load: QueueLoad) -> QueueKey:
+    """DRF with one resource: the queue holding the fewest GPUs per weight goes first."""
+    return (0, load.gpus / max(load.weight, 1e-9), load.name)
+
+
+def hold_everything(
+    req: GangRequest, index: FreeIndex, ending: Sequence[Ending], fits: FitsFn, place: PlaceFn, links_of: LinksOf
+) -> Hold:
+    """Strict FIFO: the first blocked gang holds every free GPU, with no end time, so no job behind it starts."""
+    del ending, fits, place, links_of
+    ranks = tuple(
+        RankPlacement(rank=i, node_id=node, gpus=gpus)
+        for i, (node, gpus) in enumerate((n, g) for n, g in index.free.items() if g)
+    )
+    return Hold(job_id=req.job_id, until=math.inf, ranks=ranks)
+
+
+def no_reservation(
+    req: GangRequest, index: FreeIndex, ending: Sequence[Ending], fits: FitsFn, place: PlaceFn, links_of: LinksOf
+) -> Hold | None:
+    """Greedy schedulers keep nothing for a blocked gang."""
+    del req, index, ending, fits, place, links_of
+    return None
+
+
+def policies_for(name: str, attained: Attained | None = None) -> Policies:
+    """The `Policies` record of a policy name (POLICY_NAMES); `las` reads `attained`."""
+    if name == "corral":
+        return DEFAULT_POLICIES
+    if name == "fifo":
+        # One blocked head per queue is enough: behind the first, everything is held.
+        return replace(DEFAULT_POLICIES, queue_key=one_line, backfill=hold_everything, preemption_searches=0,
+                       heads_per_queue=1)
+    if name == "fifo-backfill":
+        return replace(DEFAULT_POLICIES, queue_key=one_line, preemption_searches=0)
+    if name == "drf":
+        return replace(DEFAULT_POLICIES, queue_key=dominant_share, backfill=no_reservation, preemption_searches=0)
+    if name == "las":
+        ledger = attained if attained is not None else Attained()
+
+        def least_attained(load: QueueLoad) -> QueueKey:
+            return (0, ledger.value(load.name), load.name)
+
+        return replace(DEFAULT_POLICIES, queue_key=least_attained, backfill=no_reservation, preemption_searches=0)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+
+
+def parse_policies(text: str) -> list[str]:
+    """"corral,fifo" -> names, each known, in order, without repeats; "all" -> every policy."""
+    if text.strip() == "all":
+        return list(POLICY_NAMES)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown or not names:
+        raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICY_NAMES)}, all")
+    return list(dict.fromkeys(names))

@@ -1,0 +1,349 @@
+"""The simulated cluster, from a small YAML spec, as the events that set it up in the log.
+
+    nodes: 352               # or groups: [{count: 300, gpu_model: H100}, {count: 52, gpus_per_node: 4}]
+    gpus_per_node: 8
+    gpu_model: H100
+    gpu_memory_mib: 81920
+    topology:                # coarse to fine; size = children per domain (the finest: nodes)
+      - {level: block, size: 4}
+      - {level: leaf, size: 8}
+    queues:
+      - {name: team-a, weight: 2, guaranteed_gpus: 256, limit_gpus: 1024}
+    fairshare_half_life_s: 0
+    min_runtime_s: 600
+    default_queue: default
+
+The setup is what a real cluster would put in its log -- ClusterConfigured,
+SchedulerElected, QueueDefined, NodeRegistered -- so a simulated log folds
+like a production one. Errors carry the YAML line they are about.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+
+from schemas.events import ClusterConfigured, Event, NodeRegistered, QueueDefined, SchedulerElected
+from schemas.inventory import Gpu, Inventory
+
+KNOWN_KEYS = (
+    "nodes", "gpus_per_node", "gpu_model", "gpu_memory_mib", "topology", "queues",
+    "fairshare_half_life_s", "min_runtime_s", "default_queue",
+)
+GROUP_KEYS = ("count", "gpus_per_node", "gpu_model", "gpu_memory_mib")
+LEVEL_KEYS = ("level", "size")
+QUEUE_KEYS = ("name", "weight", "guaranteed_gpus", "limit_gpus", "parent")
+
+#: The scheduler epoch every simulation runs under.
+EPOCH = 1
+
+
+class ClusterSpecError(ValueError):
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class NodeGroup(NamedTuple):
+    count: int
+    gpus_per_node: int = 8
+    gpu_model: str = "H100"
+    gpu_memory_mib: int = 81920
+
+
+class Level(NamedTuple):
+    name: str
+    #: Child domains per domain; at the finest level, nodes per domain.
+    size: int
+
+
+class QueueSpec(NamedTuple):
+    name: str
+    weight: float = 1.0
+    guaranteed_gpus: int = 0
+    limit_gpus: int | None = None
+    parent: str | None = None
+
+
+class ClusterSpec(NamedTuple):
+    groups: tuple[NodeGroup, ...]
+    levels: tuple[Level, ...] = ()
+    queues: tuple[QueueSpec, ...] = ()
+    fairshare_half_life_s: float = 0.0
+    min_runtime_s: float = 600.0
+    default_queue: str = "default"
+
+    @property
+    def node_count(self) -> int:
+        return sum(g.count for g in self.groups)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(g.count * g.gpus_per_node for g in self.groups)
+
+    @property
+    def gpus_per_node(self) -> int:
+        """The largest node: gangs above it are split into ranks of this many GPUs."""
+        return max((g.gpus_per_node for g in self.groups), default=0)
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        return tuple(lv.name for lv in self.levels)
+
+
+def node_id(i: int) -> str:
+    return f"n{i:04d}"
+
+
+def node_labels(i: int, levels: tuple[Level, ...]) -> dict[str, str]:
+    """Domain labels of node `i`: consecutive nodes share the finest domain, and so on up."""
+    labels: dict[str, str] = {}
+    span = 1
+    for lv in reversed(levels):
+        span *= lv.size
+        labels[lv.name] = f"{lv.name[0]}{i // span}"
+    return dict(reversed(labels.items()))
+
+
+def inventory_of(i: int, group: NodeGroup, levels: tuple[Level, ...]) -> Inventory:
+    nid = node_id(i)
+    gpus = tuple(
+        Gpu(index=g, uuid=f"GPU-{nid}-{g}", model=group.gpu_model, memory_mib=group.gpu_memory_mib)
+        for g in range(group.gpus_per_node)
+    )
+    return Inventory(gpus=gpus, labels=node_labels(i, levels))
+
+
+def registrations(spec: ClusterSpec, at: float = 0.0) -> list[NodeRegistered]:
+    out = []
+    i = 0
+    for group in spec.groups:
+        for _ in range(group.count):
+            nid = node_id(i)
+            out.append(NodeRegistered(event_id=f"sim:register:{nid}:1", occurred_at=at, node_id=nid, incarnation="1",
+                                      address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
+                                      inventory=inventory_of(i, group, spec.levels)))
+            i += 1
+    return out
+
+
+def setup_events(spec: ClusterSpec, at: float = 0.0) -> list[Event]:
+    """What the log holds before the first job: settings, leader, queues, nodes."""
+    out: list[Event] = [
+        ClusterConfigured(event_id="sim:configure", occurred_at=at, topology_levels=spec.level_names,
+                          fairshare_half_life_s=spec.fairshare_half_life_s, min_runtime_s=spec.min_runtime_s,
+                          default_queue=spec.default_queue),
+        SchedulerElected(event_id="sim:elect", occurred_at=at, epoch=EPOCH, scheduler_id="sim"),
+    ]
+    out += [
+        QueueDefined(event_id=f"sim:queue:{q.name}", occurred_at=at, queue=q.name, weight=q.weight,
+                     guaranteed_gpus=q.guaranteed_gpus, limit_gpus=q.limit_gpus, parent=q.parent)
+        for q in spec.queues
+    ]
+    out += registrations(spec, at)
+    return out
+
+
+# --- YAML with line numbers -----------------------------------------------------------
+
+
+class _Map(dict[str, Any]):
+    line = 0
+
+
+class _Seq(list[Any]):
+    line = 0
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _map(loader: _LineLoader, node: yaml.MappingNode) -> _Map:
+    m = _Map(loader.construct_mapping(node, deep=True))
+    m.line = node.start_mark.line + 1
+    return m
+
+
+def _seq(loader: _LineLoader, node: yaml.SequenceNode) -> _Seq:
+    s = _Seq(loader.construct_sequence(node, deep=True))
+    s.line = node.start_mark.line + 1
+    return s
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _map)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _seq)
+
+
+class _Reader:
+    """Collects every problem of one spec, each as "file:line: path: what"."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.problems: list[str] = []
+
+    def bad(self, where: Any, path: str, what: str) -> None:
+        line = getattr(where, "line", 0)
+        self.problems.append(f"{self.name}:{line}: {path}: {what}" if line else f"{self.name}: {path}: {what}")
+
+    def keys(self, m: dict[str, Any], path: str, known: tuple[str, ...]) -> None:
+        for k in m:
+            if k not in known:
+                self.bad(m, f"{path}{k}", f"unknown key; known keys: {', '.join(known)}")
+
+    def integer(self, m: dict[str, Any], key: str, path: str, default: int | None, lo: int) -> int | None:
+        v = m.get(key, default)
+        if v is None:
+            return None
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            self.bad(m, f"{path}{key}", f"must be an integer >= {lo}, got {v!r}")
+            return default
+        return v
+
+    def number(self, m: dict[str, Any], key: str, path: str, default: float, *, positive: bool = False) -> float:
+        v = m.get(key, default)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 if positive else v >= 0)
+        if not ok:
+            self.bad(m, f"{path}{key}", f"must be a number {'> 0' if positive else '>= 0'}, got {v!r}")
+            return default
+        return float(v)
+
+    def text(self, m: dict[str, Any], key: str, path: str, default: str | None) -> str | None:
+        v = m.get(key, default)
+        if v is None:
+            return None
+        if not isinstance(v, str) or not v.strip():
+            self.bad(m, f"{path}{key}", f"must be a non-empty string, got {v!r}")
+            return default
+        return v
+
+
+def _group(r: _Reader, g: Any, path: str, top: dict[str, Any]) -> NodeGroup | None:
+    if not isinstance(g, dict):
+        r.bad(top, path, "must be a mapping like {count: 8, gpus_per_node: 8, gpu_model: H100}")
+        return None
+    r.keys(g, f"{path}.", GROUP_KEYS)
+    count = r.integer(g, "count", f"{path}.", None, 1)
+    if count is None:
+        r.bad(g, f"{path}.count", "is required")
+        return None
+    return NodeGroup(
+        count=count,
+        gpus_per_node=r.integer(g, "gpus_per_node", f"{path}.", top.get("gpus_per_node", 8), 1) or 8,
+        gpu_model=r.text(g, "gpu_model", f"{path}.", top.get("gpu_model", "H100")) or "H100",
+        gpu_memory_mib=r.integer(g, "gpu_memory_mib", f"{path}.", top.get("gpu_memory_mib", 81920), 0) or 0,
+    )
+
+
+def parse_cluster(doc: Any, name: str = "<cluster>") -> ClusterSpec:
+    r = _Reader(name)
+    if not isinstance(doc, dict):
+        raise ClusterSpecError([f"{name}: a cluster spec must be a mapping with at least `nodes`"])
+    r.keys(doc, "", KNOWN_KEYS)
+    groups: list[NodeGroup] = []
+    nodes = doc.get("nodes")
+    if isinstance(nodes, int) and not isinstance(nodes, bool):
+        g = _group(r, {"count": nodes}, "nodes", doc)
+        groups += [g] if g else []
+    elif isinstance(nodes, list):
+        for i, item in enumerate(nodes):
+            g = _group(r, item, f"nodes[{i}]", doc)
+            groups += [g] if g else []
+        if not nodes:
+            r.bad(nodes, "nodes", "lists no node group")
+    else:
+        r.bad(doc, "nodes", f"is required: a node count or a list of groups, got {nodes!r}")
+    r.integer(doc, "gpus_per_node", "", 8, 1)
+    r.integer(doc, "gpu_memory_mib", "", 0, 0)
+    r.text(doc, "gpu_model", "", "H100")
+    levels: list[Level] = []
+    topo = doc.get("topology", [])
+    if not isinstance(topo, list):
+        r.bad(doc, "topology", "must be a list like [{level: block, size: 4}, {level: leaf, size: 8}]")
+        topo = []
+    for i, lv in enumerate(topo):
+        path = f"topology[{i}]"
+        if not isinstance(lv, dict):
+            r.bad(topo, path, "must be a mapping {level: NAME, size: N}")
+            continue
+        r.keys(lv, f"{path}.", LEVEL_KEYS)
+        lname = r.text(lv, "level", f"{path}.", None)
+        size = r.integer(lv, "size", f"{path}.", None, 1)
+        if lname is None or size is None:
+            r.bad(lv, path, "needs both level and size")
+        elif lname in ("node", "cluster") or lname in [x.name for x in levels]:
+            r.bad(lv, f"{path}.level", f"{lname!r} is reserved or repeated")
+        else:
+            levels.append(Level(lname, size))
+    queues: list[QueueSpec] = []
+    qs = doc.get("queues", [])
+    if not isinstance(qs, list):
+        r.bad(doc, "queues", "must be a list of {name, weight, guaranteed_gpus, limit_gpus, parent}")
+        qs = []
+    for i, q in enumerate(qs):
+        path = f"queues[{i}]"
+        if not isinstance(q, dict):
+            r.bad(qs, path, "must be a mapping with at least a name")
+            continue
+        r.keys(q, f"{path}.", QUEUE_KEYS)
+        qname = r.text(q, "name", f"{path}.", None)
+        if qname is None:
+            r.bad(q, f"{path}.name", "is required")
+            continue
+        if qname in [x.name for x in queues]:
+            r.bad(q, f"{path}.name", f"queue {qname!r} defined twice")
+        queues.append(QueueSpec(
+            name=qname,
+            weight=r.number(q, "weight", f"{path}.", 1.0, positive=True),
+            guaranteed_gpus=r.integer(q, "guaranteed_gpus", f"{path}.", 0, 0) or 0,
+            limit_gpus=r.integer(q, "limit_gpus", f"{path}.", None, 0),
+            parent=r.text(q, "parent", f"{path}.", None),
+        ))
+    names = {q.name for q in queues}
+    for i, q in enumerate(queues):
+        if q.parent is not None and q.parent not in names:
+            r.bad(qs[i] if i < len(qs) else qs, f"queues[{i}].parent", f"unknown queue {q.parent!r}")
+    spec = ClusterSpec(
+        groups=tuple(groups),
+        levels=tuple(levels),
+        queues=tuple(queues),
+        fairshare_half_life_s=r.number(doc, "fairshare_half_life_s", "", 0.0),
+        min_runtime_s=r.number(doc, "min_runtime_s", "", 600.0),
+        default_queue=r.text(doc, "default_queue", "", "default") or "default",
+    )
+    if r.problems:
+        raise ClusterSpecError(r.problems)
+    return spec
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ClusterSpecError([f"{p}: cannot read: {e.strerror}"]) from None
+    try:
+        doc = yaml.load(text, Loader=_LineLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise ClusterSpecError([f"{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
+    return parse_cluster(doc, str(p))
+
+
+def dump_cluster(spec: ClusterSpec) -> str:
+    """The spec as YAML that `load_cluster` reads back (the generator writes its cluster with it)."""
+    doc: dict[str, Any] = {}
+    if len(spec.groups) == 1:
+        g = spec.groups[0]
+        doc.update(nodes=g.count, gpus_per_node=g.gpus_per_node, gpu_model=g.gpu_model, gpu_memory_mib=g.gpu_memory_mib)
+    else:
+        doc["nodes"] = [g._asdict() for g in spec.groups]
+    doc["topology"] = [{"level": lv.name, "size": lv.size} for lv in spec.levels]
+    doc["queues"] = [{k: v for k, v in q._asdict().items() if v is not None} for q in spec.queues]
+    doc.update(fairshare_half_life_s=spec.fairshare_half_life_s, min_runtime_s=spec.min_runtime_s,
+               default_queue=spec.default_queue)
+    return yaml.safe_dump(doc, sort_keys=False)

@@ -1,0 +1,363 @@
+"""The event-driven simulation loop: the production `evolve`/`decide` on a virtual clock.
+
+No NATS, no sleeping. A heap holds the future instants that can change
+anything -- the next submit, the next completion, an outage or repair, a
+time limit, the moment a young gang becomes preemptible -- and the loop:
+
+1. advances the clock to the next instant and appends what happens there
+   (JobSubmitted, the workers' exits, NodeFailed, NodeRegistered);
+2. settles: calls `decide(state, now)`, folds its events through `evolve` in
+   order (exactly what the log would do), lets the simulated agents answer
+   (WorkerStarted, Checkpointed, WorkerExited), and repeats until decide has
+   nothing left to say at this instant;
+3. samples the timeline.
+
+Every appended event gets a deterministic id and occurred_at = virtual time,
+and is written in the real log format, so the file folds with the normal
+`evolve` to the simulation's final state.
+
+Settling stops early when a decide round only produced JobWaiting,
+JobRejected or JobRunning (without releasing an earmark): folding those
+changes nothing decide reads besides the waiting reasons it just wrote, so
+another round would return nothing. Strict mode checks that claim -- and the
+safety invariants -- after every instant.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from heapq import heappop, heappush
+from typing import IO, Any, NamedTuple
+
+from orchestrator.core.decide import decide
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import HOLDING, ClusterState, Job
+from orchestrator.sim.agents import checkpointed, workers_exited, workers_started
+from orchestrator.sim.baselines import Attained, policies_for
+from orchestrator.sim.cluster import EPOCH
+from orchestrator.sim.invariants import violations
+from orchestrator.sim.specs import SimJob
+from orchestrator.sim.timeline import Timeline
+from orchestrator.sim.trace import Outage
+from orchestrator.sim.work import Work
+from schemas.codec import encode
+from schemas.events import (
+    CancelRequested,
+    Event,
+    GangReserved,
+    GangRestarted,
+    JobCompleted,
+    JobRejected,
+    JobRunning,
+    JobSubmitted,
+    JobWaiting,
+    NodeFailed,
+    NodeRegistered,
+    PreemptionRequested,
+)
+
+# Heap entry kinds; at one instant they are handled in this order.
+_FINISH, _FAIL, _REPAIR, _SUBMIT, _WAKE = range(5)
+
+#: Decide rounds at one instant before the simulator calls it a livelock.
+MAX_ROUNDS = 64
+
+
+class SimConfig(NamedTuple):
+    #: Seconds of work between checkpoints (0: checkpoint on the preemption signal only).
+    checkpoint_interval_s: float = 1800.0
+    #: Seconds every restarted attempt spends before it makes progress again.
+    restart_overhead_s: float = 120.0
+    #: Check the invariants and the settle shortcut at every instant (slow; for tests).
+    strict: bool = False
+
+
+class Scenario(NamedTuple):
+    """What to simulate: the log's setup (cluster, queues, settings), the jobs, the outages."""
+
+    setup: tuple[Event, ...]
+    jobs: tuple[SimJob, ...]
+    outages: tuple[Outage, ...] = ()
+
+
+class RunStats(NamedTuple):
+    events: int
+    decides: int
+    wall_s: float
+    voids: int
+    time_limit_kills: int
+    unfinished: int
+
+
+class SimResult(NamedTuple):
+    policy: str
+    state: ClusterState
+    timeline: Timeline
+    work: dict[str, Work]
+    stats: RunStats
+
+
+class SimulationError(RuntimeError):
+    pass
+
+
+class _LogWriter:
+    """Buffers encoded events and writes them in chunks (one JSON event per line)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f = f
+        self.buf: list[bytes] = []
+
+    def add(self, event: Event) -> None:
+        self.buf.append(encode(event))
+        if len(self.buf) >= 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self.f.write(b"\n".join(self.buf) + b"\n")
+            self.buf.clear()
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, policy: str = "corral", config: SimConfig | None = None,
+                 log: IO[bytes] | None = None, on_instant: Callable[[Simulation], None] | None = None) -> None:
+        self.scenario = scenario
+        self.policy = policy
+        self.config = config if config is not None else SimConfig()
+        self.attained = Attained()
+        self.policies = policies_for(policy, self.attained)
+        self.state = ClusterState()
+        self.timeline = Timeline()
+        self.work: dict[str, Work] = {}
+        self.now = 0.0
+        self.events = 0
+        self.decides = 0
+        self.kills = 0
+        self._log = _LogWriter(log) if log is not None else None
+        self._on_instant = on_instant
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._n = 0
+        self._wakes: set[float] = set()
+        #: (time a gang becomes preemptible, job): gangs start in time order, so this stays sorted.
+        self._maturing: deque[tuple[float, str]] = deque()
+        self._preempts = self.policies.preemption_searches > 0
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _push(self, at: float, kind: int, payload: Any) -> None:
+        self._n += 1
+        heappush(self._heap, (float(at), kind, self._n, payload))  # float: snapshots must not see ints
+
+    def append(self, event: Event) -> None:
+        """Fold one event into the state (and the log file), telling the timeline what it changed."""
+        jid: str | None = getattr(event, "job_id", None)
+        before = self.state.jobs.get(jid) if jid is not None else None
+        evolve(self.state, event)  # type: ignore[arg-type]
+        self.events += 1
+        if self._log is not None:
+            self._log.add(event)
+        if jid is not None:
+            after = self.state.jobs.get(jid)
+            if after is not None and (before is None or before.status != after.status):
+                prev = before.status if before is not None else None
+                self.timeline.transition(self.state, after, prev, self.now)
+                was, holds = prev in HOLDING, after.status in HOLDING
+                if was != holds:
+                    self.attained.charge(after.queue, after.spec.total_gpus if holds else -after.spec.total_gpus, self.now)
+
+    def _capacity(self) -> int:
+        return sum(n.inventory.gpu_count for n in self.state.nodes.values() if n.schedulable)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        for e in self.scenario.setup:
+            self.now = e.occurred_at
+            self.append(e)
+        self.timeline.set_capacity(self._capacity())
+        for q in self.state.queues:
+            self.timeline.queue_index(q)
+        for job in self.scenario.jobs:
+            self._push(job.submit_time, _SUBMIT, job)
+            self.work[job.job_id] = Work(job.duration, job.gpus)
+        for o in self.scenario.outages:
+            self._push(o.time, _FAIL, o)
+        heap = self._heap
+        while heap:
+            now = heap[0][0]
+            self.now = now
+            changed = False
+            while heap and heap[0][0] == now:
+                _, kind, _, payload = heappop(heap)
+                changed |= self._handle(kind, payload)
+            if changed:
+                self._settle()
+                if self.config.strict:
+                    self._check()
+            self.timeline.sample(now)
+            if self._on_instant is not None:
+                self._on_instant(self)
+            self._wake_for_preemption()
+        if self._log is not None:
+            self._log.flush()
+        unfinished = sum(1 for j in self.state.jobs.values() if j.status not in ("completed", "failed", "cancelled", "rejected"))
+        stats = RunStats(events=self.events, decides=self.decides, wall_s=time.perf_counter() - started,
+                         voids=self.state.voids, time_limit_kills=self.kills, unfinished=unfinished)
+        return SimResult(self.policy, self.state, self.timeline, self.work, stats)
+
+    def _handle(self, kind: int, payload: Any) -> bool:
+        """Append what happens at this instant; False when the entry turned out stale."""
+        now = self.now
+        if kind == _SUBMIT:
+            job: SimJob = payload
+            self.append(JobSubmitted(event_id=f"sim:submit:{job.job_id}", occurred_at=now, job_id=job.job_id,
+                                     spec=job.spec, submitted_by="sim"))
+            return True
+        if kind == _FINISH:
+            jid, attempt = payload
+            j = self.state.jobs.get(jid)
+            if j is None or j.attempt != attempt or j.status not in ("reserved", "running") or j.stop is not None:
+                return False
+            for e in workers_exited(self.state, j, now, "completed"):
+                self.append(e)
+            return True
+        if kind == _FAIL:
+            return self._fail(payload)
+        if kind == _REPAIR:
+            return self._repair(payload)
+        self._wakes.discard(now)
+        return True
+
+    def _settle(self) -> None:
+        state = self.state
+        for _ in range(MAX_ROUNDS):
+            self.attained.now = self.now
+            out = decide(state, self.now, epoch=EPOCH, policies=self.policies)
+            self.decides += 1
+            if not out:
+                return
+            inert = True
+            voids = state.voids
+            for e in out:
+                if isinstance(e, JobWaiting):
+                    j = state.jobs.get(e.job_id)
+                    if j is not None and j.earmark and e.code != "preempting":
+                        inert = False
+                elif not isinstance(e, (JobRejected, JobRunning)):
+                    inert = False
+                self.append(e)
+            if state.voids != voids and self.config.strict:
+                raise SimulationError(f"t={self.now}: decide emitted a void decision: {state.last_void}")
+            answers = self._agents(out)
+            for e in answers:
+                self.append(e)
+            if inert and not answers:
+                return
+        raise SimulationError(f"t={self.now}: decide did not settle after {MAX_ROUNDS} rounds")
+
+    # --- the agents' answers --------------------------------------------------------------
+
+    def _agents(self, decided: Sequence[Event]) -> list[Event]:
+        state, now = self.state, self.now
+        out: list[Event] = []
+        for e in decided:
+            if isinstance(e, (GangReserved, GangRestarted)):
+                j = state.jobs[e.job_id]
+                if j.status == "reserved" and j.attempt == e.attempt and not state.ranks.get(j.job_id):
+                    out += self._start(j)
+            elif isinstance(e, PreemptionRequested):
+                j = state.jobs[e.job_id]
+                if j.status == "preempting" and j.attempt == e.attempt:
+                    out += self._interrupt(j, "preemption", signalled=True)
+                    out += workers_exited(state, j, now, "preempted")
+            elif isinstance(e, CancelRequested):
+                j = state.jobs[e.job_id]
+                if j.status in HOLDING and j.live:
+                    self.kills += 1
+                    self.work[j.job_id].abandon(now)
+                    out += workers_exited(state, j, now, "killed")
+            elif isinstance(e, JobCompleted):
+                self.work[e.job_id].complete()
+        return out
+
+    def _start(self, job: Job) -> list[Event]:
+        w = self.work[job.job_id]
+        now = self.now
+        done = w.start(now, self.config.restart_overhead_s)
+        self._push(done, _FINISH, (job.job_id, job.attempt))
+        limit = job.spec.time_limit_s
+        if limit is not None and job.reserved_at + limit < done:
+            self._wake(job.reserved_at + limit)
+        if self._preempts and job.spec.preemptible:
+            self._maturing.append((now + self.state.config.min_runtime_s, job.job_id))
+        return list(workers_started(job, now))
+
+    def _interrupt(self, job: Job, cause: str, *, signalled: bool) -> list[Event]:
+        """The running attempt stops early: record its newest checkpoint (and what was lost)."""
+        w = self.work[job.job_id]
+        now = self.now
+        ck = w.interrupt(now, cause, self.config.checkpoint_interval_s, signalled=signalled)
+        e = checkpointed(job, now, ck)
+        return [e] if e is not None else []
+
+    # --- nodes ----------------------------------------------------------------------------
+
+    def _fail(self, o: Outage) -> bool:
+        node = self.state.nodes.get(o.node_id)
+        if node is None or node.failed:
+            return False
+        for jid in list(self.state.active):
+            j = self.state.jobs[jid]
+            if j.status in ("reserved", "running") and any(rp.node_id == o.node_id for rp in j.placement):
+                for e in self._interrupt(j, "failure", signalled=False):
+                    self.append(e)
+        self.append(NodeFailed(event_id=f"sim:fail:{o.node_id}:{node.incarnation}", occurred_at=self.now,
+                               node_id=o.node_id, incarnation=node.incarnation, reason="outage from the trace"))
+        self.timeline.set_capacity(self._capacity())
+        if math.isfinite(o.duration):
+            self._push(self.now + o.duration, _REPAIR, o.node_id)
+        return True
+
+    def _repair(self, node_id: str) -> bool:
+        node = self.state.nodes[node_id]
+        inc = str(int(node.incarnation) + 1) if node.incarnation.isdigit() else f"{node.incarnation}+1"
+        self.append(NodeRegistered(event_id=f"sim:register:{node_id}:{inc}", occurred_at=self.now, node_id=node_id,
+                                   incarnation=inc, address=node.address, inventory=node.inventory))
+        self.timeline.set_capacity(self._capacity())
+        return True
+
+    # --- wake-ups -------------------------------------------------------------------------
+
+    def _wake(self, at: float) -> None:
+        if at not in self._wakes:
+            self._wakes.add(at)
+            self._push(at, _WAKE, None)
+
+    def _wake_for_preemption(self) -> None:
+        """If jobs wait and a gang becomes preemptible before anything else happens, decide again then."""
+        m = self._maturing
+        while m and m[0][0] <= self.now:
+            m.popleft()
+        if not m or not self.state.pending:
+            return
+        at = m[0][0]
+        if not self._heap or self._heap[0][0] > at:
+            self._wake(at)
+
+    def _check(self) -> None:
+        bad = violations(self.state)
+        if bad:
+            raise SimulationError(f"t={self.now}: " + "; ".join(bad[:5]))
+        extra = decide(self.state, self.now, epoch=EPOCH, policies=self.policies)
+        if extra:
+            raise SimulationError(f"t={self.now}: decide was not settled: {[type(e).__name__ for e in extra]}")
+
+
+def simulate(scenario: Scenario, policy: str = "corral", config: SimConfig | None = None,
+             log: IO[bytes] | None = None) -> SimResult:
+    return Simulation(scenario, policy, config, log).run()

@@ -1,0 +1,147 @@
+"""Synthetic traces with the shape of a shared training cluster (seeded; the only randomness in the simulator).
+
+What published GPU-cluster traces (Philly, Helios, Alibaba PAI) agree on, and
+what this generator reproduces:
+
+* arrivals are Poisson with a daily cycle (busy days, quiet nights);
+* durations are heavy-tailed: most jobs run minutes, a few run days
+  (lognormal, clipped);
+* most jobs ask for 1 GPU, yet most GPU-time goes to 8-128 GPU gangs;
+* a few teams (queues) submit most of the work, with different mixes:
+  some train big models, some mostly debug on single GPUs;
+* users give time limits, generous ones: a few times the real duration.
+
+The offered load is a parameter: arrivals are spread so that the work asked
+for equals `load` x the cluster's GPUs x the span of the trace.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import NamedTuple
+
+from orchestrator.sim.cluster import ClusterSpec, Level, NodeGroup, QueueSpec, node_id
+from orchestrator.sim.trace import Outage, Trace, TraceJob
+
+DAY_S = 86_400.0
+
+#: (GPUs, probability) of a gang size for a "mixed" team.
+SIZES: tuple[tuple[int, float], ...] = (
+    (1, 0.70), (2, 0.05), (4, 0.05), (8, 0.10), (16, 0.04), (32, 0.03), (64, 0.02), (128, 0.01),
+)
+#: Team profiles, cycled over the queues: how much more (or less) likely gangs of >= 8 GPUs are.
+PROFILES: tuple[tuple[str, float], ...] = (("mixed", 1.0), ("training", 2.0), ("dev", 0.25))
+
+
+class GenConfig(NamedTuple):
+    jobs: int = 20_000
+    #: Offered load: GPU-seconds asked for / (cluster GPUs x trace span).
+    load: float = 0.9
+    seed: int = 1
+    #: Arrival rate swings +-this fraction over a day.
+    day_amplitude: float = 0.5
+    median_duration_s: float = 1800.0
+    #: Lognormal sigma of durations (1.8: p99 about 60x the median).
+    duration_sigma: float = 1.8
+    min_duration_s: float = 60.0
+    max_duration_s: float = 5 * DAY_S
+    #: Share of jobs with a higher priority (they may preempt their own queue's jobs).
+    urgent_share: float = 0.03
+    #: Share of jobs that may not be preempted.
+    pinned_share: float = 0.05
+    #: Team loads fall off as 1 / rank ** skew (0: every team submits alike).
+    team_skew: float = 0.8
+    #: Mean days between outages of one node (0: no outages).
+    node_mtbf_days: float = 0.0
+    #: Median hours an outage lasts.
+    repair_hours: float = 2.0
+
+
+def _size_table(boost: float, max_gpus: int) -> tuple[list[int], list[float]]:
+    sizes = [(g, p * (boost if g >= 8 else 1.0)) for g, p in SIZES if g <= max_gpus]
+    total = sum(p for _, p in sizes)
+    return [g for g, _ in sizes], [p / total for _, p in sizes]
+
+
+def _time_limit(rng: random.Random, duration: float) -> float:
+    """A user's estimate: 1.5-4x the real duration, rounded up to 15 minutes, at least 30 minutes."""
+    est = duration * rng.uniform(1.5, 4.0) + 600.0
+    return max(1800.0, math.ceil(est / 900.0) * 900.0)
+
+
+def _arrivals(rng: random.Random, n: int, span: float, amplitude: float) -> list[float]:
+    """n arrival times of a Poisson process whose rate follows a daily sine, averaging n / span (thinning)."""
+    rate = n / span
+    peak = rate * (1.0 + amplitude)
+    out: list[float] = []
+    t = 0.0
+    while len(out) < n:
+        t += rng.expovariate(peak)
+        if rng.random() * peak <= rate * (1.0 + amplitude * math.sin(2 * math.pi * t / DAY_S)):
+            out.append(round(t, 3))
+    return out
+
+
+def generate(cluster: ClusterSpec, cfg: GenConfig | None = None) -> Trace:
+    """A trace for `cluster` with the shape described above; equal seeds give equal traces."""
+    cfg = cfg if cfg is not None else GenConfig()
+    if cfg.jobs < 1 or cfg.load <= 0:
+        raise ValueError("need at least one job and a positive load")
+    rng = random.Random(cfg.seed)
+    queues = [q.name for q in cluster.queues if not any(c.parent == q.name for c in cluster.queues)] or [
+        cluster.default_queue
+    ]
+    team_weights = [1.0 / (i + 1) ** cfg.team_skew for i in range(len(queues))]
+    tables = [_size_table(PROFILES[i % len(PROFILES)][1], cluster.total_gpus) for i in range(len(queues))]
+    mu = math.log(cfg.median_duration_s)
+    drafts: list[tuple[str, int, float, int, bool]] = []
+    for _ in range(cfg.jobs):
+        team = rng.choices(range(len(queues)), weights=team_weights)[0]
+        sizes, probs = tables[team]
+        gpus = rng.choices(sizes, weights=probs)[0]
+        duration = min(cfg.max_duration_s, max(cfg.min_duration_s, rng.lognormvariate(mu, cfg.duration_sigma)))
+        priority = 10 if rng.random() < cfg.urgent_share else 0
+        preemptible = rng.random() >= cfg.pinned_share
+        drafts.append((queues[team], gpus, round(duration, 1), priority, preemptible))
+    work = sum(g * d for _, g, d, _, _ in drafts)
+    span = work / (cfg.load * cluster.total_gpus)
+    times = _arrivals(rng, cfg.jobs, span, cfg.day_amplitude)
+    jobs = tuple(
+        TraceJob(job_id=f"j{i:06d}", submit_time=t, duration=d, num_gpus=g, queue=q, priority=p, preemptible=pre,
+                 time_limit=_time_limit(rng, d))
+        for i, (t, (q, g, d, p, pre)) in enumerate(zip(times, drafts, strict=True))
+    )
+    return Trace(jobs=jobs, outages=_outages(rng, cluster, cfg, times[-1] if times else 0.0), source=f"gen(seed={cfg.seed})")
+
+
+def _outages(rng: random.Random, cluster: ClusterSpec, cfg: GenConfig, span: float) -> tuple[Outage, ...]:
+    if cfg.node_mtbf_days <= 0:
+        return ()
+    out: list[Outage] = []
+    rate = 1.0 / (cfg.node_mtbf_days * DAY_S)
+    for i in range(cluster.node_count):
+        t = rng.expovariate(rate)
+        while t < span:
+            down = rng.lognormvariate(math.log(cfg.repair_hours * 3600.0), 0.8)
+            out.append(Outage(node_id(i), round(t, 3), round(down, 1)))
+            t += down + rng.expovariate(rate)
+    return tuple(sorted(out, key=lambda o: (o.time, o.node_id)))
+
+
+def standard_cluster(nodes: int = 352, gpus_per_node: int = 8, queues: int = 11, *, leaf_nodes: int = 8,
+                     block_leaves: int = 4, guarantee_share: float = 0.5, half_life_s: float = 0.0) -> ClusterSpec:
+    """A cluster like the benchmark's: blocks of leaves of nodes, `queues` equal teams.
+
+    Each team is guaranteed `guarantee_share` of an equal split of the GPUs, so
+    idle GPUs are lent out and a team below its guarantee reclaims them.
+    """
+    total = nodes * gpus_per_node
+    guaranteed = int(total / max(queues, 1) * guarantee_share)
+    return ClusterSpec(
+        groups=(NodeGroup(count=nodes, gpus_per_node=gpus_per_node),),
+        levels=(Level("block", block_leaves), Level("leaf", leaf_nodes)),
+        queues=tuple(QueueSpec(name=f"team-{chr(ord('a') + i)}" if queues <= 26 else f"team-{i:02d}",
+                               guaranteed_gpus=guaranteed) for i in range(queues)),
+        fairshare_half_life_s=half_life_s,
+    )

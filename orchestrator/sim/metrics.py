@@ -1,0 +1,182 @@
+"""Scheduling-quality figures of one simulated run, as plain JSON-ready values.
+
+Definitions (so two runs compare like for like):
+
+* JCT: submit to JobCompleted, completed jobs only. Queueing delay: submit to
+  the first GangReserved, jobs that started.
+* Makespan: first submit to the last job's end.
+* GPU allocation: GPUs held by gangs / GPUs on schedulable nodes,
+  time-weighted. `mean` covers the arrival window (first to last submit),
+  where the offered load is present; `mean_whole_run` adds the drain at the
+  end, which is mostly the tail of the longest jobs.
+* Fair share: weighted max-min of the schedulable GPUs over the queues'
+  demand (held + pending GPUs), at every instant (see fairness.py). A queue's
+  ratio is its GPU-seconds received / its fair-share GPU-seconds; Jain's
+  index is taken over the ratios of queues that had any fair share.
+* GPU-hours lost: GPU time that did not turn into saved progress because of a
+  preemption (or node failure): work since the last checkpoint plus restart
+  overheads.
+* Longest wait of a >= 32-GPU gang: the largest queueing delay among them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator.sim.engine import SimResult
+from orchestrator.sim.fairness import jain, water_fill
+
+BIG_GANG_GPUS = 32
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile (p in 0..100) of sorted values; nan when empty."""
+    if not sorted_values:
+        return math.nan
+    k = (len(sorted_values) - 1) * p / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def _stats(values: list[float], *, full: bool = True) -> dict[str, float]:
+    v = sorted(values)
+    out = {"avg": sum(v) / len(v) if v else math.nan, "median": percentile(v, 50), "p95": percentile(v, 95)}
+    if full:
+        out["p99"] = percentile(v, 99)
+    else:
+        del out["median"]
+    return out
+
+
+class _Buckets:
+    """Time-weighted averages of piecewise-constant series over equal time buckets (for plots)."""
+
+    def __init__(self, start: float, end: float, n: int, width: int) -> None:
+        self.start = start
+        self.n = n
+        self.size = max(end - start, 1e-9) / n
+        self.sums = [[0.0] * width for _ in range(n)]
+
+    def add(self, a: float, b: float, values: Sequence[float]) -> None:
+        while a < b:
+            i = min(self.n - 1, int((a - self.start) / self.size))
+            edge = min(b, self.start + (i + 1) * self.size) if i < self.n - 1 else b
+            w = edge - a
+            if w <= 0:
+                break
+            row = self.sums[i]
+            for k, v in enumerate(values):
+                row[k] += v * w
+            a = edge
+
+    def averages(self) -> list[list[float]]:
+        return [[s / self.size for s in row] for row in self.sums]
+
+    def times(self) -> list[float]:
+        return [self.start + (i + 0.5) * self.size for i in range(self.n)]
+
+
+def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
+    tl, state, stats = result.timeline, result.state, result.stats
+    submits = tl.submit
+    completed = [j for j, s in tl.status.items() if s == "completed"]
+    jct = [tl.end[j] - submits[j] for j in completed]
+    delay = [tl.first_start[j] - submits[j] for j in tl.first_start]
+    t0 = min(submits.values(), default=0.0)
+    t_last_submit = max(submits.values(), default=0.0)
+    t_end = max([*tl.end.values(), t_last_submit])
+    big = {j: tl.first_start[j] - submits[j] for j in tl.first_start if tl.gpus[j] >= BIG_GANG_GPUS}
+    worst = max(big, key=lambda j: (big[j], j), default=None)
+
+    names = tl.queues
+    nq = len(names)
+    weights = [state.queues[q].weight if q in state.queues else 1.0 for q in names]
+    limits: list[float | None] = [
+        float(lim) if q in state.queues and (lim := state.queues[q].limit_gpus) is not None else None for q in names
+    ]
+    got = [0.0] * nq
+    fair = [0.0] * nq
+    alloc_busy = cap_busy = alloc_all = cap_all = 0.0
+    series = _Buckets(t0, t_end, buckets, 1 + 2 * nq)
+    times = tl.t
+    for i in range(len(times)):
+        a = times[i]
+        b = times[i + 1] if i + 1 < len(times) else t_end
+        if b <= a or b <= t0:
+            continue
+        a = max(a, t0)
+        dt = b - a
+        alloc = list(tl.alloc_at[i]) + [0] * (nq - len(tl.alloc_at[i]))
+        pend = list(tl.pending_at[i]) + [0] * (nq - len(tl.pending_at[i]))
+        cap = float(tl.capacity_at[i])
+        total = float(sum(alloc))
+        share = water_fill([x + y for x, y in zip(alloc, pend, strict=True)], weights, cap, limits)
+        for k in range(nq):
+            got[k] += alloc[k] * dt
+            fair[k] += share[k] * dt
+        alloc_all += total * dt
+        cap_all += cap * dt
+        busy = max(0.0, min(b, t_last_submit) - a)
+        alloc_busy += total * busy
+        cap_busy += cap * busy
+        norm = cap if cap > 0 else 1.0
+        series.add(a, b, [total / norm, *(x / norm for x in alloc), *(x / norm for x in share)])
+    ratios = [got[k] / fair[k] for k in range(nq) if fair[k] > 0]
+    avg = series.averages()
+    lost = {"preemption": 0.0, "failure": 0.0}
+    for w in result.work.values():
+        for cause, v in w.lost.items():
+            lost[cause] = lost.get(cause, 0.0) + v
+    return {
+        "policy": result.policy,
+        "jobs": len(submits),
+        "completed": len(completed),
+        "failed": sum(1 for s in tl.status.values() if s == "failed"),
+        "rejected": sum(1 for s in tl.status.values() if s == "rejected"),
+        "unfinished": stats.unfinished,
+        "jct_s": _stats(jct),
+        "queueing_delay_s": _stats(delay, full=False),
+        "makespan_s": t_end - t0,
+        "gpu_allocation": {
+            "mean": alloc_busy / cap_busy if cap_busy else math.nan,
+            "mean_whole_run": alloc_all / cap_all if cap_all else math.nan,
+            "series": {"t": series.times(), "fraction": [row[0] for row in avg]},
+        },
+        "queues": {
+            "names": names,
+            "weights": weights,
+            "share": [g / cap_all if cap_all else 0.0 for g in got],
+            "fair_share": [f / cap_all if cap_all else 0.0 for f in fair],
+            "ratio": [got[k] / fair[k] if fair[k] > 0 else None for k in range(nq)],
+            "series": {
+                "t": series.times(),
+                "share": {q: [row[1 + k] for row in avg] for k, q in enumerate(names)},
+                "fair": {q: [row[1 + nq + k] for row in avg] for k, q in enumerate(names)},
+            },
+        },
+        "jain_index": jain(ratios),
+        "preemptions": tl.preemptions,
+        "jobs_preempted": len(tl.preempted),
+        "requeues": tl.requeues,
+        "gpu_hours_lost_to_preemption": lost["preemption"] / 3600.0,
+        "gpu_hours_lost_to_failures": lost["failure"] / 3600.0,
+        "longest_wait_32plus_s": big[worst] if worst is not None else None,
+        "longest_wait_32plus_job": worst,
+        "time_limit_kills": stats.time_limit_kills,
+        "sim": {
+            "events": stats.events,
+            "decides": stats.decides,
+            "wall_s": stats.wall_s,
+            "jobs_per_s": len(submits) / stats.wall_s if stats.wall_s > 0 else math.nan,
+            "voids": stats.voids,
+        },
+    }
+
+
+def big_gang_waits(result: SimResult) -> dict[str, float]:
+    """Queueing delay of every >= 32-GPU gang that started, by job id (for per-job comparisons)."""
+    tl = result.timeline
+    return {j: tl.first_start[j] - tl.submit[j] for j in tl.first_start if tl.gpus[j] >= BIG_GANG_GPUS}

@@ -1,0 +1,139 @@
+"""Event-log files: read one, fold it, or turn it into a scenario to re-run under another policy.
+
+A log file is what the simulator writes and what forensics tools read: one
+`schemas.encode(event)` JSON object per line, in log order. Folding it with
+the normal `evolve` gives the simulation's final state, byte for byte.
+
+`from_log` takes the jobs of a log (the JobSubmitted events, with their exact
+specs and submit times) and its cluster -- the ClusterConfigured,
+QueueDefined and NodeRegistered events, or a cluster spec given instead --
+and node outages (NodeFailed, until the node registers again), so the same
+workload can be re-run under another policy. A job's duration comes from the
+`SIM_DURATION_S` the simulator put in its spec; for logs of a real cluster,
+from the last attempt's run (reserved to completed), else its time limit;
+jobs with neither are left out and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import msgspec
+
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState
+from orchestrator.sim.cluster import EPOCH, ClusterSpec, setup_events
+from orchestrator.sim.engine import Scenario
+from orchestrator.sim.specs import DURATION_ENV, SimJob
+from orchestrator.sim.trace import Outage, TraceError
+from schemas.codec import decode
+from schemas.events import (
+    AnyEvent,
+    ClusterConfigured,
+    Event,
+    GangReserved,
+    JobCompleted,
+    JobSubmitted,
+    NodeFailed,
+    NodeRecovered,
+    NodeRegistered,
+    QueueDefined,
+    SchedulerElected,
+    Unknown,
+)
+
+
+def read_log(path: str | Path) -> Iterator[AnyEvent | Unknown]:
+    """Every event of a log file in order (undecodable lines come back as Unknown, as for any reader)."""
+    with Path(path).open("rb") as f:
+        for raw in f:
+            if raw.strip():
+                yield decode(raw)
+
+
+def fold_log(path: str | Path) -> ClusterState:
+    state = ClusterState()
+    for e in read_log(path):
+        evolve(state, e)
+    return state
+
+
+class LoggedScenario(NamedTuple):
+    scenario: Scenario
+    #: Jobs left out because nothing says how long they run.
+    skipped: tuple[str, ...]
+
+
+def _duration(e: JobSubmitted) -> float | None:
+    raw = e.spec.env.get(DURATION_ENV)
+    if raw is not None:
+        try:
+            v = float(raw)
+        except ValueError:
+            return None
+        return v if math.isfinite(v) and v > 0 else None
+    return None
+
+
+def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScenario:
+    """The workload (and, unless `cluster` is given, the cluster and outages) of a log file."""
+    submitted: dict[str, JobSubmitted] = {}
+    setup: list[Event] = []
+    seen_nodes: set[str] = set()
+    reserved_at: dict[str, float] = {}
+    ran: dict[str, float] = {}
+    down_since: dict[str, tuple[float, int]] = {}
+    outages: list[Outage] = []
+    for n, e in enumerate(read_log(path), start=1):
+        if isinstance(e, JobSubmitted):
+            submitted.setdefault(e.job_id, e)
+        elif isinstance(e, GangReserved):
+            reserved_at[e.job_id] = e.occurred_at
+        elif isinstance(e, JobCompleted) and e.job_id in reserved_at:
+            ran[e.job_id] = e.occurred_at - reserved_at[e.job_id]
+        elif cluster is None:
+            if isinstance(e, (ClusterConfigured, QueueDefined)):
+                setup.append(e)
+            elif isinstance(e, NodeRegistered):
+                if e.node_id not in seen_nodes:
+                    seen_nodes.add(e.node_id)
+                    setup.append(e)
+                elif e.node_id in down_since:
+                    at, line = down_since.pop(e.node_id)
+                    outages.append(Outage(e.node_id, at, e.occurred_at - at, line))
+            elif isinstance(e, NodeRecovered) and e.node_id in down_since:
+                at, line = down_since.pop(e.node_id)
+                outages.append(Outage(e.node_id, at, e.occurred_at - at, line))
+            elif isinstance(e, NodeFailed) and e.node_id in seen_nodes and e.node_id not in down_since:
+                down_since[e.node_id] = (e.occurred_at, n)
+    outages += [Outage(node, at, math.inf, line) for node, (at, line) in down_since.items()]
+    if not submitted:
+        raise TraceError([f"{path}: no JobSubmitted events"])
+    if cluster is not None:
+        setup = setup_events(cluster)
+    else:
+        if not seen_nodes:
+            raise TraceError([f"{path}: no NodeRegistered events; give a cluster spec"])
+        start = min(e.occurred_at for e in submitted.values())
+        setup.insert(min(1, len(setup)), SchedulerElected(event_id="sim:elect", occurred_at=start, epoch=EPOCH,
+                                                          scheduler_id="sim"))
+        # The cluster exists before the first job, whenever its agents registered in the original.
+        setup = [_at(e, min(e.occurred_at, start)) for e in setup]
+    jobs: list[SimJob] = []
+    skipped: list[str] = []
+    for e in submitted.values():
+        d = _duration(e) or ran.get(e.job_id) or e.spec.time_limit_s
+        if d is None or d <= 0:
+            skipped.append(e.job_id)
+            continue
+        jobs.append(SimJob(e.job_id, e.occurred_at, d, e.spec))
+    jobs.sort(key=lambda j: j.submit_time)
+    return LoggedScenario(Scenario(tuple(setup), tuple(jobs), tuple(sorted(outages, key=lambda o: o.time))),
+                          tuple(skipped))
+
+
+def _at(e: Event, t: float) -> Event:
+    return msgspec.structs.replace(e, occurred_at=t) if e.occurred_at != t else e

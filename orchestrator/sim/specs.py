@@ -1,0 +1,110 @@
+"""From a trace row to the JobSpec a user would have submitted for it.
+
+A trace only says "N GPUs"; a JobSpec says ranks x GPUs per rank and where the
+ranks should sit. Up to one node's worth is one rank (one worker per node is
+how multi-GPU training is launched); above it, whole nodes: N / G ranks of G
+GPUs, preferring the finest topology domain (a leaf switch) so the gang's
+all-reduce stays under one switch when the cluster has room.
+
+The run time rides along in the spec's env (`SIM_DURATION_S`): the log then
+carries everything a re-run needs, so `from_log` can replay it under another
+policy without the original trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from orchestrator.sim.cluster import ClusterSpec
+from orchestrator.sim.trace import TraceError, TraceJob
+from schemas.jobspec import JobSpec, Topology
+
+DURATION_ENV = "SIM_DURATION_S"
+#: Grace period the simulated jobs ask for (agents here checkpoint at once, so it only bounds a stop).
+GRACE_S = 30.0
+
+
+class SimJob(NamedTuple):
+    """One job of a simulation: when it arrives, how much work it is, what it asks for."""
+
+    job_id: str
+    submit_time: float
+    #: Seconds of run time the job needs (on its full gang) to complete.
+    duration: float
+    spec: JobSpec
+    line: int = 0
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.total_gpus
+
+
+def shape(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(ranks, GPUs per rank): one rank up to a node, whole nodes above. ValueError if it does not split."""
+    if num_gpus <= gpus_per_node:
+        return 1, num_gpus
+    if num_gpus % gpus_per_node:
+        raise ValueError(f"num_gpus {num_gpus} is above one node ({gpus_per_node} GPUs) but not a multiple of it")
+    return num_gpus // gpus_per_node, gpus_per_node
+
+
+def _problems(job: TraceJob, cluster: ClusterSpec) -> list[str]:
+    out = []
+    if job.num_gpus > cluster.total_gpus:
+        out.append(f"num_gpus {job.num_gpus} is more than the cluster's {cluster.total_gpus} GPUs")
+    names = [q.name for q in cluster.queues]
+    if names and job.queue not in names and cluster.default_queue not in names:
+        out.append(f"queue {job.queue!r} is not in the cluster spec (queues: {', '.join(names)})")
+    if job.topology is not None and job.topology[0] not in ("node", "cluster", *cluster.level_names):
+        out.append(f"topology level {job.topology[0]!r} is not in the cluster spec "
+                   f"(levels: {', '.join(['node', *cluster.level_names])})")
+    if job.gpu_model is not None:
+        models = sorted({g.gpu_model for g in cluster.groups})
+        if not any(job.gpu_model.lower() in m.lower() for m in models):
+            out.append(f"gpu_model {job.gpu_model!r} matches no GPU of the cluster (models: {', '.join(models)})")
+    return out
+
+
+def spec_of(job: TraceJob, cluster: ClusterSpec) -> JobSpec:
+    ranks, per_rank = shape(job.num_gpus, cluster.gpus_per_node)
+    if job.topology is not None:
+        topo: Topology | None = Topology(level=job.topology[0], mode=job.topology[1])  # type: ignore[arg-type]
+    elif ranks == 1:
+        topo = Topology(level="node", mode="prefer")
+    elif cluster.levels:
+        topo = Topology(level=cluster.levels[-1].name, mode="prefer")
+    else:
+        topo = None
+    return JobSpec(
+        name=job.job_id,
+        queue=job.queue,
+        priority=job.priority,
+        ranks=ranks,
+        gpus_per_rank=per_rank,
+        gpu_model=job.gpu_model,
+        topology=topo,
+        env={DURATION_ENV: repr(float(job.duration))},
+        grace_period_s=GRACE_S,
+        time_limit_s=job.time_limit,
+        preemptible=job.preemptible,
+    )
+
+
+def sim_jobs(jobs: Iterable[TraceJob], cluster: ClusterSpec, source: str = "<trace>") -> list[SimJob]:
+    """Every trace job as a SimJob; TraceError listing each job this cluster cannot take."""
+    out: list[SimJob] = []
+    problems: list[str] = []
+    for j in jobs:
+        try:
+            bad = _problems(j, cluster)
+            spec = spec_of(j, cluster)
+        except ValueError as e:
+            bad = [str(e)]
+        if bad:
+            problems += [f"{source}:{j.line}: {p}" if j.line else f"{source}: job {j.job_id}: {p}" for p in bad]
+            continue
+        out.append(SimJob(j.job_id, j.submit_time, j.duration, spec, j.line))
+    if problems:
+        raise TraceError(problems)
+    return out

@@ -1,0 +1,257 @@
+"""Workload traces: the jobs (and node outages) a simulation replays, read from CSV.
+
+Jobs: header `job_id,submit_time,duration,num_gpus,queue`, optionally followed
+by any of `priority,preemptible,gpu_model,topology,time_limit`; times are
+seconds. `topology` is a level name with an optional mode ("leaf",
+"leaf:require", "none"); `time_limit` is the user's estimate that backfill
+plans with (empty: no limit). Outages, a separate CSV: `node_id,time,duration`
+(seconds down; empty: never back).
+
+Every problem is reported with its file and line, all at once, so a
+hand-written trace is fixed in one round trip.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple, TextIO
+
+REQUIRED = ("job_id", "submit_time", "duration", "num_gpus", "queue")
+OPTIONAL = ("priority", "preemptible", "gpu_model", "topology", "time_limit")
+OUTAGE_COLUMNS = ("node_id", "time", "duration")
+
+#: Errors listed before giving up on a file (a wrong delimiter fails every line).
+MAX_ERRORS = 20
+
+_TRUE = {"1", "true", "yes", "y", "t"}
+_FALSE = {"0", "false", "no", "n", "f"}
+
+
+class TraceError(ValueError):
+    """A trace that cannot be simulated; `problems` are "file:line: what" strings."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        more = "" if len(problems) <= MAX_ERRORS else f"\n... and {len(problems) - MAX_ERRORS} more"
+        super().__init__("\n".join(problems[:MAX_ERRORS]) + more)
+
+
+class TraceJob(NamedTuple):
+    job_id: str
+    submit_time: float
+    duration: float
+    num_gpus: int
+    queue: str
+    priority: int = 0
+    preemptible: bool = True
+    gpu_model: str | None = None
+    #: (level, mode) or None: the simulator picks a default from the gang's shape.
+    topology: tuple[str, str] | None = None
+    time_limit: float | None = None
+    #: Line in the trace file (0 when made in memory), for error messages.
+    line: int = 0
+
+
+class Outage(NamedTuple):
+    node_id: str
+    time: float
+    #: Seconds down; math.inf: the node never comes back.
+    duration: float
+    line: int = 0
+
+
+class Trace(NamedTuple):
+    jobs: tuple[TraceJob, ...]
+    outages: tuple[Outage, ...] = ()
+    source: str = "<memory>"
+
+
+def _number(raw: str, what: str, *, nonzero: bool = False) -> float:
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{what} must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(v) or v < 0 or (nonzero and v == 0):
+        raise ValueError(f"{what} must be a finite number {'> 0' if nonzero else '>= 0'}, got {raw!r}")
+    return v
+
+
+def _integer(raw: str, what: str, lo: int, hi: int) -> int:
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"{what} must be an integer, got {raw!r}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{what} must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def _topology(raw: str) -> tuple[str, str] | None:
+    raw = raw.strip()
+    if not raw or raw.lower() == "none":
+        return None
+    level, _, mode = raw.partition(":")
+    mode = mode or "prefer"
+    if not level or mode not in ("prefer", "require"):
+        raise ValueError(f"topology must look like 'leaf' or 'leaf:require', got {raw!r}")
+    return level, mode
+
+
+def _boolean(raw: str) -> bool:
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"preemptible must be true or false, got {raw!r}")
+
+
+def _job(row: dict[str, str], line: int) -> TraceJob:
+    job_id = row["job_id"].strip()
+    if not job_id:
+        raise ValueError("job_id is empty")
+    queue = row["queue"].strip()
+    if not queue:
+        raise ValueError("queue is empty")
+    duration = _number(row["duration"], "duration", nonzero=True)
+    limit_raw = (row.get("time_limit") or "").strip()
+    return TraceJob(
+        job_id=job_id,
+        submit_time=_number(row["submit_time"], "submit_time"),
+        duration=duration,
+        num_gpus=_integer(row["num_gpus"], "num_gpus", 1, 65_536),
+        queue=queue,
+        priority=_integer(row.get("priority") or "0", "priority", -1_000_000, 1_000_000),
+        preemptible=_boolean(row.get("preemptible") or "true"),
+        gpu_model=(row.get("gpu_model") or "").strip() or None,
+        topology=_topology(row.get("topology") or ""),
+        time_limit=_number(limit_raw, "time_limit", nonzero=True) if limit_raw else None,
+        line=line,
+    )
+
+
+def _header_problems(name: str, header: list[str] | None, required: Iterable[str], optional: Iterable[str]) -> list[str]:
+    if not header:
+        return [f"{name}:1: empty file; expected a header line {','.join(required)}"]
+    cols = [h.strip() for h in header]
+    out = []
+    missing = [c for c in required if c not in cols]
+    if missing:
+        out.append(f"{name}:1: missing column(s) {', '.join(missing)}; the header must start with {','.join(required)}")
+    known = {*required, *optional}
+    unknown = [c for c in cols if c not in known]
+    if unknown:
+        out.append(f"{name}:1: unknown column(s) {', '.join(unknown)}; known columns: {', '.join([*required, *optional])}")
+    dup = sorted({c for c in cols if cols.count(c) > 1})
+    if dup:
+        out.append(f"{name}:1: column(s) {', '.join(dup)} appear more than once")
+    return out
+
+
+def _rows(f: TextIO, name: str, required: tuple[str, ...], optional: tuple[str, ...]) -> tuple[list[tuple[int, dict[str, str]]], list[str]]:
+    reader = csv.reader(f)
+    header = next(reader, None)
+    problems = _header_problems(name, header, required, optional)
+    if problems or header is None:
+        return [], problems
+    cols = [h.strip() for h in header]
+    rows = []
+    for fields in reader:
+        line = reader.line_num
+        if not fields or all(not x.strip() for x in fields) or fields[0].lstrip().startswith("#"):
+            continue
+        if len(fields) != len(cols):
+            problems.append(f"{name}:{line}: {len(fields)} fields, the header has {len(cols)}")
+            continue
+        rows.append((line, dict(zip(cols, fields, strict=True))))
+    return rows, problems
+
+
+def read_jobs(f: TextIO, name: str = "<trace>") -> list[TraceJob]:
+    rows, problems = _rows(f, name, REQUIRED, OPTIONAL)
+    jobs: list[TraceJob] = []
+    seen: dict[str, int] = {}
+    for line, row in rows:
+        try:
+            job = _job(row, line)
+        except ValueError as e:
+            problems.append(f"{name}:{line}: {e}")
+            continue
+        if job.job_id in seen:
+            problems.append(f"{name}:{line}: job_id {job.job_id!r} already used on line {seen[job.job_id]}")
+            continue
+        seen[job.job_id] = line
+        jobs.append(job)
+    if problems:
+        raise TraceError(problems)
+    if not jobs:
+        raise TraceError([f"{name}: no jobs"])
+    return jobs
+
+
+def read_outages(f: TextIO, name: str = "<outages>") -> list[Outage]:
+    rows, problems = _rows(f, name, OUTAGE_COLUMNS, ())
+    out: list[Outage] = []
+    for line, row in rows:
+        try:
+            node = row["node_id"].strip()
+            if not node:
+                raise ValueError("node_id is empty")
+            down = row["duration"].strip()
+            out.append(Outage(node, _number(row["time"], "time"),
+                              _number(down, "duration") if down else math.inf, line))
+        except ValueError as e:
+            problems.append(f"{name}:{line}: {e}")
+    if problems:
+        raise TraceError(problems)
+    return out
+
+
+def load_trace(path: str | Path, outages: str | Path | None = None) -> Trace:
+    """Jobs from `path` in submit order (ties: file order), plus outages from a second CSV."""
+    p = Path(path)
+    try:
+        with p.open(newline="") as f:
+            jobs = read_jobs(f, str(p))
+    except OSError as e:
+        raise TraceError([f"{p}: cannot read: {e.strerror}"]) from None
+    outs: list[Outage] = []
+    if outages is not None:
+        q = Path(outages)
+        try:
+            with q.open(newline="") as f:
+                outs = read_outages(f, str(q))
+        except OSError as e:
+            raise TraceError([f"{q}: cannot read: {e.strerror}"]) from None
+    return Trace(jobs=sort_jobs(jobs), outages=tuple(sorted(outs, key=lambda o: (o.time, o.line))), source=str(p))
+
+
+def sort_jobs(jobs: Iterable[TraceJob]) -> tuple[TraceJob, ...]:
+    return tuple(sorted(jobs, key=lambda j: (j.submit_time, j.line)))
+
+
+def _fmt(v: float) -> str:
+    return repr(v) if v != int(v) else str(int(v))
+
+
+def write_trace(jobs: Iterable[TraceJob], f: TextIO) -> None:
+    """Jobs as CSV with every optional column (the generator's output format)."""
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow([*REQUIRED, *OPTIONAL])
+    for j in jobs:
+        topo = f"{j.topology[0]}:{j.topology[1]}" if j.topology else ""
+        w.writerow([
+            j.job_id, _fmt(j.submit_time), _fmt(j.duration), j.num_gpus, j.queue, j.priority,
+            "true" if j.preemptible else "false", j.gpu_model or "", topo,
+            "" if j.time_limit is None else _fmt(j.time_limit),
+        ])
+
+
+def write_outages(outages: Iterable[Outage], f: TextIO) -> None:
+    w = csv.writer(f, lineterminator="\n")
+    w.writerow(OUTAGE_COLUMNS)
+    for o in outages:
+        w.writerow([o.node_id, _fmt(o.time), "" if math.isinf(o.duration) else _fmt(o.duration)])
