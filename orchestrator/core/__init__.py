@@ -1,1 +1,13 @@
-"""corral orchestrator/core."""
+"""corral's pure scheduler core: state, evolve, decide (no IO, clock or randomness).
+
+Import the modules themselves (this package imports nothing, so that
+`orchestrator.policies` can build on the core without an import cycle):
+
+    orchestrator.core.state    ClusterState (+ snapshot/restore), Job, Node, Queue, ...
+    orchestrator.core.evolve   evolve(state, event, seq=0) -> state (in place), fold(events)
+    orchestrator.core.decide   decide(state, now, *, epoch, policies=DEFAULT_POLICIES) -> list[Event]
+    orchestrator.core.queries  desired_ranks, why_pending, gpu_owners, queue_loads, ...
+
+A decide cycle's stages, in order: react.py, snapshot.py (plan.py), reject.py,
+admit.py (queue lines, allocate / preempt / quota / backfill), explain.py.
+"""

@@ -201,30 +201,36 @@ def reservation_problem(state: ClusterState, e: GangReserved) -> str | None:
     spec = job.spec
     if len(e.ranks) != spec.ranks:
         return f"{len(e.ranks)} ranks placed, gang has {spec.ranks}"
-    seen: set[tuple[str, int]] = set()
+    constrained = spec.gpu_model is not None or spec.min_gpu_memory_mib > 0
+    seen: dict[str, set[int]] = {}
     for i, rp in enumerate(e.ranks):
         if rp.rank != i:
             return f"rank {rp.rank} at position {i}"
         node = state.nodes.get(rp.node_id)
         if node is None:
             return f"unknown node {rp.node_id}"
-        if not node.schedulable:
+        if node.failed or node.cordoned:
             return f"node {rp.node_id} is {'failed' if node.failed else 'cordoned'}"
         if len(rp.gpus) != spec.gpus_per_rank:
             return f"rank {i} has {len(rp.gpus)} GPUs, needs {spec.gpus_per_rank}"
+        if not rp.gpus:
+            continue
         owners = state.owners[rp.node_id]
         marks = state.earmarks.get(rp.node_id)
-        gpus = node.inventory.gpus
+        used = seen.setdefault(rp.node_id, set())
         for g in rp.gpus:
-            if not 0 <= g < len(owners) or (rp.node_id, g) in seen:
+            if not 0 <= g < len(owners) or g in used:
                 return f"GPU {rp.node_id}/{g} invalid or placed twice"
-            seen.add((rp.node_id, g))
+            used.add(g)
             if owners[g] != FREE:
                 return f"GPU {rp.node_id}/{g} held by {owners[g]}"
             if marks is not None and marks[g] not in (FREE, e.job_id):
                 return f"GPU {rp.node_id}/{g} earmarked for {marks[g]}"
-            if g < len(gpus) and not gpu_matches(gpus[g], spec.gpu_model, spec.min_gpu_memory_mib):
-                return f"GPU {rp.node_id}/{g} is not a {spec.gpu_model or 'GPU'} with {spec.min_gpu_memory_mib} MiB"
+        if constrained:
+            gpus = node.inventory.gpus
+            for g in rp.gpus:
+                if g < len(gpus) and not gpu_matches(gpus[g], spec.gpu_model, spec.min_gpu_memory_mib):
+                    return f"GPU {rp.node_id}/{g} is not a {spec.gpu_model or 'GPU'} with {spec.min_gpu_memory_mib} MiB"
     queue = resolve_queue(state, spec.queue)
     over = limit_blocker(state, queue, spec.total_gpus)
     if over is not None:
