@@ -16,7 +16,7 @@ CPU time per event (process time, which other load on the machine barely
 moves) is reported too: `cpu_ratio` = raw CPU / ours CPU. Prints human lines,
 then one JSON object as the last line.
 
-    .venv/bin/python bench/replay.py [--events N] [--rounds R] [--sync-always]
+    .venv/bin/python bench/replay.py [--events N] [--rounds R] [--sync-always] [--candidates]
 """
 
 from __future__ import annotations
@@ -194,17 +194,90 @@ async def timed_raw(bus: Bus, expect: int, batch: int = 2000) -> tuple[float, fl
     return expect / dt, cpu / expect * 1e6
 
 
-async def main(n: int, rounds: int, sync_always: bool) -> dict[str, object]:
+# --- other candidates (--candidates): why Bus.replay reads the way it does ---------------
+
+
+async def read_fetch(bus: Bus, expect: int, batch: int = 2000) -> float:
+    """nats-py's convenience pull API: PullSubscription.fetch() (a task per message)."""
+    t = time.perf_counter()
+    psub = await bus.js.pull_subscribe("corral.>", config=ConsumerConfig(ack_policy=AckPolicy.NONE))
+    n = last = 0
+    while last < expect:
+        for msg in await psub.fetch(batch, timeout=10):
+            decode(msg.data)
+            n += 1
+            last = msg.metadata.sequence.stream
+    dt = time.perf_counter() - t
+    await psub.unsubscribe()
+    assert n == expect, f"fetch read {n}"
+    return expect / dt
+
+
+async def read_ordered_push(bus: Bus, expect: int) -> float:
+    """An ordered push consumer (flow control + heartbeats, handled by nats-py) with a callback."""
+    t = time.perf_counter()
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    n = 0
+
+    async def on_msg(msg: Msg) -> None:
+        nonlocal n
+        decode(msg.data)
+        n += 1
+        if int(msg.reply.split(".")[5]) >= expect and not done.done():
+            done.set_result(None)
+
+    sub = await bus.js.subscribe("corral.>", cb=on_msg, ordered_consumer=True)
+    await asyncio.wait_for(done, 120)
+    dt = time.perf_counter() - t
+    await sub.unsubscribe()
+    assert n == expect, f"ordered push read {n}"
+    return expect / dt
+
+
+async def read_direct_batch(bus: Bus, expect: int, batch: int = 2000) -> float:
+    """Batched direct gets ($JS.API.DIRECT.GET with batch), one request per batch."""
+    nc = bus.nc
+    t = time.perf_counter()
+    inbox = nc.new_inbox()
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    n = nxt = 0
+    api = f"$JS.API.DIRECT.GET.{bus.stream}"
+
+    async def on_msg(msg: Msg) -> None:
+        nonlocal n, nxt
+        if not msg.data:  # end of batch (status 204)
+            if nxt > expect:
+                if not done.done():
+                    done.set_result(None)
+            else:
+                await nc.publish(api, json.dumps({"seq": nxt, "batch": batch, "next_by_subj": "corral.>"}).encode(),
+                                 reply=inbox)
+            return
+        decode(msg.data)
+        n += 1
+        nxt = int((msg.headers or {})["Nats-Sequence"]) + 1
+
+    sub = await nc.subscribe(inbox, cb=on_msg)
+    nxt = 1
+    await nc.publish(api, json.dumps({"seq": 1, "batch": batch, "next_by_subj": "corral.>"}).encode(), reply=inbox)
+    await asyncio.wait_for(done, 120)
+    dt = time.perf_counter() - t
+    await sub.unsubscribe()
+    assert n == expect, f"direct batch read {n}"
+    return expect / dt
+
+
+async def main(n: int, rounds: int, sync_always: bool, candidates: bool) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="corral-bench-") as tmp:
         async with NatsServer(tmp, sync_interval="always" if sync_always else None) as server:
             bus = await Bus.connect(server.url)
             try:
-                return await run(bus, n, rounds, sync_always)
+                return await run(bus, n, rounds, sync_always, candidates)
             finally:
                 await bus.close()
 
 
-async def run(bus: Bus, n: int, rounds: int, sync_always: bool) -> dict[str, object]:
+async def run(bus: Bus, n: int, rounds: int, sync_always: bool, candidates: bool) -> dict[str, object]:
     events = list(realistic_events(n, time.time()))
     single = min(2000, n // 10)
     print(f"appending {n:,} events ...", flush=True)
@@ -231,6 +304,13 @@ async def run(bus: Bus, n: int, rounds: int, sync_always: bool) -> dict[str, obj
         gc.collect()
         print(f"  round {r + 1}: ours {ours[-1][0]:,.0f}/s ({ours[-1][1]:.1f} us CPU/event)  "
               f"raw {raw[-1][0]:,.0f}/s ({raw[-1][1]:.1f} us CPU/event)", flush=True)
+    others: dict[str, float] = {}
+    if candidates:
+        for name, reader in (("fetch", read_fetch), ("ordered_push", read_ordered_push),
+                             ("direct_batch", read_direct_batch)):
+            others[name] = await reader(bus, n)
+            gc.collect()
+            print(f"  candidate {name}: {others[name]:,.0f}/s", flush=True)
     best_ours, best_raw = max(x[0] for x in ours), max(x[0] for x in raw)
     cpu_ours, cpu_raw = min(x[1] for x in ours), min(x[1] for x in raw)
     print(f"replay of {n:,} events (best of {rounds}): ours {best_ours:,.0f}/s, raw {best_raw:,.0f}/s, "
@@ -248,6 +328,7 @@ async def run(bus: Bus, n: int, rounds: int, sync_always: bool) -> dict[str, obj
         "ours_rounds": [round(x[0]) for x in ours],
         "raw_rounds": [round(x[0]) for x in raw],
         "bytes_per_event": round(info.state.bytes / n),
+        **{f"{k}_per_s": round(v) for k, v in others.items()},
         "sync": "always" if sync_always else "default",
         "python": platform.python_version(),
     }
@@ -258,6 +339,7 @@ if __name__ == "__main__":
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sync-always", action="store_true", help="fsync every write (JetStream sync_interval: always)")
+    ap.add_argument("--candidates", action="store_true", help="also time fetch(), ordered push and direct batch gets")
     args = ap.parse_args()
-    result = asyncio.run(main(args.events, args.rounds, args.sync_always))
+    result = asyncio.run(main(args.events, args.rounds, args.sync_always, args.candidates))
     print(json.dumps(result))

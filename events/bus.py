@@ -142,10 +142,18 @@ class Bus:
         replicas: int = 1,
         name: str = "corral",
         duplicate_window: float = 300.0,
+        connect_attempts: int = 20,
         **nats_opts: Any,
     ) -> Bus:
-        """Connect and create-or-update the stream (idempotent: every service may call it)."""
+        """Connect and create-or-update the stream (idempotent: every service may call it).
+
+        The first connection gets `connect_attempts` tries per server (0.25 s
+        apart by default), so a wrong URL fails in seconds instead of hanging;
+        once connected, the bus reconnects forever unless `max_reconnect_attempts`
+        says otherwise.
+        """
         user_reconnected = nats_opts.pop("reconnected_cb", None)
+        reconnects = nats_opts.pop("max_reconnect_attempts", -1)
         holder: list[Bus] = []
 
         async def reconnected() -> None:
@@ -154,9 +162,11 @@ class Bus:
             if user_reconnected is not None:
                 await user_reconnected()
 
-        nats_opts.setdefault("max_reconnect_attempts", -1)
         nats_opts.setdefault("reconnect_time_wait", 0.25)
-        nc = await nats.connect(url, name=name, reconnected_cb=reconnected, **nats_opts)
+        # nats-py applies max_reconnect_attempts to the first connection too (-1 would retry forever).
+        nc = await nats.connect(url, name=name, reconnected_cb=reconnected, max_reconnect_attempts=connect_attempts,
+                                **nats_opts)
+        nc.options["max_reconnect_attempts"] = reconnects
         try:
             js = nc.jetstream(publish_async_max_pending=8192)
             bus = cls(nc, js, stream, replicas)

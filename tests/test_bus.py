@@ -308,3 +308,12 @@ async def test_completed_event_roundtrip(bus: Bus) -> None:
     seq = await bus.append(ev)
     (env,) = await replay_all(bus, seq)
     assert env == Envelope(seq, "corral.job.j1.JobCompleted", env.stream_time, ev)
+
+
+async def test_connect_to_nothing_fails_fast() -> None:
+    import nats.errors
+
+    t = time.monotonic()
+    with pytest.raises((nats.errors.NoServersError, OSError)):
+        await Bus.connect("nats://127.0.0.1:9", connect_attempts=2, reconnect_time_wait=0.05)
+    assert time.monotonic() - t < 5
