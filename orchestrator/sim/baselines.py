@@ -2,36 +2,35 @@
 
 Every baseline is a `Policies` record -- the production `decide` runs
 unchanged, only the functions in the record differ -- so a difference in the
-results is a difference of policy, not of implementation. Inside a queue the
-core keeps one line order for everyone (higher priority, then earlier
-submit); the policies differ in how queues take turns, what a blocked gang
-holds, and whether anything is preempted:
+results is a difference of policy, not of implementation:
 
 * corral        -- DEFAULT_POLICIES: weighted fair share across queues (owed
-                   guarantees first), gang/topology best fit, a backfill
-                   reservation for the first blocked gang, preemption for
-                   priority and for reclaiming guarantees.
-* fifo          -- one line across all queues (priority, then submit time);
-                   the first gang that does not fit holds every free GPU, so
-                   nothing behind it starts (no backfill, no preemption).
+                   guarantees first), priority then submit order inside one,
+                   gang/topology best fit, a backfill reservation for the
+                   first blocked gang, preemption for priority and for
+                   reclaiming guarantees.
+* fifo          -- one line across all queues in submit order (priority
+                   ignored); the first gang that does not fit holds every
+                   free GPU, so nothing behind it starts (no backfill, no
+                   preemption).
 * fifo-backfill -- Slurm-like: the same one line; the first blocked gang holds
                    the GPUs it will start on and later jobs use them only if
                    their time limit ends first, other free GPUs go to whoever
                    fits (EASY backfill, no preemption).
 * drf           -- queues in order of the GPUs they hold per weight (DRF with
                    one resource), greedy, no reservation, no preemption.
-* las           -- least attained service by queue (Tiresias-like, at team
-                   level): queues in order of the GPU-seconds they received,
-                   decayed with a half-life, greedy, no reservation, no
-                   preemption. Job-level Tiresias (order jobs by their own
-                   attained service, preempt jobs that outgrew a threshold)
-                   needs two core hooks that `Policies` lacks: a line order
-                   inside a queue, and a preemption rule beyond priority and
-                   guarantees.
+* las           -- least attained service, Tiresias-like: queues in order of
+                   the GPU-seconds they received, jobs inside a queue in
+                   order of their own, both decayed with a half-life (old
+                   service is forgiven), greedy, no reservation. Tiresias also
+                   preempts jobs that outgrew a service threshold; the core's
+                   preemption gate admits only priority and guarantee
+                   reasons, so this baseline cannot preempt (see the notes on
+                   core hooks in bench/RESULTS.md).
 
-`las` needs attained service, which the ClusterState keeps only with the
-cluster's own half-life: the simulator keeps it in an `Attained` ledger that
-the queue order reads.
+Attained service is not in the ClusterState (only a queue's usage, with the
+cluster's own half-life), so the simulator keeps an `Attained` ledger, fed
+from the fold's status transitions, that the LAS order reads.
 """
 
 from __future__ import annotations
@@ -42,11 +41,11 @@ from dataclasses import replace
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.plan import Hold, QueueLoad
-from orchestrator.core.state import Usage
+from orchestrator.core.state import Job, Usage
 from orchestrator.core.usage import decayed_at
 from orchestrator.policies import DEFAULT_POLICIES, Ending, Policies
 from orchestrator.policies.backfill import FitsFn, PlaceFn
-from orchestrator.policies.fairshare import QueueKey
+from orchestrator.policies.fairshare import JobKey, QueueKey
 from orchestrator.policies.placement import GangRequest, LinksOf
 from schemas.events import RankPlacement
 
@@ -57,23 +56,38 @@ LAS_HALF_LIFE_S = 6 * 3600.0
 
 
 class Attained:
-    """GPU-seconds each queue received, decayed with a half-life (LAS's order), fed by the simulator."""
+    """GPU-seconds each queue and each job received, decayed with a half-life (LAS's order)."""
 
-    __slots__ = ("half_life_s", "now", "usage")
+    __slots__ = ("half_life_s", "jobs", "now", "queues")
 
     def __init__(self, half_life_s: float = LAS_HALF_LIFE_S) -> None:
         self.half_life_s = half_life_s
         #: The simulated clock, set before every decide call.
         self.now = 0.0
-        self.usage: dict[str, Usage] = {}
+        self.queues: dict[str, Usage] = {}
+        self.jobs: dict[str, Usage] = {}
 
-    def charge(self, queue: str, delta_gpus: int, at: float) -> None:
-        u = self.usage.get(queue) or Usage(at=at)
-        self.usage[queue] = Usage(gpus=u.gpus + delta_gpus, decayed=decayed_at(u, at, self.half_life_s), at=at)
+    def _charge(self, book: dict[str, Usage], key: str, delta_gpus: int, at: float) -> None:
+        u = book.get(key) or Usage(at=at)
+        book[key] = Usage(gpus=u.gpus + delta_gpus, decayed=decayed_at(u, at, self.half_life_s), at=at)
 
-    def value(self, queue: str) -> float:
-        u = self.usage.get(queue)
+    def charge(self, queue: str, job_id: str, delta_gpus: int, at: float) -> None:
+        """`job_id` of `queue` started (+GPUs) or stopped (-GPUs) holding GPUs at `at`."""
+        self._charge(self.queues, queue, delta_gpus, at)
+        self._charge(self.jobs, job_id, delta_gpus, at)
+
+    def of_queue(self, queue: str) -> float:
+        u = self.queues.get(queue)
         return decayed_at(u, self.now, self.half_life_s) if u is not None else 0.0
+
+    def of_job(self, job_id: str) -> float:
+        u = self.jobs.get(job_id)
+        return decayed_at(u, self.now, self.half_life_s) if u is not None else 0.0
+
+
+def submit_order(job: Job) -> JobKey:
+    """Strict arrival order: a FIFO scheduler has no priorities."""
+    return (job.submitted_at, job.job_id)
 
 
 def one_line(load: QueueLoad) -> QueueKey:
@@ -113,19 +127,23 @@ def policies_for(name: str, attained: Attained | None = None) -> Policies:
         return DEFAULT_POLICIES
     if name == "fifo":
         # One blocked head per queue is enough: behind the first, everything is held.
-        return replace(DEFAULT_POLICIES, queue_key=one_line, backfill=hold_everything, preemption_searches=0,
-                       heads_per_queue=1)
+        return replace(DEFAULT_POLICIES, job_key=submit_order, queue_key=one_line, backfill=hold_everything,
+                       preemption_searches=0, heads_per_queue=1)
     if name == "fifo-backfill":
-        return replace(DEFAULT_POLICIES, queue_key=one_line, preemption_searches=0)
+        return replace(DEFAULT_POLICIES, job_key=submit_order, queue_key=one_line, preemption_searches=0)
     if name == "drf":
         return replace(DEFAULT_POLICIES, queue_key=dominant_share, backfill=no_reservation, preemption_searches=0)
     if name == "las":
         ledger = attained if attained is not None else Attained()
 
-        def least_attained(load: QueueLoad) -> QueueKey:
-            return (0, ledger.value(load.name), load.name)
+        def least_attained_queue(load: QueueLoad) -> QueueKey:
+            return (0, ledger.of_queue(load.name), load.name)
 
-        return replace(DEFAULT_POLICIES, queue_key=least_attained, backfill=no_reservation, preemption_searches=0)
+        def least_attained_job(job: Job) -> JobKey:
+            return (ledger.of_job(job.job_id), job.submitted_at, job.job_id)
+
+        return replace(DEFAULT_POLICIES, job_key=least_attained_job, queue_key=least_attained_queue,
+                       backfill=no_reservation, preemption_searches=0)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import yaml
 
@@ -48,7 +48,8 @@ class ClusterSpecError(ValueError):
 
 
 class NodeGroup(NamedTuple):
-    count: int
+    #: How many nodes of this kind (`count` in the YAML).
+    nodes: int
     gpus_per_node: int = 8
     gpu_model: str = "H100"
     gpu_memory_mib: int = 81920
@@ -78,11 +79,11 @@ class ClusterSpec(NamedTuple):
 
     @property
     def node_count(self) -> int:
-        return sum(g.count for g in self.groups)
+        return sum(g.nodes for g in self.groups)
 
     @property
     def total_gpus(self) -> int:
-        return sum(g.count * g.gpus_per_node for g in self.groups)
+        return sum(g.nodes * g.gpus_per_node for g in self.groups)
 
     @property
     def gpus_per_node(self) -> int:
@@ -121,7 +122,7 @@ def registrations(spec: ClusterSpec, at: float = 0.0) -> list[NodeRegistered]:
     out = []
     i = 0
     for group in spec.groups:
-        for _ in range(group.count):
+        for _ in range(group.nodes):
             nid = node_id(i)
             out.append(NodeRegistered(event_id=f"sim:register:{nid}:1", occurred_at=at, node_id=nid, incarnation="1",
                                       address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
@@ -163,7 +164,7 @@ class _LineLoader(yaml.SafeLoader):
 
 
 def _map(loader: _LineLoader, node: yaml.MappingNode) -> _Map:
-    m = _Map(loader.construct_mapping(node, deep=True))
+    m = _Map(cast("dict[str, Any]", loader.construct_mapping(node, deep=True)))
     m.line = node.start_mark.line + 1
     return m
 
@@ -231,7 +232,7 @@ def _group(r: _Reader, g: Any, path: str, top: dict[str, Any]) -> NodeGroup | No
         r.bad(g, f"{path}.count", "is required")
         return None
     return NodeGroup(
-        count=count,
+        nodes=count,
         gpus_per_node=r.integer(g, "gpus_per_node", f"{path}.", top.get("gpus_per_node", 8), 1) or 8,
         gpu_model=r.text(g, "gpu_model", f"{path}.", top.get("gpu_model", "H100")) or "H100",
         gpu_memory_mib=r.integer(g, "gpu_memory_mib", f"{path}.", top.get("gpu_memory_mib", 81920), 0) or 0,
@@ -339,9 +340,10 @@ def dump_cluster(spec: ClusterSpec) -> str:
     doc: dict[str, Any] = {}
     if len(spec.groups) == 1:
         g = spec.groups[0]
-        doc.update(nodes=g.count, gpus_per_node=g.gpus_per_node, gpu_model=g.gpu_model, gpu_memory_mib=g.gpu_memory_mib)
+        doc.update(nodes=g.nodes, gpus_per_node=g.gpus_per_node, gpu_model=g.gpu_model, gpu_memory_mib=g.gpu_memory_mib)
     else:
-        doc["nodes"] = [g._asdict() for g in spec.groups]
+        doc["nodes"] = [{"count": g.nodes, "gpus_per_node": g.gpus_per_node, "gpu_model": g.gpu_model,
+                         "gpu_memory_mib": g.gpu_memory_mib} for g in spec.groups]
     doc["topology"] = [{"level": lv.name, "size": lv.size} for lv in spec.levels]
     doc["queues"] = [{k: v for k, v in q._asdict().items() if v is not None} for q in spec.queues]
     doc.update(fairshare_half_life_s=spec.fairshare_half_life_s, min_runtime_s=spec.min_runtime_s,

@@ -167,7 +167,7 @@ class Simulation:
                 self.timeline.transition(self.state, after, prev, self.now)
                 was, holds = prev in HOLDING, after.status in HOLDING
                 if was != holds:
-                    self.attained.charge(after.queue, after.spec.total_gpus if holds else -after.spec.total_gpus, self.now)
+                    self.attained.charge(after.queue, jid, after.spec.total_gpus if holds else -after.spec.total_gpus, self.now)
 
     def _capacity(self) -> int:
         return sum(n.inventory.gpu_count for n in self.state.nodes.values() if n.schedulable)

@@ -139,7 +139,7 @@ def standard_cluster(nodes: int = 352, gpus_per_node: int = 8, queues: int = 11,
     total = nodes * gpus_per_node
     guaranteed = int(total / max(queues, 1) * guarantee_share)
     return ClusterSpec(
-        groups=(NodeGroup(count=nodes, gpus_per_node=gpus_per_node),),
+        groups=(NodeGroup(nodes=nodes, gpus_per_node=gpus_per_node),),
         levels=(Level("block", block_leaves), Level("leaf", leaf_nodes)),
         queues=tuple(QueueSpec(name=f"team-{chr(ord('a') + i)}" if queues <= 26 else f"team-{i:02d}",
                                guaranteed_gpus=guaranteed) for i in range(queues)),

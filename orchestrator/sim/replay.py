@@ -103,10 +103,10 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
                     setup.append(e)
                 elif e.node_id in down_since:
                     at, line = down_since.pop(e.node_id)
-                    outages.append(Outage(e.node_id, at, e.occurred_at - at, line))
+                    outages.append(Outage(e.node_id, at, _span(at, e.occurred_at), line))
             elif isinstance(e, NodeRecovered) and e.node_id in down_since:
                 at, line = down_since.pop(e.node_id)
-                outages.append(Outage(e.node_id, at, e.occurred_at - at, line))
+                outages.append(Outage(e.node_id, at, _span(at, e.occurred_at), line))
             elif isinstance(e, NodeFailed) and e.node_id in seen_nodes and e.node_id not in down_since:
                 down_since[e.node_id] = (e.occurred_at, n)
     outages += [Outage(node, at, math.inf, line) for node, (at, line) in down_since.items()]
@@ -133,6 +133,16 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
     jobs.sort(key=lambda j: j.submit_time)
     return LoggedScenario(Scenario(tuple(setup), tuple(jobs), tuple(sorted(outages, key=lambda o: o.time))),
                           tuple(skipped))
+
+
+def _span(a: float, b: float) -> float:
+    """b - a, nudged so that a + span == b exactly (the re-run repairs the node at the logged instant)."""
+    d = b - a
+    while a + d < b:
+        d = math.nextafter(d, math.inf)
+    while a + d > b:
+        d = math.nextafter(d, -math.inf)
+    return d
 
 
 def _at(e: Event, t: float) -> Event:

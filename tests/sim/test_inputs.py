@@ -1,0 +1,110 @@
+"""Bad traces and cluster specs fail with every problem and its line; good ones round-trip."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from orchestrator.sim.cluster import ClusterSpecError, dump_cluster, load_cluster, node_labels, parse_cluster
+from orchestrator.sim.gen import standard_cluster
+from orchestrator.sim.specs import shape, sim_jobs
+from orchestrator.sim.trace import TraceError, TraceJob, load_trace, read_jobs, write_trace
+
+
+def test_trace_errors_name_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "job_id,submit_time,duration,num_gpus,queue,priority\n"
+        "a,0,100,1,q,0\n"
+        "b,zero,100,1,q,0\n"
+        "c,5,-1,1,q,0\n"
+        "a,6,10,2,q,0\n"
+        "d,7,10,1,q,high\n"
+        "e,8,10\n"
+    )
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    problems = err.value.problems
+    assert f"{path}:3: submit_time must be a number of seconds, got 'zero'" in problems
+    assert any(p.startswith(f"{path}:4: duration") for p in problems)
+    assert f"{path}:5: job_id 'a' already used on line 2" in problems
+    assert f"{path}:6: priority must be an integer, got 'high'" in problems
+    assert f"{path}:7: 3 fields, the header has 6" in problems
+
+
+def test_trace_header_problems() -> None:
+    with pytest.raises(TraceError, match=r"missing column.*duration"):
+        read_jobs(io.StringIO("job_id,submit_time,num_gpus,queue\n"), "x.csv")
+    with pytest.raises(TraceError, match=r"unknown column.*colour"):
+        read_jobs(io.StringIO("job_id,submit_time,duration,num_gpus,queue,colour\n"), "x.csv")
+
+
+def test_trace_round_trip() -> None:
+    jobs = [TraceJob("a", 0.5, 100, 16, "q", priority=3, preemptible=False, gpu_model="H100",
+                     topology=("leaf", "require"), time_limit=900, line=2),
+            TraceJob("b", 1, 60.25, 1, "q", line=3)]
+    buf = io.StringIO()
+    write_trace(jobs, buf)
+    assert read_jobs(io.StringIO(buf.getvalue())) == jobs
+
+
+def test_jobs_the_cluster_cannot_take_are_named_by_line() -> None:
+    cluster = parse_cluster({"nodes": 4, "gpus_per_node": 8, "queues": [{"name": "q"}],
+                             "topology": [{"level": "leaf", "size": 2}]})
+    jobs = [TraceJob("a", 0, 1, 12, "q", line=2), TraceJob("b", 0, 1, 8, "nope", line=3),
+            TraceJob("c", 0, 1, 64, "q", line=4), TraceJob("d", 0, 1, 8, "q", topology=("rack", "prefer"), line=5),
+            TraceJob("e", 0, 1, 8, "q", gpu_model="A100", line=6)]
+    with pytest.raises(TraceError) as err:
+        sim_jobs(jobs, cluster, "t.csv")
+    text = str(err.value)
+    for line, words in [(2, "not a multiple"), (3, "queue 'nope'"), (4, "more than the cluster"),
+                        (5, "topology level 'rack'"), (6, "gpu_model 'A100'")]:
+        assert f"t.csv:{line}: " in text and words in text
+
+
+def test_gang_shapes() -> None:
+    assert shape(1, 8) == (1, 1)
+    assert shape(8, 8) == (1, 8)
+    assert shape(128, 8) == (16, 8)
+    with pytest.raises(ValueError):
+        shape(12, 8)
+
+
+def test_cluster_spec_errors_carry_yaml_lines(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "nodes: 4\n"
+        "gpus_per_node: 8\n"
+        "colour: blue\n"
+        "topology:\n"
+        "  - {level: leaf, size: 0}\n"
+        "queues:\n"
+        "  - name: a\n"
+        "    weight: -1\n"
+        "  - {name: b, parent: nobody}\n"
+    )
+    with pytest.raises(ClusterSpecError) as err:
+        load_cluster(path)
+    text = str(err.value)
+    assert f"{path}:1: colour: unknown key" in text
+    assert f"{path}:5: topology[0].size: must be an integer >= 1" in text
+    assert f"{path}:7: queues[0].weight: must be a number > 0, got -1" in text
+    assert f"{path}:9: queues[1].parent: unknown queue 'nobody'" in text
+
+
+def test_cluster_spec_yaml_syntax_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes: [1,\n")
+    with pytest.raises(ClusterSpecError, match="not valid YAML"):
+        load_cluster(path)
+
+
+def test_cluster_round_trip_and_labels(tmp_path: Path) -> None:
+    spec = standard_cluster(nodes=64, queues=3)
+    path = tmp_path / "c.yaml"
+    path.write_text(dump_cluster(spec))
+    assert load_cluster(path) == spec
+    # block: 4 leaves of 8 nodes -> node 33 is in leaf 4, block 1.
+    assert node_labels(33, spec.levels) == {"block": "b1", "leaf": "l4"}
