@@ -333,7 +333,8 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
         )
         plan.busy.add(v.job_id)
         plan.victims.add(v.job_id)
-        plan.charge(v.queue, -v.gpus)
+        # Its GPUs leave its queue's guarantee and share now; its limit only once it is gone.
+        plan.charge(v.queue, -v.gpus, tree=False)
     adm.preempted()
     # The planned GPUs that are free now are earmarked: nobody else takes them this cycle either.
     plan.take(p.ranks)

@@ -131,7 +131,7 @@ ops = st.one_of(
 tight_specs = st.fixed_dictionaries(
     {
         "ranks": st.integers(1, 2),
-        "gpus_per_rank": st.sampled_from([1, 2, 4, 8]),
+        "gpus_per_rank": st.sampled_from([1, 2, 2, 4, 4, 8]),
         "priority": st.integers(0, 3),
         "queue": st.sampled_from(["a", "b"]),
         "preemptible": st.sampled_from([True, True, True, False]),
@@ -142,11 +142,12 @@ tight_specs = st.fixed_dictionaries(
         "checkpoint_dir": st.just("/ckpt"),
     }
 )
+_tight_burst = st.tuples(st.just("burst"), st.lists(tight_specs, min_size=1, max_size=6))
 tight_ops = st.one_of(
-    st.tuples(st.just("burst"), st.lists(tight_specs, min_size=1, max_size=6)),
-    _decide, _decide, _decide,
+    _tight_burst, _tight_burst,
+    _decide, _decide, _decide, _decide,
     _agents, _agents, _agents,
-    _finish,
+    _finish, _finish,
     st.tuples(st.just("tick"), st.sampled_from([10.0, 30.0, 60.0])),
     st.tuples(st.just("checkpoint"), st.integers(0, 1000), st.integers(0, 3)),
     st.tuples(st.just("crash"), st.integers(0, 1000), st.booleans()),

@@ -185,3 +185,25 @@ def test_anti_thrash_reclaim() -> None:
     assert len(preempted) == 8
     assert all(v.startswith("b") and p.startswith("c") for v, p in preempted)
     assert (s.holding("b"), s.holding("c")) == (8, 8)
+
+
+def test_limits_count_victims_until_they_are_gone() -> None:
+    """A victim still holds its GPUs for its queue's limit until Preempted is folded.
+
+    Queue a (limit 8) runs v (4) and w (4). u (2, higher priority) preempts v
+    to fit the limit; x (2) must not be placed in the same cycle on the quota v
+    frees later, or the fold would void it (v still counts).
+    """
+    s = Sim()
+    s.node("n0")
+    s.node("n1")
+    s.queue("a", limit_gpus=8)
+    s.submit("v", queue="a", gpus_per_rank=4)
+    s.submit("w", queue="a", gpus_per_rank=4, preemptible=False)
+    s.run()
+    s.tick(1)
+    s.submit("u", queue="a", gpus_per_rank=2, priority=9)
+    s.submit("x", queue="a", gpus_per_rank=2, priority=1)
+    events = s.decide()  # the harness fails the test on any void decision
+    assert victims(events) == ["v"]
+    assert not of_type(events, GangReserved)
