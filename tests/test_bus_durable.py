@@ -55,7 +55,8 @@ async def subscriber(url: str, path: Path) -> None:
         if env.event == SENTINEL:
             finished.set()
 
-    bus = await Bus.connect(url)
+    # A finite reconnect budget: if the test's server is gone for good, exit instead of lingering.
+    bus = await Bus.connect(url, max_reconnect_attempts=40)
     async with bus.durable("projector", apply, SUBJECTS, last_applied=last_applied, batch=32):
         await finished.wait()
     await bus.close()
@@ -91,22 +92,28 @@ async def test_durable_resumes_after_sigkill_without_loss_or_repeats(
     backlog = [e for i in range(150) for e in (started(f"j{i}", 0), noise(f"j{i}"))]
     await bus.append_many(backlog)
     out = tmp_path / "applied.txt"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(first := spawn(nats_server.url, out))
+        wait_for_lines(out, 40, first)
+        first.send_signal(signal.SIGKILL)  # mid-backlog, most likely between an effect and its ack
+        first.wait()
 
-    first = spawn(nats_server.url, out)
-    wait_for_lines(out, 40, first)
-    first.send_signal(signal.SIGKILL)  # mid-backlog, most likely between an effect and its ack
-    first.wait()
+        procs.append(second := spawn(nats_server.url, out))
+        wait_for_lines(out, 100, second)
+        second.send_signal(signal.SIGKILL)
+        second.wait()
 
-    second = spawn(nats_server.url, out)
-    wait_for_lines(out, 100, second)
-    second.send_signal(signal.SIGKILL)
-    second.wait()
-
-    third = spawn(nats_server.url, out)
-    # Live events while it catches up, then the sentinel that lets it exit.
-    await bus.append_many([started(f"live{i}", 0) for i in range(50)] + [noise("live")])
-    await bus.append(SENTINEL)
-    assert await asyncio.to_thread(third.wait, 60) == 0
+        procs.append(third := spawn(nats_server.url, out))
+        # Live events while it catches up, then the sentinel that lets it exit.
+        await bus.append_many([started(f"live{i}", 0) for i in range(50)] + [noise("live")])
+        await bus.append(SENTINEL)
+        assert await asyncio.to_thread(third.wait, 60) == 0
+    finally:
+        for proc in procs:  # never leave a subscriber behind, whatever failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     applied = [int(x) for x in out.read_text().split()]
     expected = matching_seqs(await all_envelopes(bus))
