@@ -568,8 +568,12 @@ def _node_registered(state: ClusterState, e: NodeRegistered) -> None:
         state.owners[e.node_id] = (FREE,) * size
         return
     # A re-registration (agent restart, new inventory): keep owners of GPUs that still exist;
-    # decide requeues gangs placed on GPUs that disappeared.
+    # a gang holding a GPU that disappeared has lost a rank, and decide requeues it.
     owners = state.owners.get(e.node_id, ())
+    for owner in dict.fromkeys(owners[size:]):
+        job = state.jobs.get(owner)
+        if job is not None and owner in state.active:
+            state.jobs[owner] = replace(job, lost=job.lost + 1)
     state.owners[e.node_id] = tuple(owners[:size]) + (FREE,) * max(0, size - len(owners))
     marks = state.earmarks.get(e.node_id)
     if marks is not None:

@@ -124,6 +124,7 @@ ops = st.one_of(
     st.tuples(st.just("stale")),
     st.tuples(st.just("race")),
     st.tuples(st.just("dup")),
+    st.tuples(st.just("reregister"), st.integers(0, 1000), st.sampled_from([0, 4, 8])),
 )
 
 

@@ -181,3 +181,18 @@ def test_waiting_reason_only_when_it_changes() -> None:
     assert s.job("b").waiting is not None
     assert not of_type(s.decide(), JobWaiting)  # nothing changed
     assert s.state.jobs["b"].waiting.code in ("capacity", "backfill_head")  # type: ignore[union-attr]
+
+
+def test_gang_on_a_gpu_that_disappeared_is_requeued() -> None:
+    from schemas.events import NodeRegistered
+    from tests.core.harness import inventory
+
+    s = Sim()
+    s.node("n0")
+    s.submit("j", gpus_per_rank=8)
+    s.run()
+    s.emit(NodeRegistered(event_id=s.eid(), occurred_at=s.now, node_id="n0", incarnation="i2", address="10.0.0.1",
+                          inventory=inventory(4)))  # the agent restarted and sees only 4 GPUs now
+    (rq,) = of_type(s.decide(), JobRequeued)
+    assert rq.job_id == "j" and s.job("j").status == "pending"
+    assert s.state.owners["n0"] == ("",) * 4 and s.holding("default") == 0

@@ -20,13 +20,14 @@ from orchestrator.core.state import FREE, HOLDING, ClusterState, snapshot
 from orchestrator.core.usage import ancestors
 from schemas.events import (
     GangReserved,
+    NodeRegistered,
     NodeUncordoned,
     PreemptionRequested,
     SchedulerElected,
     WorkerExited,
     WorkerStarted,
 )
-from tests.core.harness import Sim
+from tests.core.harness import Sim, inventory
 from tests.core.strategies import LEVELS, PROFILE, nodes, ops, queues, specs, tight_ops
 
 
@@ -43,6 +44,11 @@ def check_invariants(state: ClusterState) -> None:
         for rp in job.placement:
             assert len(rp.gpus) == spec.gpus_per_rank, jid
             for g in rp.gpus:
+                owners = state.owners[rp.node_id]
+                if g >= len(owners) or (job.lost and owners[g] != jid):
+                    # The GPU vanished in a re-registration (maybe to come back free): the gang is lost.
+                    assert job.lost > 0, f"{jid} holds {rp.node_id}/{g}, which vanished, and is not marked lost"
+                    continue
                 # 1. one gang per GPU
                 assert (rp.node_id, g) not in held, f"{rp.node_id}/{g} held by {held.get((rp.node_id, g))} and {jid}"
                 held[(rp.node_id, g)] = jid
@@ -167,6 +173,11 @@ def apply_op(s: Sim, op: tuple[Any, ...], counter: list[int]) -> None:
         second = decide(s.state, s.now + 1, epoch=s.epoch)
         for e in first + second:
             s.emit(e)  # type: ignore[arg-type]
+    elif kind == "reregister" and (nid := pick(node_ids, op[1])):
+        node = s.state.nodes[nid]
+        s.emit(NodeRegistered(event_id=s.eid(), occurred_at=s.now, node_id=nid, incarnation=f"i{op[1]}",
+                              address=node.address, inventory=inventory(op[2], model="H100",
+                                                                        labels=dict(node.inventory.labels))))
     elif kind == "dup" and s.log:
         last = s.log[-1]
         if not isinstance(last, SchedulerElected):
