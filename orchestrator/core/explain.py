@@ -37,8 +37,8 @@ class Outcome(NamedTuple):
 def capacity_outcome(req: GangRequest, index: FreeIndex, model: str | None) -> Outcome:
     """Why `req` does not fit the free GPUs of `index`, with the numbers."""
     topo = index.topo
-    gpus = f"{model} GPUs" if model else "GPUs"
-    shape = f"{req.gpus} {gpus}" + (f" ({req.ranks}x{req.gpus_per_rank})" if req.ranks > 1 else "")
+    noun = (f"{model} GPU" if model else "GPU") + ("" if req.gpus == 1 else "s")
+    shape = f"{req.gpus} {noun}" + (f" ({req.ranks}x{req.gpus_per_rank})" if req.ranks > 1 else "")
     if not index.free:
         return Outcome(NO_NODES, f"needs {shape}; no schedulable node has any")
     largest_node = index.largest_node_free()
