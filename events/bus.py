@@ -415,9 +415,7 @@ class _EphemeralConsumers:
             # The server removes it if we vanish without deleting it.
             inactive_threshold=60.0,
         )
-        if len(self.filters) == 1:
-            cfg.filter_subject = self.filters[0]
-        else:
+        if self.filters != [ALL]:  # no filter at all is the server's fast path
             cfg.filter_subjects = self.filters
         if resume_at is not None:
             cfg.deliver_policy, cfg.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, resume_at
@@ -494,7 +492,7 @@ class _Reader:
         self._reset_reason: str | None = None
         self._error: BaseException | None = None
         self._want = 0  # messages requested and not yet delivered or expired
-        self._progress = 0  # messages and statuses received: the watchdog's sign of life
+        self._waiting = False  # the reader waits for _wake: only then must a message set it
         self._next_req = b""
         self._inbox = ""
         self._api = ""
@@ -573,17 +571,17 @@ class _Reader:
 
     async def _run(self) -> AsyncGenerator[list[Any], None]:
         watchdog = 3 * self._HEARTBEAT
-        seen = self._progress
         while True:
             if not self._buf and not self._done and self._reset_reason is None and self._error is None:
+                # Every message and every status (heartbeats included) wakes us: silence means loss.
                 self._wake.clear()
+                self._waiting = True
                 try:
                     await asyncio.wait_for(self._wake.wait(), watchdog)
                 except TimeoutError:
-                    if self._progress == seen:
-                        raise _Reset("no message or heartbeat from the consumer") from None
-                    seen = self._progress
-                    continue
+                    raise _Reset("no message or heartbeat from the consumer") from None
+                finally:
+                    self._waiting = False
             if self._error is not None:
                 raise self._error
             if self._buf:
@@ -603,7 +601,6 @@ class _Reader:
     def _status(self, msg: Msg) -> None:
         hdr = msg.headers or {}
         code = hdr.get("Status", "")
-        self._progress += 1
         if code == "100":
             return  # idle heartbeat
         if code in ("408", "404"):
@@ -633,7 +630,6 @@ class _Reader:
             o = 0 if len(t) == 9 else 2
             sseq = int(t[5 + o])
             self._want -= 1
-            self._progress += 1
             end = self.end
             if end is not None and sseq > end:
                 self._done = True
@@ -645,7 +641,8 @@ class _Reader:
                 self.resume_at = sseq + 1
                 if end is not None and (sseq >= end or t[8 + o] == "0"):
                     self._done = True
-            self._wake.set()
+            if self._waiting or self._done:
+                self._wake.set()
             if self._want <= self.batch and len(self._buf) < self._high and not self._done:
                 await self._fill()
         except Exception as e:  # surfaced by batches(), never swallowed by nats-py's error callback
@@ -665,8 +662,8 @@ class _Reader:
             sseq, dseq, _n, ts, _pending = _ack_fields(msg.reply)
             self._want -= 1
             self._buf.append((self.bus._envelope(data, msg.subject, sseq, ts), msg.reply, dseq))
-            self._progress += 1
-            self._wake.set()
+            if self._waiting:
+                self._wake.set()
             if self._want <= self.batch and len(self._buf) < self._high:
                 await self._fill()
         except Exception as e:
