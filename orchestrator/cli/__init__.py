@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NoReturn
 
 from orchestrator.cli import errors
 from orchestrator.cli.errors import CliError
@@ -21,10 +21,17 @@ def _nats_url_default() -> str:
     return os.environ.get("CORRAL_NATS_URL", DEFAULT_NATS_URL)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (and exit 2), like every other corral error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(errors.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli import commands
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="corral",
         description="corral: an event-sourced GPU scheduler. Every command reads or appends the NATS JetStream log.",
         epilog="Exit codes: 0 ok, 1 failed, 2 usage/invalid input, 3 NATS unreachable, 4 not found, 5 timed out.",
@@ -56,5 +63,28 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         code = errors.INTERRUPTED
     except BrokenPipeError:  # `corral tail | head` closes early: not an error
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = errors.OK
+    except Exception as e:
+        code = _unexpected(e, args)
     sys.exit(code)
+
+
+def _unexpected(e: Exception, args: argparse.Namespace) -> int:
+    """One line for what escaped the commands (a connection lost midway, a refusal, a bug)."""
+    import nats.errors
+
+    from events.bus import BusError
+
+    if os.environ.get("CORRAL_DEBUG"):
+        raise e
+    if isinstance(e, (nats.errors.ConnectionClosedError, nats.errors.NoServersError, nats.errors.TimeoutError,
+                      nats.errors.StaleConnectionError, BusError, ConnectionError, TimeoutError)):
+        print(f"corral: error: lost NATS at {getattr(args, 'nats', '?')}: {e or type(e).__name__}", file=sys.stderr)
+        return errors.UNREACHABLE
+    if isinstance(e, nats.errors.Error):
+        print(f"corral: error: NATS refused: {e}", file=sys.stderr)
+        return errors.FAILURE
+    print(f"corral: internal error: {type(e).__name__}: {e} (CORRAL_DEBUG=1 shows the traceback)", file=sys.stderr)
+    return errors.FAILURE

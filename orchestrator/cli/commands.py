@@ -6,7 +6,12 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from orchestrator.cli import jobs, services
+    from orchestrator.cli import admin, forensics, jobs, listing, services, tail, top
 
     services.register(sub)
     jobs.register(sub)
+    listing.register(sub)
+    admin.register(sub)
+    tail.register(sub)
+    forensics.register(sub)
+    top.register(sub)

@@ -20,6 +20,10 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="FILE", help="CA bundle for NATS TLS")
 
 
+async def _quiet(_e: Exception) -> None:
+    """Connection errors surface as CliError; nats-py need not print them too."""
+
+
 @contextlib.asynccontextmanager
 async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeout: float = 3.0,
                     forever: bool = False) -> AsyncIterator[Bus]:
@@ -29,10 +33,12 @@ async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeo
     except (ValueError, OSError) as e:
         raise CliError(str(e), USAGE) from None
     if not forever:
-        opts.update(connect_timeout=timeout, allow_reconnect=False, max_reconnect_attempts=0)
+        # Two tries, then NoServersError; no tracebacks from nats-py's default error callback:
+        # the one line below says it all.
+        opts.update(connect_timeout=timeout, allow_reconnect=False, connect_attempts=1, error_cb=_quiet)
     try:
         bus = await Bus.connect(args.nats, name=name, **opts)
-    except (nats.errors.NoServersError, OSError, TimeoutError, nats.errors.TimeoutError) as e:
+    except (nats.errors.NoServersError, nats.errors.Error, OSError, TimeoutError) as e:
         raise CliError(f"cannot reach NATS at {args.nats} ({type(e).__name__}); is `corral up` running? "
                        "Set --nats or CORRAL_NATS_URL", UNREACHABLE) from None
     try:

@@ -1,0 +1,139 @@
+"""Operator commands: `corral queue set` and `corral node cordon|uncordon`.
+
+Both read the folded state first, so a typo in a node name is a clear
+"unknown node" instead of an event nobody acts on, and `queue set` changes
+only the options given (a QueueDefined replaces the whole definition, so the
+others are carried over from the current one).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from events.sdk import Client
+from orchestrator.cli.connect import add_connection_args, connected
+from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
+from orchestrator.cli.listing import checked_id
+from orchestrator.cli.output import print_json
+from orchestrator.cli.state_view import load_state
+from orchestrator.core.state import ClusterState, Queue
+from orchestrator.core.usage import ancestors
+
+NONE_WORDS = ("none", "-", "")
+
+
+def _optional_int(text: str) -> int | None:
+    if text.strip().lower() in NONE_WORDS:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def merged_queue(state: ClusterState, name: str, args: argparse.Namespace) -> Queue:
+    """The new definition: the given options over the current one (or the defaults)."""
+    old = state.queues.get(name) or Queue(name=name)
+    parent = old.parent
+    if args.parent is not None:
+        parent = None if args.parent.strip().lower() in NONE_WORDS else checked_id(args.parent, "parent queue")
+    new = Queue(
+        name=name,
+        weight=old.weight if args.weight is None else args.weight,
+        guaranteed_gpus=old.guaranteed_gpus if args.guarantee is None else args.guarantee,
+        limit_gpus=old.limit_gpus if args.limit is ... else args.limit,
+        parent=parent,
+    )
+    problems = []
+    if not new.weight > 0:
+        problems.append(f"--weight must be positive, got {new.weight:g}")
+    if new.guaranteed_gpus < 0:
+        problems.append(f"--guarantee must be 0 or more, got {new.guaranteed_gpus}")
+    if new.limit_gpus is not None and new.guaranteed_gpus > new.limit_gpus:
+        problems.append(f"guarantee {new.guaranteed_gpus} is above limit {new.limit_gpus}")
+    if problems:
+        raise CliError(f"queue {name}: " + "; ".join(problems), USAGE)
+    if new.parent is not None:
+        if new.parent == name:
+            raise CliError(f"queue {name} cannot be its own parent", USAGE)
+        if new.parent not in state.queues:
+            raise CliError(f"unknown parent queue {new.parent!r}: define it first with `corral queue set`",
+                           NOT_FOUND)
+        if name in ancestors(state.queues, new.parent):
+            raise CliError(f"parent {new.parent} would make a cycle: {name} is already one of its ancestors", USAGE)
+    return new
+
+
+def _queue_dict(q: Queue) -> dict[str, Any]:
+    return {"queue": q.name, "weight": q.weight, "guaranteed_gpus": q.guaranteed_gpus, "limit_gpus": q.limit_gpus,
+            "parent": q.parent}
+
+
+async def queue_set(args: argparse.Namespace) -> int:
+    name = checked_id(args.name, "queue")
+    async with connected(args) as bus:
+        state = await load_state(bus)
+        q = merged_queue(state, name, args)
+        seq = await Client(bus).define_queue(name, weight=q.weight, guaranteed_gpus=q.guaranteed_gpus,
+                                             limit_gpus=q.limit_gpus, parent=q.parent)
+    if args.json:
+        print_json({**_queue_dict(q), "seq": seq})
+    else:
+        limit = "-" if q.limit_gpus is None else q.limit_gpus
+        print(f"queue {name}: weight={q.weight:g} guarantee={q.guaranteed_gpus} limit={limit} "
+              f"parent={q.parent or '-'} (#{seq})")
+    return OK
+
+
+async def node_cordon(args: argparse.Namespace) -> int:
+    node_id = checked_id(args.node, "node id")
+    cordon = args.node_command == "cordon"
+    async with connected(args) as bus:
+        state = await load_state(bus)
+        node = state.nodes.get(node_id)
+        if node is None:
+            known = ", ".join(state.nodes) or "none registered"
+            raise CliError(f"unknown node {node_id!r}; known: {known}", NOT_FOUND)
+        client = Client(bus)
+        seq = await (client.cordon(node_id, reason=args.reason) if cordon else client.uncordon(node_id))
+    if args.json:
+        print_json({"node_id": node_id, "cordoned": cordon, "seq": seq})
+    elif cordon:
+        print(f"{node_id} cordoned: no new gangs are placed there; running ones continue (#{seq})")
+    else:
+        print(f"{node_id} uncordoned: schedulable again (#{seq})")
+    return OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("queue", help="define or change a queue", description="Queue administration.")
+    qsub = p.add_subparsers(dest="queue_command", metavar="ACTION", required=True)
+    s = qsub.add_parser("set", help="define a queue or change some of its settings",
+                        description="Append QueueDefined. Options not given keep their current value (or the "
+                                    "default for a new queue: weight 1, guarantee 0, no limit, no parent).")
+    add_connection_args(s)
+    s.add_argument("name", help="queue name")
+    s.add_argument("--weight", type=float, help="fair-share weight (default 1)")
+    s.add_argument("--guarantee", type=int, metavar="G", help="GPUs guaranteed to the queue (reclaimed by "
+                   "preemption when lent out)")
+    s.add_argument("--limit", type=_optional_int, default=..., metavar="L", help="most GPUs the queue may hold, "
+                   "or 'none'")
+    s.add_argument("--parent", metavar="P", help="parent queue (its limit covers this one), or 'none'")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=queue_set)
+
+    p = sub.add_parser("node", help="cordon or uncordon a node", description="Node administration.")
+    nsub = p.add_subparsers(dest="node_command", metavar="ACTION", required=True)
+    for action, text in (("cordon", "place no new gangs on NODE (running ones continue)"),
+                         ("uncordon", "make NODE schedulable again")):
+        s = nsub.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        add_connection_args(s)
+        s.add_argument("node", help="node id")
+        if action == "cordon":
+            s.add_argument("--reason", default="", help="recorded in the log")
+        s.add_argument("--json", action="store_true")
+        s.set_defaults(handler=node_cordon)

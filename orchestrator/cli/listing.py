@@ -1,0 +1,139 @@
+"""Read commands: `corral jobs`, `job`, `nodes`, `queues` — projections of the log, folded here."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from events.subjects import InvalidId, check_id
+from orchestrator.cli.connect import add_connection_args, connected
+from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
+from orchestrator.cli.output import print_json, print_table
+from orchestrator.cli.state_view import load_state
+from orchestrator.cli.views import (
+    JOBS_HEADERS,
+    NODES_HEADERS,
+    QUEUES_HEADERS,
+    STATUSES,
+    job_detail,
+    job_lines,
+    job_summary,
+    jobs_rows,
+    node_summary,
+    nodes_rows,
+    queue_summaries,
+    queues_rows,
+    select_jobs,
+    sorted_nodes,
+)
+from orchestrator.core.state import HOLDING, TERMINAL, ClusterState
+
+#: Shorthands `--state` accepts besides the statuses themselves.
+STATE_GROUPS = {"active": HOLDING, "final": TERMINAL}
+
+
+def parse_states(text: str | None) -> frozenset[str]:
+    """`running,pending` -> the statuses; raises CliError (exit 2) for a name that is not one."""
+    out: set[str] = set()
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        if part in STATE_GROUPS:
+            out |= STATE_GROUPS[part]
+        elif part in STATUSES:
+            out.add(part)
+        else:
+            known = ", ".join([*STATUSES, *STATE_GROUPS])
+            raise CliError(f"unknown job state {part!r}; known: {known}", USAGE)
+    return frozenset(out)
+
+
+def checked_id(value: str, what: str) -> str:
+    try:
+        return check_id(value, what)
+    except InvalidId as e:
+        raise CliError(str(e), USAGE) from None
+
+
+def known_queues(state: ClusterState) -> set[str]:
+    """Queues defined, charged, or named by some job's spec."""
+    return {*state.queues, *state.usage, *(j.spec.queue for j in state.jobs.values())}
+
+
+async def jobs(args: argparse.Namespace) -> int:
+    statuses = parse_states(args.state)
+    if args.queue is not None:
+        checked_id(args.queue, "queue")
+    async with connected(args) as bus:
+        state = await load_state(bus)
+    if args.queue is not None and args.queue not in known_queues(state):
+        raise CliError(f"unknown queue {args.queue!r}; known: {', '.join(sorted(known_queues(state))) or 'none'}",
+                       NOT_FOUND)
+    selected = select_jobs(state, queue=args.queue, statuses=statuses)
+    if args.json:
+        print_json({"seq": state.seq, "jobs": [job_summary(state, j) for j in selected]})
+    else:
+        print_table(JOBS_HEADERS, jobs_rows(state, selected, time.time()), empty="(no jobs)")
+    return OK
+
+
+async def job(args: argparse.Namespace) -> int:
+    job_id = checked_id(args.job, "job id")
+    async with connected(args) as bus:
+        state = await load_state(bus)
+    found = state.jobs.get(job_id)
+    if found is None:
+        raise CliError(f"unknown job {job_id!r} (see `corral jobs`)", NOT_FOUND)
+    if args.json:
+        print_json({"seq": state.seq, **job_detail(state, found)})
+    else:
+        print("\n".join(job_lines(state, found, time.time())))
+    return OK
+
+
+async def nodes(args: argparse.Namespace) -> int:
+    async with connected(args) as bus:
+        state = await load_state(bus)
+    if args.json:
+        print_json({"seq": state.seq, "nodes": [node_summary(state, n) for n in sorted_nodes(state)]})
+    else:
+        print_table(NODES_HEADERS, nodes_rows(state), empty="(no nodes registered)")
+    return OK
+
+
+async def queues(args: argparse.Namespace) -> int:
+    async with connected(args) as bus:
+        state = await load_state(bus)
+    summaries = queue_summaries(state, time.time())
+    if args.json:
+        print_json({"seq": state.seq, "queues": summaries})
+    else:
+        print_table(QUEUES_HEADERS, queues_rows(summaries), empty="(no queues)")
+    return OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
+        add_connection_args(p)
+        p.add_argument("--json", action="store_true", help="machine-readable output (includes the log position)")
+
+    p = sub.add_parser("jobs", help="list jobs", description="Jobs in submit order, folded from the log.")
+    common(p)
+    p.add_argument("--queue", metavar="Q", help="only jobs of queue Q (named in the spec or charged)")
+    p.add_argument("--state", metavar="S[,S]", help=f"only jobs in these states: {', '.join(STATUSES)}, "
+                   "or active (holding GPUs), final")
+    p.set_defaults(handler=jobs)
+
+    p = sub.add_parser("job", help="one job in detail", description="A job's status, placement, attempt, pending "
+                       "reason, checkpoint and per-rank states. Its history: `corral explain JOB`.")
+    common(p)
+    p.add_argument("job", help="job id")
+    p.set_defaults(handler=job)
+
+    p = sub.add_parser("nodes", help="list nodes", description="Nodes with GPUs used/free, labels, and whether "
+                       "they are cordoned or failed.")
+    common(p)
+    p.set_defaults(handler=nodes)
+
+    p = sub.add_parser("queues", help="list queues", description="Queues: GPUs used vs guarantee vs limit, "
+                       "weight, pending and active jobs.")
+    common(p)
+    p.set_defaults(handler=queues)

@@ -1,0 +1,177 @@
+"""A job's story from the log alone: what `corral explain` prints.
+
+The whole log is folded alongside, for two reasons: a decision may be void
+(a GangReserved whose GPUs were taken by the time it landed says nothing
+happened), which only the fold at that position knows; and the fold supplies
+context an event only names, such as who the preemptor is (its name, queue
+and priority) or what a resumed attempt resumes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import msgspec
+
+from events.bus import Envelope
+from orchestrator.cli.render import placement_summary
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState, Job
+from schemas import (
+    CancelRequested,
+    Checkpointed,
+    GangReserved,
+    GangRestarted,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobRunning,
+    JobSubmitted,
+    JobWaiting,
+    Preempted,
+    PreemptionRequested,
+    Unknown,
+    WorkerExited,
+    WorkerStarted,
+    tag_of,
+)
+
+
+class Entry(NamedTuple):
+    seq: int
+    time: float
+    type: str
+    text: str
+    #: The fold recorded this decision as void: it changed nothing.
+    void: bool
+    event: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "time": self.time, "type": self.type, "text": self.text, "void": self.void,
+                "event": msgspec.to_builtins(self.event)}
+
+
+def _who(state: ClusterState, job_id: str) -> str:
+    """`j-1 (eval, queue prod, priority 100)`: a job named with what makes it matter."""
+    job = state.jobs.get(job_id)
+    if job is None:
+        return job_id
+    return f"{job_id} ({job.spec.name}, queue {job.queue or job.spec.queue}, priority {job.spec.priority})"
+
+
+def _exit(e: WorkerExited) -> str:
+    how = f"exit code {e.exit_code}" if e.signal is None else f"signal {e.signal}"
+    again = ", will restart" if e.will_restart else ""
+    return f"rank {e.rank} exited on {e.node_id}: {e.reason} ({how}{again})"
+
+
+def _text(ev: object, job_id: str, before: Job | None, state: ClusterState) -> str | None:
+    """What `ev` means for `job_id`; None when it is not about it."""
+    match ev:
+        case PreemptionRequested() if ev.preemptor_job_id == job_id and ev.job_id != job_id:
+            return f"preempting {_who(state, ev.job_id)} to make room: {ev.reason}"
+        case Preempted() if ev.preemptor_job_id == job_id and ev.job_id != job_id:
+            return f"{ev.job_id} yielded its GPUs for this job"
+    if getattr(ev, "job_id", None) != job_id:
+        return None
+    match ev:
+        case JobSubmitted(spec=s):
+            by = f" by {ev.submitted_by}" if ev.submitted_by else ""
+            topo = f", {s.topology.mode} one {s.topology.level}" if s.topology else ""
+            return (f"submitted{by}: {s.name} to queue {s.queue}, {s.ranks}x{s.gpus_per_rank} GPUs{topo}, "
+                    f"priority {s.priority}{'' if s.preemptible else ', not preemptible'}")
+        case JobRejected():
+            return "rejected: " + "; ".join(ev.reasons)
+        case JobWaiting():
+            return f"pending ({ev.code}): {ev.message}"
+        case GangReserved():
+            why = f": {ev.reason}" if ev.reason else ""
+            return f"reserved attempt {ev.attempt} on {placement_summary(ev.ranks)}{why}"
+        case WorkerStarted():
+            again = f" (restart {ev.restarts})" if ev.restarts else ""
+            return f"rank {ev.rank} started on {ev.node_id}{again}"
+        case WorkerExited():
+            return _exit(ev)
+        case JobRunning():
+            job = state.jobs.get(job_id)
+            ranks = job.spec.ranks if job else "all"
+            resumed = job.resume_from if job is not None and ev.attempt > 1 else None
+            tail = f", resumed from {resumed}" if resumed else ""
+            return f"running: all {ranks} rank(s) of attempt {ev.attempt} started{tail}"
+        case PreemptionRequested():
+            return (f"preemption requested by {_who(state, ev.preemptor_job_id)}: {ev.reason}; checkpoint signal, "
+                    f"grace {ev.grace_s:g}s")
+        case Checkpointed():
+            return f"checkpoint at step {ev.step} (attempt {ev.attempt}, rank {ev.rank}): {ev.path}"
+        case Preempted():
+            frm = ev.resume_from or (before.newest_checkpoint if before else None)
+            return (f"preempted: GPUs yielded to {ev.preemptor_job_id or 'the preemptor'}; requeued as attempt "
+                    f"{ev.attempt + 1}, resumes from {frm or 'scratch (no checkpoint)'}")
+        case JobRequeued():
+            frm = ev.resume_from or (before.newest_checkpoint if before else None)
+            return f"requeued as attempt {ev.attempt}: {ev.reason}; resumes from {frm or 'scratch'}"
+        case GangRestarted():
+            return f"gang restarted as attempt {ev.attempt}: {ev.reason or 'a rank crashed'}"
+        case CancelRequested():
+            by = f" by {ev.requested_by}" if ev.requested_by else ""
+            return f"cancel requested{by}" + (f": {ev.reason}" if ev.reason else "")
+        case JobCompleted():
+            return f"completed (attempt {ev.attempt})"
+        case JobFailed():
+            return f"failed (attempt {ev.attempt}): {ev.reason}"
+        case JobCancelled():
+            return "cancelled" + (f": {ev.reason}" if ev.reason else "")
+        case Unknown():
+            return f"undecodable event: {ev.error[:80]}"
+        case _:
+            return tag_of(ev)  # type: ignore[arg-type]
+
+
+class Story:
+    """Feed it the whole log in order (`add`); it keeps the entries of one job's story."""
+
+    def __init__(self, job_id: str, state: ClusterState | None = None) -> None:
+        self.job_id = job_id
+        self.state = state if state is not None else ClusterState()
+        self.entries: list[Entry] = []
+
+    def add(self, env: Envelope) -> None:
+        s, ev = self.state, env.event
+        before = s.jobs.get(self.job_id)
+        voids = s.voids
+        evolve(s, ev, env.seq)
+        text = _text(ev, self.job_id, before, s)
+        if text is None:
+            return
+        void = s.voids > voids
+        if void:
+            text = f"{text} -- VOID, changed nothing ({s.last_void.partition(': ')[2]})"
+        self.entries.append(Entry(env.seq, env.stream_time, tag_of(ev), text, void, ev))
+
+
+def job_timeline(envelopes: Iterable[Envelope], job_id: str) -> list[Entry]:
+    """The entries of `job_id`'s story in a whole log."""
+    story = Story(job_id)
+    for env in envelopes:
+        story.add(env)
+    return story.entries
+
+
+def story_summary(state: ClusterState, job_id: str, entries: list[Entry]) -> str:
+    """One line on top: where the job is now and what happened to it."""
+    job = state.jobs.get(job_id)
+    if job is None:
+        return f"{job_id}: no such job in the log"
+    preemptions = sum(1 for e in entries if isinstance(e.event, Preempted) and e.event.job_id == job_id)
+    extra = []
+    if job.attempt > 1:
+        extra.append(f"{job.attempt} attempts")
+    if preemptions:
+        extra.append(f"preempted {preemptions}x")
+    if job.restarts:
+        extra.append(f"{job.restarts} gang restart(s)")
+    tail = f" ({', '.join(extra)})" if extra else ""
+    return f"{job_id} ({job.spec.name}) is {job.status}{tail}"

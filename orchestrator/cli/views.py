@@ -1,0 +1,352 @@
+"""Projections of a folded ClusterState into what the read commands print.
+
+Pure functions of (state, now): `jobs`, `job`, `nodes`, `queues`, `replay`
+and `top` all build on them, so a job looks the same in every command and the
+`--json` of one command can be compared with another's.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from orchestrator.cli.output import human_duration
+from orchestrator.cli.render import placement_summary
+from orchestrator.core.queries import queue_loads
+from orchestrator.core.state import FREE, HOLDING, ClusterState, Job, JobStatus, Node
+from orchestrator.core.usage import resolve_queue
+
+#: Every job status, in lifecycle order (what `corral jobs --state` accepts).
+STATUSES: tuple[JobStatus, ...] = (
+    "pending", "reserved", "running", "preempting", "completed", "failed", "cancelled", "rejected",
+)
+
+
+def _builtins(obj: Any) -> Any:
+    return msgspec.to_builtins(obj)
+
+
+# --- jobs ----------------------------------------------------------------------------
+
+
+def job_queue(state: ClusterState, job: Job) -> str:
+    """The queue a job counts against: the one charged while it holds GPUs, else where it would run."""
+    return job.queue or resolve_queue(state, job.spec.queue)
+
+
+def job_shape(job: Job) -> str:
+    """`2x8`: ranks x GPUs per rank."""
+    return f"{job.spec.ranks}x{job.spec.gpus_per_rank}"
+
+
+def job_note(job: Job) -> str:
+    """The one thing to know about a job now: where it runs, why it waits, or how it ended."""
+    if job.status in HOLDING:
+        where = placement_summary(job.placement)
+        if job.status == "preempting":
+            return f"{where} (preempted for {job.preemptor})"
+        if job.stop is not None:
+            return f"{where} (stopping: {job.stop.reason or 'cancel requested'})"
+        return where
+    if job.status == "pending":
+        if job.waiting is None:
+            return "waiting for the scheduler"
+        return f"{job.waiting.code}: {job.waiting.message}"
+    return job.end_reason or job.failure
+
+
+def job_age(job: Job, now: float) -> float:
+    """How long the job has been in its current phase (seconds)."""
+    if job.finished_at:
+        return job.finished_at - (job.running_at or job.reserved_at or job.submitted_at)
+    if job.status == "running" and job.running_at:
+        return now - job.running_at
+    if job.status in HOLDING and job.reserved_at:
+        return now - job.reserved_at
+    return now - job.submitted_at
+
+
+def select_jobs(state: ClusterState, *, queue: str | None = None, statuses: frozenset[str] = frozenset()) -> list[Job]:
+    """Jobs in log order, of `queue` (named in the spec or charged) and in one of `statuses` (empty: all)."""
+    out = []
+    for job in state.jobs.values():
+        if statuses and job.status not in statuses:
+            continue
+        if queue is not None and queue not in (job.spec.queue, job_queue(state, job)):
+            continue
+        out.append(job)
+    return out
+
+
+def job_summary(state: ClusterState, job: Job) -> dict[str, Any]:
+    """One job for `corral jobs --json`."""
+    return {
+        "job_id": job.job_id,
+        "name": job.spec.name,
+        "queue": job_queue(state, job),
+        "status": job.status,
+        "attempt": job.attempt,
+        "priority": job.spec.priority,
+        "ranks": job.spec.ranks,
+        "gpus_per_rank": job.spec.gpus_per_rank,
+        "gpus": job.spec.total_gpus,
+        "preemptible": job.spec.preemptible,
+        "submitted_at": job.submitted_at,
+        "running_at": job.running_at or None,
+        "finished_at": job.finished_at or None,
+        "placement": _builtins(job.placement),
+        "waiting": _builtins(job.waiting) if job.status == "pending" and job.waiting else None,
+        "end_reason": job.end_reason or None,
+    }
+
+
+def job_detail(state: ClusterState, job: Job) -> dict[str, Any]:
+    """Everything about one job for `corral job --json`: the summary, its spec, ranks and recovery facts."""
+    ranks = state.ranks.get(job.job_id, {})
+    rank_rows = []
+    for rp in job.placement:
+        rs = ranks.get(rp.rank)
+        rank_rows.append({
+            "rank": rp.rank,
+            "node_id": rp.node_id,
+            "gpus": list(rp.gpus),
+            "status": rs.status if rs else "not started",
+            "exit_code": rs.exit_code if rs else None,
+            "reason": rs.reason if rs else "",
+        })
+    return {
+        **job_summary(state, job),
+        "spec_queue": job.spec.queue,
+        "restarts": job.restarts,
+        "max_restarts": job.spec.max_restarts,
+        "checkpoint": _builtins(job.checkpoint),
+        "resume_from": job.resume_from,
+        "preemptor": job.preemptor or None,
+        "stop": _builtins(job.stop),
+        "failure": job.failure or None,
+        "earmark": _builtins(job.earmark),
+        "rank_states": rank_rows,
+        "spec": _builtins(job.spec),
+    }
+
+
+def jobs_rows(state: ClusterState, jobs: list[Job], now: float) -> list[list[Any]]:
+    return [
+        [j.job_id, j.spec.name, job_queue(state, j), j.status, j.attempt, job_shape(j), j.spec.priority,
+         human_duration(job_age(j, now)), job_note(j)]
+        for j in jobs
+    ]
+
+
+JOBS_HEADERS = ("JOB", "NAME", "QUEUE", "STATE", "ATTEMPT", "GPUS", "PRIO", "AGE", "WHERE / WHY")
+
+
+def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
+    """`corral job JOB` for humans: aligned key/value lines, then one line per rank."""
+    d = job_detail(state, job)
+    spec = job.spec
+    kv: list[tuple[str, str]] = [
+        ("job", f"{job.job_id} ({spec.name})"),
+        ("status", f"{job.status} for {human_duration(job_age(job, now))}"),
+        ("queue", d["queue"] + (f" (spec asked for {spec.queue})" if spec.queue != d["queue"] else "")),
+        ("shape", f"{spec.ranks} rank(s) x {spec.gpus_per_rank} GPU(s)"
+                  + (f" {spec.gpu_model}" if spec.gpu_model else "")
+                  + (f", {spec.topology.mode} one {spec.topology.level}" if spec.topology else "")),
+        ("priority", f"{spec.priority}{'' if spec.preemptible else ' (not preemptible)'}"),
+        ("attempt", f"{job.attempt} (gang restarts {job.restarts}/{spec.max_restarts})"),
+    ]
+    if job.placement:
+        kv.append(("placement", placement_summary(job.placement)))
+    if job.status == "pending":
+        w = job.waiting
+        kv.append(("pending", f"{w.code}: {w.message}" if w else "not looked at by the scheduler yet"))
+    if job.status == "preempting":
+        kv.append(("preempted for", job.preemptor))
+    if job.stop is not None:
+        kv.append(("stop", f"{job.stop.reason or 'cancel requested'} by {job.stop.requested_by or '?'}"))
+    if job.checkpoint is not None:
+        c = job.checkpoint
+        kv.append(("checkpoint", f"step {c.step} (attempt {c.attempt}, rank {c.rank}) {c.path}"))
+    if job.resume_from:
+        kv.append(("resumes from", job.resume_from))
+    if job.failure:
+        kv.append(("failure", job.failure))
+    if job.end_reason:
+        kv.append(("ended", job.end_reason))
+    width = max(len(k) for k, _ in kv)
+    out = [f"{k:<{width}}  {v}" for k, v in kv]
+    if d["rank_states"]:
+        out.append("ranks:")
+        for r in d["rank_states"]:
+            code = "" if r["exit_code"] is None else f" exit={r['exit_code']}"
+            why = f" {r['reason']}" if r["reason"] else ""
+            out.append(f"  rank {r['rank']:<3} {r['node_id']} gpus={','.join(map(str, r['gpus']))} "
+                       f"{r['status']}{why}{code}")
+    return out
+
+
+# --- nodes ---------------------------------------------------------------------------
+
+
+def _natural(text: str) -> tuple[Any, ...]:
+    """`node-2` before `node-10`."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text))
+
+
+def sorted_nodes(state: ClusterState) -> list[Node]:
+    """Nodes by name, numbers in names compared as numbers."""
+    return sorted(state.nodes.values(), key=lambda n: _natural(n.node_id))
+
+
+def node_state(node: Node) -> str:
+    if node.failed:
+        return "failed"
+    return "cordoned" if node.cordoned else "ready"
+
+
+def gpu_runs(owners: tuple[str, ...]) -> list[tuple[int, int, str]]:
+    """Contiguous GPU index runs with one owner: (first, last, owner)."""
+    runs: list[tuple[int, int, str]] = []
+    for i, o in enumerate(owners):
+        if runs and runs[-1][2] == o and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i, o)
+        else:
+            runs.append((i, i, o))
+    return runs
+
+
+def gpu_map(owners: tuple[str, ...]) -> str:
+    """`0-7=job-a 8=free`: who holds which GPU of a node."""
+    return " ".join(
+        f"{a if a == b else f'{a}-{b}'}={o or 'free'}" for a, b, o in gpu_runs(owners)
+    )
+
+
+def node_summary(state: ClusterState, node: Node) -> dict[str, Any]:
+    owners = state.owners.get(node.node_id, ())
+    inv = node.inventory
+    used = sum(1 for o in owners if o != FREE)
+    marks = state.earmarks.get(node.node_id, ())
+    return {
+        "node_id": node.node_id,
+        "state": node_state(node),
+        "cordoned": node.cordoned,
+        "failed": node.failed,
+        "gpus": len(owners),
+        "used": used,
+        "free": len(owners) - used,
+        "model": inv.gpus[0].model if inv.gpus else None,
+        "labels": dict(sorted(inv.labels.items())),
+        "address": node.address,
+        "owners": [o or None for o in owners],
+        "earmarks": [m or None for m in marks] if marks else [],
+        "jobs": list(dict.fromkeys(o for o in owners if o != FREE)),
+    }
+
+
+NODES_HEADERS = ("NODE", "STATE", "USED", "FREE", "MODEL", "LABELS", "JOBS")
+
+
+def nodes_rows(state: ClusterState) -> list[list[Any]]:
+    rows = []
+    for node in sorted_nodes(state):
+        n = node_summary(state, node)
+        labels = ",".join(f"{k}={v}" for k, v in n["labels"].items()) or "-"
+        rows.append([n["node_id"], n["state"], f"{n['used']}/{n['gpus']}", n["free"], n["model"] or "-", labels,
+                     " ".join(n["jobs"]) or "-"])
+    return rows
+
+
+# --- queues --------------------------------------------------------------------------
+
+
+def queue_summaries(state: ClusterState, now: float) -> list[dict[str, Any]]:
+    """Every queue (defined, or charged without a definition) with usage, quotas and job counts."""
+    pending: dict[str, int] = {}
+    running: dict[str, int] = {}
+    for jid in state.pending:
+        q = job_queue(state, state.jobs[jid])
+        pending[q] = pending.get(q, 0) + 1
+    for jid in state.active:
+        q = job_queue(state, state.jobs[jid])
+        running[q] = running.get(q, 0) + 1
+    loads = {load.name: load for load in queue_loads(state, now)}
+    names = [*loads, *(q for q in dict.fromkeys([*pending, *running]) if q not in loads)]
+    out = []
+    for name in names:
+        q = state.queues.get(name)
+        u = state.usage.get(name)
+        load = loads.get(name)
+        out.append({
+            "queue": name,
+            "defined": q is not None,
+            "weight": q.weight if q else 1.0,
+            "guaranteed_gpus": q.guaranteed_gpus if q else 0,
+            "limit_gpus": q.limit_gpus if q else None,
+            "parent": q.parent if q else None,
+            "gpus": u.gpus if u else 0,
+            "tree_gpus": u.tree_gpus if u else 0,
+            "fair_share_usage": load.usage if load else 0.0,
+            "pending": pending.get(name, 0),
+            "active": running.get(name, 0),
+        })
+    return out
+
+
+QUEUES_HEADERS = ("QUEUE", "USED", "GUARANTEE", "LIMIT", "WEIGHT", "PENDING", "ACTIVE", "PARENT")
+
+
+def queues_rows(summaries: list[dict[str, Any]]) -> list[list[Any]]:
+    return [
+        [q["queue"] + ("" if q["defined"] else " (undefined)"),
+         q["gpus"] if q["tree_gpus"] == q["gpus"] else f"{q['gpus']} (tree {q['tree_gpus']})",
+         q["guaranteed_gpus"], "-" if q["limit_gpus"] is None else q["limit_gpus"], f"{q['weight']:g}",
+         q["pending"], q["active"], q["parent"] or "-"]
+        for q in summaries
+    ]
+
+
+# --- the whole cluster (replay --at, top) --------------------------------------------------
+
+
+def pending_summaries(state: ClusterState) -> list[dict[str, Any]]:
+    """Pending jobs in line order with the scheduler's reason."""
+    out = []
+    for jid in state.pending:
+        job = state.jobs[jid]
+        w = job.waiting
+        out.append({
+            "job_id": jid,
+            "name": job.spec.name,
+            "queue": job_queue(state, job),
+            "priority": job.spec.priority,
+            "gpus": job.spec.total_gpus,
+            "attempt": job.attempt,
+            "code": w.code if w else None,
+            "message": w.message if w else None,
+        })
+    return out
+
+
+def status_counts(state: ClusterState) -> dict[str, int]:
+    counts = dict.fromkeys(STATUSES, 0)
+    for job in state.jobs.values():
+        counts[job.status] = counts.get(job.status, 0) + 1
+    return counts
+
+
+def cluster_summary(state: ClusterState, now: float) -> dict[str, Any]:
+    """The cluster at the state's log position: GPUs, queues, pending jobs (what `replay --at` prints)."""
+    return {
+        "seq": state.seq,
+        "epoch": state.epoch,
+        "scheduler_id": state.scheduler_id or None,
+        "nodes": [node_summary(state, n) for n in sorted_nodes(state)],
+        "queues": queue_summaries(state, now),
+        "pending": pending_summaries(state),
+        "active": [job_summary(state, state.jobs[j]) for j in state.active],
+        "jobs": status_counts(state),
+        "voids": state.voids,
+    }
