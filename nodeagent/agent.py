@@ -100,6 +100,9 @@ class Agent:
         """Register, adopt what survived a restart, then reconcile until cancelled."""
         await self.follower.catch_up()
         await self._adopt()
+        # Fold what adoption reported (exits while we were down) before the first reconcile:
+        # until then the state still says those ranks run, and reconcile would start them again.
+        await self.follower.catch_up()
         await self._append(
             NodeRegistered(
                 event_id=f"register:{self.node_id}:{self.incarnation}",
@@ -134,8 +137,8 @@ class Agent:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _append(self, event: Event) -> None:
-        await self.bus.append(event)
+    async def _append(self, event: Event) -> int:
+        return await self.bus.append(event)
 
     # --- adoption (agent restart) ----------------------------------------------------
 
@@ -356,8 +359,12 @@ class Agent:
         if restart:
             self._restarting.add(key)
         try:
-            await self._report_exit(key, tr.spec.restarts, info, reason, will_restart=restart)
+            seq = await self._report_exit(key, tr.spec.restarts, info, reason, will_restart=restart)
             await self.runtime.remove(tr.handle)
+            # Keep it tracked until our own report is folded: until then the state still says the
+            # rank runs, and reconcile would start the same worker again (a second run of the
+            # attempt, invisible in the log because its events dedupe by id).
+            await self.follower.wait_for_seq(seq)
         finally:
             self.workers.pop(key, None)
         if restart:
@@ -373,7 +380,7 @@ class Agent:
 
     async def _report_exit(
         self, key: WorkerKey, restarts: int, info: ExitInfo, reason: str, *, will_restart: bool
-    ) -> None:
+    ) -> int:
         job_id, attempt, rank = key
         log.info(
             "worker_exited",
@@ -385,7 +392,7 @@ class Agent:
             signal=info.signal,
             will_restart=will_restart,
         )
-        await self._append(
+        return await self._append(
             WorkerExited(
                 event_id=f"exited:{job_id}:{attempt}:{rank}:{restarts}",
                 occurred_at=time.time(),
