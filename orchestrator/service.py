@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from events.bus import Bus
+from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.state import ClusterState, Config
 from orchestrator.follow import Follower
@@ -81,6 +82,7 @@ class Scheduler:
         if events:
             seqs = await self.bus.append_many(events)
             self.appended += len(events)
+            metrics.EVENTS_APPENDED.labels("scheduler").inc(len(events))
             self._awaiting = max(self._awaiting, *seqs)
 
     async def _restore(self) -> None:
@@ -137,7 +139,9 @@ class Scheduler:
                 continue
             t0 = time.perf_counter()
             events = decide(self.state, time.time(), epoch=self.epoch)
-            self.decide_seconds.append(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - t0
+            self.decide_seconds.append(elapsed)
+            metrics.DECIDE_SECONDS.observe(elapsed)
             if len(self.decide_seconds) > 10_000:
                 del self.decide_seconds[:5_000]
             await self._append(events)

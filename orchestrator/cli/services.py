@@ -7,9 +7,9 @@ import asyncio
 import os
 import signal
 import socket
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -24,6 +24,9 @@ from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.logging import configure_logging
 from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_id
 from schemas import ClusterConfigured, Inventory
+
+if TYPE_CHECKING:
+    from orchestrator.metrics import MetricsServer
 
 log = structlog.get_logger("corral.cli")
 
@@ -69,7 +72,28 @@ async def run_scheduler(args: argparse.Namespace) -> int:
                              heartbeat_timeout_s=args.heartbeat_timeout, lease_ttl_s=args.lease_ttl,
                              snapshot_every=args.snapshot_every, cluster=cluster_config(args))
     async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
-        return await until_signalled(Scheduler(bus, config).run())
+        sched = Scheduler(bus, config)
+        metrics_server = await start_metrics(args, scheduler=sched)
+        try:
+            return await until_signalled(sched.run())
+        finally:
+            if metrics_server is not None:
+                await metrics_server.close()
+
+
+async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None = None,
+                        agents: Sequence[Agent] = ()) -> MetricsServer | None:
+    """Serve Prometheus metrics of the services of this process on --metrics-port (0: off)."""
+    if not args.metrics_port:
+        return None
+    from orchestrator.metrics import MetricsServer, registry_for
+
+    try:
+        return await MetricsServer(registry_for(scheduler, agents), host=args.metrics_host,
+                                   port=args.metrics_port).start()
+    except OSError as e:
+        raise CliError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e.strerror or e}",
+                       FAILURE) from None
 
 
 def make_runtime(kind: str, state_dir: Path, node_id: str) -> Runtime:
@@ -106,7 +130,13 @@ async def run_agent(args: argparse.Namespace) -> int:
                          heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
     runtime = make_runtime(args.runtime, data_dir, args.node_id)
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True) as bus:
-        return await until_signalled(Agent(bus, config, inventory, runtime).run())
+        agent = Agent(bus, config, inventory, runtime)
+        metrics_server = await start_metrics(args, agents=[agent])
+        try:
+            return await until_signalled(agent.run())
+        finally:
+            if metrics_server is not None:
+                await metrics_server.close()
 
 
 # --- corral up ---------------------------------------------------------------------
@@ -154,6 +184,9 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"(process runtime); Ctrl-C stops", flush=True)
     result = OK
+    metrics_server = await start_metrics(args, scheduler=sched, agents=agents)
+    if metrics_server is not None:
+        print(f"corral up: Prometheus metrics at {metrics_server.url}", flush=True)
     try:
         async with asyncio.TaskGroup() as tg:
             services = [tg.create_task(sched.run())] + [tg.create_task(a.run()) for a in agents]
@@ -170,15 +203,22 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
     finally:
         if not args.keep_workers:
             await asyncio.gather(*(a.stop_workers() for a in agents), return_exceptions=True)
+        if metrics_server is not None:
+            await metrics_server.close()
     return result
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from orchestrator.cli.connect import add_connection_args
 
-    def common(p: argparse.ArgumentParser) -> None:
+    def common(p: argparse.ArgumentParser, metrics_host: str = "0.0.0.0") -> None:
         p.add_argument("--log-level", default=os.environ.get("CORRAL_LOG_LEVEL", "info"),
                        choices=("debug", "info", "warning", "error"), help="structlog JSON log level")
+        p.add_argument("--metrics-port", type=int, default=int(os.environ.get("CORRAL_METRICS_PORT", "0")),
+                       metavar="PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics "
+                       "(env CORRAL_METRICS_PORT; default 0 = off)")
+        p.add_argument("--metrics-host", default=metrics_host, metavar="HOST",
+                       help="address the metrics endpoint binds (default %(default)s)")
 
     def sched_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--topology-levels", default="block,leaf", metavar="L1,L2",
@@ -221,7 +261,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Start nats-server (bundled), the scheduler and N simulated node agents "
                                    "(process runtime, fake GPUs). Restarting on the same --data-dir recovers "
                                    "the state from the log.")
-    common(p)
+    common(p, metrics_host="127.0.0.1")
     sched_opts(p)
     p.set_defaults(min_runtime=5.0, heartbeat_timeout=5.0)
     p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default %(default)s)")

@@ -1,0 +1,279 @@
+"""Prometheus metrics of the scheduler and the node agents.
+
+Two kinds, for two reasons:
+- Counters and the decide-latency histogram are bumped where things happen
+  (an append, a decide call, an event folded); they are process-lifetime
+  facts that no state holds.
+- Gauges (GPUs per node and queue, pending jobs by reason, heartbeat ages)
+  are computed from the folded state at scrape time by a custom collector, so
+  they are always exactly the projection every other reader sees, never a
+  second bookkeeping that could drift from it.
+
+The HTTP endpoint runs on the service's own event loop (`asyncio.start_server`),
+so a scrape reads the state between two folds, never in the middle of one: no
+locks, no threads, and a scrape of `corral_log_position` tells which log
+position the other gauges describe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from orchestrator.core.state import FREE, ClusterState
+from orchestrator.core.usage import ancestors, resolve_queue
+from schemas import GangRestarted, PreemptionRequested, WorkerStarted, tag_of
+
+if TYPE_CHECKING:
+    from events.bus import Envelope
+    from nodeagent.agent import Agent
+    from orchestrator.follow import Follower
+    from orchestrator.service import Scheduler
+
+log = structlog.get_logger("corral.metrics")
+
+# `*_created` series (one per counter child) double the output and tell nothing a restart does not.
+disable_created_metrics()
+
+# Created without a registry: each exposed registry registers them (tests build several in one process).
+EVENTS_APPENDED = Counter("corral_events_appended", "Events this process appended to the log", ["service"],
+                          registry=None)
+EVENTS_READ = Counter("corral_events_read", "Events this process folded from the log", ["service", "type"],
+                      registry=None)
+DECIDE_SECONDS = Histogram("corral_decide_seconds", "Time of one scheduling decision (decide over the state)",
+                           buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+                           registry=None)
+PREEMPTIONS = Counter("corral_preemptions", "Preemptions requested (PreemptionRequested folded)", registry=None)
+RESTARTS = Counter("corral_restarts", "Restarts folded from the log: gang (GangRestarted) or rank (a worker "
+                   "started again by its agent)", ["kind"], registry=None)
+
+PROCESS_METRICS = (EVENTS_APPENDED, EVENTS_READ, DECIDE_SECONDS, PREEMPTIONS, RESTARTS)
+
+
+def count_folded(follower: Follower, service: str, *, cluster_facts: bool) -> None:
+    """Count what `follower` folds; `cluster_facts` also counts preemptions and restarts (one reader per process)."""
+    children: dict[str, Any] = {}
+
+    def on_event(env: Envelope) -> None:
+        ev = env.event
+        tag = tag_of(ev)
+        child = children.get(tag)
+        if child is None:
+            child = children[tag] = EVENTS_READ.labels(service, tag)
+        child.inc()
+        if not cluster_facts:
+            return
+        if isinstance(ev, PreemptionRequested):
+            PREEMPTIONS.inc()
+        elif isinstance(ev, GangRestarted):
+            RESTARTS.labels("gang").inc()
+        elif isinstance(ev, WorkerStarted) and ev.restarts > 0:
+            RESTARTS.labels("rank").inc()
+
+    follower.on_event(on_event)
+
+
+def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None = None) -> list[Metric]:
+    """Gauges of one folded state: a pure function, so a test can check it without HTTP."""
+    position = _gauge("corral_log_position", "Last log sequence folded into the state these gauges describe")
+    position.add_metric([], state.seq)
+    epoch = _gauge("corral_scheduler_epoch", "Newest SchedulerElected epoch in the log")
+    epoch.add_metric([], state.epoch)
+
+    node_gpus = _gauge("corral_node_gpus", "GPUs of a node by state (allocated: held by a gang)", ["node", "state"])
+    node_cond = _gauge("corral_node_condition", "1 for the node's condition (ready, cordoned, failed)",
+                       ["node", "condition"])
+    cluster_free = 0
+    for nid, node in state.nodes.items():
+        owners = state.owners.get(nid, ())
+        used = sum(1 for o in owners if o != FREE)
+        node_gpus.add_metric([nid, "allocated"], used)
+        node_gpus.add_metric([nid, "free"], len(owners) - used)
+        cond = "failed" if node.failed else "cordoned" if node.cordoned else "ready"
+        node_cond.add_metric([nid, cond], 1)
+        if node.schedulable:
+            cluster_free += len(owners) - used
+
+    q_alloc = _gauge("corral_queue_gpus_allocated", "GPUs a queue holds now (its own jobs)", ["queue"])
+    q_free = _gauge("corral_queue_gpus_free", "GPUs a queue could still take now: free schedulable GPUs, capped "
+                    "by its and its parents' limits", ["queue"])
+    q_guar = _gauge("corral_queue_gpus_guaranteed", "GPUs guaranteed to a queue", ["queue"])
+    q_limit = _gauge("corral_queue_gpus_limit", "Most GPUs a queue may hold (absent: no limit)", ["queue"])
+    q_weight = _gauge("corral_queue_weight", "Fair-share weight of a queue", ["queue"])
+    q_pending = _gauge("corral_queue_pending_jobs", "Pending jobs of a queue", ["queue"])
+    pending_by_queue: dict[str, int] = {}
+    pending_by_reason: dict[str, int] = {}
+    for jid in state.pending:
+        job = state.jobs[jid]
+        q = job.queue or resolve_queue(state, job.spec.queue)
+        pending_by_queue[q] = pending_by_queue.get(q, 0) + 1
+        code = job.waiting.code if job.waiting is not None else "unexplained"
+        pending_by_reason[code] = pending_by_reason.get(code, 0) + 1
+    names = list(dict.fromkeys([*state.queues, *state.usage, *pending_by_queue]))
+    for name in names:
+        q = state.queues.get(name)
+        u = state.usage.get(name)
+        q_alloc.add_metric([name], u.gpus if u else 0)
+        headroom = cluster_free
+        for a in ancestors(state.queues, name):
+            aq, au = state.queues.get(a), state.usage.get(a)
+            if aq is not None and aq.limit_gpus is not None:
+                headroom = min(headroom, aq.limit_gpus - (au.tree_gpus if au else 0))
+        q_free.add_metric([name], max(0, headroom))
+        q_guar.add_metric([name], q.guaranteed_gpus if q else 0)
+        if q is not None and q.limit_gpus is not None:
+            q_limit.add_metric([name], q.limit_gpus)
+        q_weight.add_metric([name], q.weight if q else 1.0)
+        q_pending.add_metric([name], pending_by_queue.get(name, 0))
+
+    pending = _gauge("corral_pending_jobs", "Pending jobs by the scheduler's reason code", ["reason"])
+    for code, n in sorted(pending_by_reason.items()):
+        pending.add_metric([code], n)
+    jobs = _gauge("corral_jobs", "Jobs by status", ["status"])
+    counts: dict[str, int] = {}
+    for job in state.jobs.values():
+        counts[job.status] = counts.get(job.status, 0) + 1
+    for status, n in sorted(counts.items()):
+        jobs.add_metric([status], n)
+    voids = _gauge("corral_void_decisions", "Decisions the fold recorded as void (stale epoch, GPUs taken)")
+    voids.add_metric([], state.voids)
+
+    out: list[Metric] = [position, epoch, node_gpus, node_cond, q_alloc, q_free, q_guar, q_limit, q_weight,
+                         q_pending, pending, jobs, voids]
+    if heartbeat_ages is not None:
+        hb = _gauge("corral_node_heartbeat_age_seconds", "Seconds since the scheduler last received the node's "
+                    "heartbeat (its own clock)", ["node"])
+        for nid, age in sorted(heartbeat_ages.items()):
+            hb.add_metric([nid], age)
+        out.append(hb)
+    return out
+
+
+class StateCollector:
+    """Gauges from a live state, computed when scraped."""
+
+    def __init__(self, state: Callable[[], ClusterState],
+                 heartbeat_ages: Callable[[], dict[str, float] | None] = lambda: None) -> None:
+        self._state = state
+        self._heartbeat_ages = heartbeat_ages
+
+    def collect(self) -> Iterable[Metric]:
+        return state_metrics(self._state(), self._heartbeat_ages())
+
+
+class AgentCollector:
+    """Per-node worker counts of the agents in this process."""
+
+    def __init__(self, agents: Sequence[Agent]) -> None:
+        self._agents = agents
+
+    def collect(self) -> Iterable[Metric]:
+        workers = _gauge("corral_agent_workers", "Workers an agent runs now", ["node"])
+        for agent in self._agents:
+            workers.add_metric([agent.node_id], len(agent.workers))
+        return [workers]
+
+
+def scheduler_heartbeat_ages(sched: Scheduler) -> dict[str, float] | None:
+    """Per live node, seconds since the scheduler's monitor received its heartbeat (None before it runs).
+
+    Reads the monitor's receive times (HeartbeatMonitor keeps them private;
+    a public accessor there would be cleaner). An incarnation that has not
+    beaten yet counts from the monitor's start, as the monitor itself judges.
+    """
+    monitor = getattr(sched, "_monitor", None)
+    if monitor is None:
+        return None
+    seen: dict[str, tuple[str, float]] = dict(getattr(monitor, "_seen", {}))
+    started: float = getattr(monitor, "_started", 0.0)
+    now: float = monitor._clock()
+    out = {}
+    for node in sched.state.nodes.values():
+        if node.failed:
+            continue
+        last = seen.get(node.node_id)
+        out[node.node_id] = now - (last[1] if last and last[0] == node.incarnation else started)
+    return out
+
+
+def registry_for(scheduler: Scheduler | None = None, agents: Sequence[Agent] = ()) -> CollectorRegistry:
+    """A registry with the process metrics and the gauges of the services run in this process.
+
+    Call before the services run so their catch-up is counted too.
+    """
+    reg = CollectorRegistry()
+    for metric in PROCESS_METRICS:
+        reg.register(metric)
+    if scheduler is not None:
+        count_folded(scheduler.follower, "scheduler", cluster_facts=True)
+        reg.register(StateCollector(lambda: scheduler.state, lambda: scheduler_heartbeat_ages(scheduler)))
+    if agents:
+        for agent in agents:
+            count_folded(agent.follower, f"agent/{agent.node_id}", cluster_facts=False)
+        reg.register(AgentCollector(agents))
+    return reg
+
+
+# --- the endpoint ------------------------------------------------------------------------------
+
+
+class MetricsServer:
+    """`GET /metrics` on the running event loop. Start with `await MetricsServer(...).start()`."""
+
+    def __init__(self, registry: CollectorRegistry, host: str = "0.0.0.0", port: int = 9464) -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    async def start(self) -> MetricsServer:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics_serving", url=self.url)
+        return self
+
+    async def close(self) -> None:
+        """Idempotent."""
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.close()
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            parts = head.split(b"\r\n", 1)[0].split()
+            method, path = (parts[0], parts[1]) if len(parts) >= 2 else (b"", b"")
+            if method not in (b"GET", b"HEAD") or path.split(b"?")[0] not in (b"/metrics", b"/"):
+                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics\n"
+            else:
+                t0 = time.perf_counter()
+                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)
+                log.debug("metrics_scraped", ms=round((time.perf_counter() - t0) * 1000, 2))
+            writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                         "Connection: close\r\n\r\n".encode() + (b"" if method == b"HEAD" else body))
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
