@@ -27,6 +27,7 @@ from nodeagent.heartbeat import publish_heartbeats
 from nodeagent.rank_env import rank_env
 from nodeagent.reconcile import Intent, WorkerKey, node_work
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
+from orchestrator import metrics
 from orchestrator.core.state import Job
 from orchestrator.follow import Follower
 from schemas import (
@@ -138,7 +139,9 @@ class Agent:
         return task
 
     async def _append(self, event: Event) -> int:
-        return await self.bus.append(event)
+        seq = await self.bus.append(event)
+        metrics.EVENTS_APPENDED.labels("agent").inc()
+        return seq
 
     # --- adoption (agent restart) ----------------------------------------------------
 
