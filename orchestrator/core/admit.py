@@ -105,6 +105,40 @@ class _Admission:
         self._victims_of: dict[str, list[str]] | None = None
         #: Gangs placed earlier in this cycle: they end too (backfill estimates).
         self.placed: list[Ending] = []
+        self._memo: dict[tuple[object, ...], object] = {}
+
+    # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
+    # their preemptor), so a gang shape that found no room in the plan's shared index finds
+    # none later in the cycle either: remember it instead of searching 64 leaves again.
+
+    def _shape(self, req: GangRequest) -> tuple[object, ...]:
+        return (req.cls, req.ranks, req.gpus_per_rank, req.level, req.required)
+
+    def place(self, req: GangRequest, index: FreeIndex, *, shared: bool) -> Placement | None:
+        key = ("no room", self._shape(req))
+        if shared and key in self._memo:
+            return None
+        p = self.c.policies.place(req, index, self.links_of)
+        if p is None and shared:
+            self._memo[key] = None
+        return p
+
+    def fits_through_hold(self, req: GangRequest) -> bool:
+        key = ("through hold", self._shape(req), self.plan.version)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self.c.policies.fits(req, self.plan.index(req.cls, through_hold=True))
+        return bool(found)
+
+    def capacity_outcome(self, req: GangRequest, index: FreeIndex, model: str | None, *, shared: bool) -> Outcome:
+        """Why it does not fit; the numbers are computed once per shape until the plan changes."""
+        if not shared:
+            return capacity_outcome(req, index, model)
+        key = ("why", self._shape(req), model, self.plan.version)
+        found = self._memo.get(key)
+        if not isinstance(found, Outcome):
+            found = self._memo[key] = capacity_outcome(req, index, model)
+        return found
 
     def links_of(self, node: str) -> Links:
         return self.c.state.nodes[node].inventory.links
@@ -216,9 +250,9 @@ def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
     over = plan.limit_blocker(queue, req.gpus)
     # b. Allocate.
     if over is None:
-        p = pol.place(req, base, adm.links_of)
+        p = adm.place(req, base, shared=not job.earmark)
         if p is None and plan.hold is not None and pol.may_use_held(_ends_if_started(adm, job), plan.hold):
-            p = pol.place(req, plan.index(req.cls, through_hold=True), adm.links_of)
+            p = adm.place(req, plan.index(req.cls, through_hold=True), shared=False)
         if p is not None:
             _reserve(adm, job, queue, p)
             return Outcome(PLACED, p.reason)
@@ -239,9 +273,9 @@ def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
             plan.set_hold(hold)
             when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
             return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}")
-    elif plan.hold.job_id != job.job_id and pol.fits(req, plan.index(req.cls, through_hold=True)):
+    elif plan.hold.job_id != job.job_id and adm.fits_through_hold(req):
         return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {plan.hold.job_id}")
-    return capacity_outcome(req, base, job.spec.gpu_model)
+    return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
 
 
 def _ends_if_started(adm: _Admission, job: Job) -> float:

@@ -63,6 +63,7 @@ class Plan:
         "state",
         "topo",
         "tree",
+        "version",
         "victims",
     )
 
@@ -96,6 +97,8 @@ class Plan:
         #: Gangs whose GPUs a follow-up releases, and gangs asked to give theirs to a preemptor.
         self.ended: set[str] = set()
         self.victims: set[str] = set()
+        #: Bumped whenever free GPUs are taken: memoised answers about the plan expire.
+        self.version = 0
         self._ports: dict[str, set[int]] | None = None
         self._cpu_gangs: list[str] | None = None
 
@@ -133,6 +136,7 @@ class Plan:
 
     def take(self, ranks: tuple[RankPlacement, ...]) -> None:
         """GPUs now spoken for in this plan (placed, earmarked or held)."""
+        self.version += 1
         for rp in ranks:
             cur = self.free.get(rp.node_id)
             if cur is None or not rp.gpus:
@@ -167,6 +171,7 @@ class Plan:
     def set_hold(self, hold: Hold) -> None:
         """Hold GPUs for the backfill head: hidden from the plain indexes, kept in the through-hold ones."""
         self.hold = hold
+        self.version += 1
         for (cls, through), idx in list(self._indexes.items()):
             if not through:
                 self._indexes[(cls, True)] = idx.copy()
