@@ -202,11 +202,14 @@ class _Admission:
         return self._victims_of.get(preemptor, [])
 
     def endings(self) -> list[Ending]:
+        """Every gang that will give GPUs back, with its expected end (backfill's estimate)."""
         state, margin, plan = self.c.state, self.c.policies.stop_margin_s, self.plan
+        gone = plan.ended | plan.victims
+        jobs = state.jobs
         running = [
-            Ending(job_id=j.job_id, ends_at=ends_at(j, margin), started_at=j.reserved_at, placement=j.placement)
+            Ending(jid, ends_at(j, margin), j.reserved_at, j.placement)
             for jid in state.active
-            if jid not in plan.ended and jid not in plan.victims and (j := state.jobs[jid]).status != "preempting"
+            if jid not in gone and (j := jobs[jid]).status != "preempting"
         ]
         return running + self.placed
 

@@ -10,6 +10,7 @@ dropping the copy is the rollback -- no undo log.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import NamedTuple
 from zlib import crc32
 
@@ -23,6 +24,14 @@ from schemas.events import RankPlacement
 #: MASTER_PORT range for rank 0's rendezvous: 29500 + [0, PORT_SPAN).
 PORT_BASE = 29500
 PORT_SPAN = 2000
+
+
+@lru_cache(maxsize=1 << 16)
+def unclaimed(owners: tuple[str, ...], marks: tuple[str, ...] | None) -> tuple[int, ...]:
+    """GPU indices neither owned nor earmarked (memoised: most nodes look the same cycle after cycle)."""
+    if marks is None:
+        return tuple(i for i, o in enumerate(owners) if o == FREE)
+    return tuple(i for i, o in enumerate(owners) if o == FREE and marks[i] == FREE)
 
 
 class QueueLoad(NamedTuple):
@@ -73,16 +82,10 @@ class Plan:
         self.topo: Topology = build_topology(state.nodes.values(), state.config.topology_levels)
         #: Schedulable node -> GPUs neither owned nor earmarked.
         self.free: dict[str, tuple[int, ...]] = {}
-        earmarks = state.earmarks
+        earmarks, owners = state.earmarks, state.owners
         for nid, node in state.nodes.items():
-            if node.failed or node.cordoned:
-                continue
-            owners = state.owners[nid]
-            marks = earmarks.get(nid)
-            if marks is None:
-                self.free[nid] = tuple(i for i, o in enumerate(owners) if o == FREE)
-            else:
-                self.free[nid] = tuple(i for i, o in enumerate(owners) if o == FREE and marks[i] == FREE)
+            if not (node.failed or node.cordoned):
+                self.free[nid] = unclaimed(owners[nid], earmarks.get(nid))
         self._indexes: dict[tuple[GpuClass, bool], FreeIndex] = {}
         self._eligible: dict[GpuClass, dict[str, frozenset[int]] | None] = {}
         self.hold: Hold | None = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
@@ -46,10 +47,13 @@ def earliest_start(
 ) -> Hold | None:
     """The reservation for the blocked head `req`, or None if it never fits."""
     idx = index.copy()
-    for e in sorted(ending, key=lambda e: (e.ends_at, e.started_at, e.job_id)):
+    for e in sorted(ending, key=attrgetter("ends_at", "started_at", "job_id")):
         for rp in e.placement:
             idx.give(rp.node_id, rp.gpus)
-        if idx.capacity(ROOT, req.gpus_per_rank, req.ranks) < req.ranks or not fits(req, idx):
+        # Cheap necessary conditions first: enough GPUs at all, then enough whole ranks.
+        if idx.free_gpus(ROOT) < req.gpus or idx.capacity(ROOT, req.gpus_per_rank, req.ranks) < req.ranks:
+            continue
+        if not fits(req, idx):
             continue
         p = place(req, idx, links_of)
         if p is not None:
