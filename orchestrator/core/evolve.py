@@ -4,7 +4,8 @@ It applies facts and *validates decisions*: a GangReserved whose GPUs are not
 all free (or are earmarked for another job) at its log position, on a failed,
 cordoned or unknown node, for a job not pending at that attempt, over a queue
 limit, or from an epoch older than the newest SchedulerElected is void: it
-changes nothing but the void counter. Two racing schedulers therefore cannot
+changes nothing but the void counter. So is a PreemptionRequested from an old
+epoch or for a preemptor that is no longer pending. Two racing schedulers therefore cannot
 double-book a GPU; the log order decides and every reader agrees.
 
 Transitions check the attempt they are about, so a duplicated or late event
@@ -383,12 +384,13 @@ def _preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
     job = _active(state, e.job_id, e.attempt)
     if job is None or job.status == "preempting":
         return
+    preemptor = state.jobs.get(e.preemptor_job_id)
+    if preemptor is None or preemptor.status != "pending":
+        _void(state, e.event_id, f"preemptor {e.preemptor_job_id} is not pending")
+        return  # it was cancelled or placed meanwhile: the victim keeps running
     state.jobs[e.job_id] = replace(
         job, status="preempting", preemptor=e.preemptor_job_id, preempt_at=e.occurred_at, preempt_grace_s=e.grace_s
     )
-    preemptor = state.jobs.get(e.preemptor_job_id)
-    if preemptor is None or preemptor.status != "pending":
-        return
     plan = e.earmark or job.placement
     if plan == preemptor.earmark:
         return

@@ -166,3 +166,15 @@ def test_state_is_plain_msgpack() -> None:
     data = msgspec.msgpack.decode(snapshot(s.state))
     assert set(data) >= {"seq", "epoch", "nodes", "owners", "jobs", "queues", "usage"}
     assert isinstance(restore(snapshot(s.state)), ClusterState)
+
+
+def test_preemption_for_a_preemptor_no_longer_pending_is_void() -> None:
+    s = sim()
+    s.emit(reserve(s, "b", "n1", (0, 1, 2, 3)))
+    s.submit("x", gpus_per_rank=4)
+    s.cancel("x")
+    s.decide()  # x is cancelled
+    voids = s.state.voids
+    s.emit(PreemptionRequested(event_id=s.eid(), occurred_at=s.now, job_id="b", attempt=1, preemptor_job_id="x",
+                               reason="", grace_s=1, epoch=1))
+    assert s.state.voids == voids + 1 and s.job("b").status == "reserved"
