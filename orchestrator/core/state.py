@@ -201,6 +201,23 @@ class ClusterState(msgspec.Struct, kw_only=True):
     last_void: str = ""
     unknown_events: int = 0
 
+    def __post_init__(self) -> None:
+        """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded."""
+        if len(self.pending) != sum(len(line) for line in self.lines.values()):
+            self._rebuild_indexes()
+
+    def _rebuild_indexes(self) -> None:
+        self.lines = {}
+        for jid in self.pending:
+            job = self.jobs[jid]
+            self.lines.setdefault(job.spec.queue, []).append(job.line_key)
+        for line in self.lines.values():
+            line.sort()
+        self.unexplained = {jid: n for jid, n in self.pending.items() if self.jobs[jid].waiting is None}
+        self.stopping = {
+            jid: j.submit_seq for jid, j in self.jobs.items() if j.stop is not None and j.status not in TERMINAL
+        }
+
     def copy(self) -> ClusterState:
         """An independent state for tentative folding (records are frozen, so shallow copies suffice)."""
         return ClusterState(

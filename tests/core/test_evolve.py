@@ -178,3 +178,15 @@ def test_preemption_for_a_preemptor_no_longer_pending_is_void() -> None:
     s.emit(PreemptionRequested(event_id=s.eid(), occurred_at=s.now, job_id="b", attempt=1, preemptor_job_id="x",
                                reason="", grace_s=1, epoch=1))
     assert s.state.voids == voids + 1 and s.job("b").status == "reserved"
+
+
+def test_a_snapshot_from_before_the_line_indexes_still_schedules() -> None:
+    s = sim()
+    s.tick(1)
+    s.submit("c", gpus_per_rank=8, priority=3)
+    raw = msgspec.msgpack.decode(snapshot(s.state))
+    for derived in ("lines", "unexplained", "stopping"):
+        del raw[derived]  # what older code wrote
+    old = restore(msgspec.msgpack.encode(raw))
+    assert old.lines == s.state.lines and set(old.unexplained) == set(s.state.unexplained)
+    assert decide(old, s.now, epoch=1) == decide(s.state, s.now, epoch=1)
