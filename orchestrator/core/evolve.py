@@ -38,7 +38,7 @@ from orchestrator.core.state import (
     Stop,
     Waiting,
 )
-from orchestrator.core.usage import charge, limit_blocker, recompute_trees, resolve_queue
+from orchestrator.core.usage import charge, first_over_limit, recompute_trees, resolve_queue, tree_gpus
 from schemas.events import (
     AnyEvent,
     CancelRequested,
@@ -233,9 +233,9 @@ def reservation_problem(state: ClusterState, e: GangReserved) -> str | None:
                 if g < len(gpus) and not gpu_matches(gpus[g], spec.gpu_model, spec.min_gpu_memory_mib):
                     return f"GPU {rp.node_id}/{g} is not a {spec.gpu_model or 'GPU'} with {spec.min_gpu_memory_mib} MiB"
     queue = resolve_queue(state, spec.queue)
-    over = limit_blocker(state, queue, spec.total_gpus)
+    over = first_over_limit(state.queues, tree_gpus(state), queue, spec.total_gpus)
     if over is not None:
-        return f"queue {over} would exceed its limit"
+        return f"queue {over[0]} would exceed its limit {over[1]} (holds {over[2]})"
     return None
 
 

@@ -12,7 +12,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
 from orchestrator.core.state import ClusterState
 from orchestrator.core.topology import Topology
-from orchestrator.core.usage import limit_blocker, resolve_queue
+from orchestrator.core.usage import first_over_limit, resolve_queue
 
 
 class ClusterFacts:
@@ -66,9 +66,5 @@ class ClusterFacts:
 
     def limit_of(self, queue: str, gpus: int) -> tuple[str, int] | None:
         """(queue, limit) of the first queue in the chain whose limit is below `gpus` even when idle."""
-        empty = {q: 0 for q in self.state.queues}
-        name = limit_blocker(self.state, queue, gpus, empty)
-        if name is None:
-            return None
-        limit = self.state.queues[name].limit_gpus
-        return name, limit if limit is not None else 0
+        over = first_over_limit(self.state.queues, lambda _name: 0, queue, gpus)
+        return None if over is None else (over[0], over[1])

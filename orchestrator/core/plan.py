@@ -18,7 +18,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
 from orchestrator.core.state import FREE, ClusterState, Job
 from orchestrator.core.topology import Topology, build_topology
-from orchestrator.core.usage import ancestors, average_gpus, resolve_queue
+from orchestrator.core.usage import ancestors, average_gpus, first_over_limit, resolve_queue
 from schemas.events import RankPlacement
 
 #: MASTER_PORT range for rank 0's rendezvous: 29500 + [0, PORT_SPAN).
@@ -242,18 +242,13 @@ class Plan:
 
         `freed` lists GPUs given back per queue (victims), counted for the queue and its ancestors.
         """
-        relief: dict[str, int] = {}
-        for victim_queue, n in (freed or {}).items():
-            for a in ancestors(self.state.queues, victim_queue):
-                relief[a] = relief.get(a, 0) + n
-        for name in ancestors(self.state.queues, queue):
-            q = self.state.queues.get(name)
-            if q is None or q.limit_gpus is None:
-                continue
-            used = self.tree.get(name, 0) - relief.get(name, 0)
-            if used + extra > q.limit_gpus:
-                return name, q.limit_gpus, used
-        return None
+        held = self.tree
+        if freed:
+            held = dict(held)
+            for victim_queue, n in freed.items():
+                for a in ancestors(self.state.queues, victim_queue):
+                    held[a] = held.get(a, 0) - n
+        return first_over_limit(self.state.queues, lambda name: held.get(name, 0), queue, extra)
 
     # --- ports ------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ closed form below keeps it exact however irregular the events are.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from orchestrator.core.state import ClusterState, Queue, Usage
 
@@ -16,6 +17,17 @@ from orchestrator.core.state import ClusterState, Queue, Usage
 MAX_DEPTH = 16
 
 _LN2 = math.log(2.0)
+
+
+def tree_gpus(state: ClusterState) -> Callable[[str], int]:
+    """The fold's per-queue subtree totals, as `first_over_limit` reads them."""
+    usage = state.usage
+
+    def held(name: str) -> int:
+        u = usage.get(name)
+        return u.tree_gpus if u is not None else 0
+
+    return held
 
 
 def resolve_queue(state: ClusterState, name: str) -> str:
@@ -85,21 +97,19 @@ def recompute_trees(state: ClusterState) -> None:
             state.usage[name] = Usage(gpus=u.gpus, tree_gpus=t, decayed=u.decayed, at=u.at)
 
 
-def limit_blocker(state: ClusterState, queue: str, extra: int, tree: dict[str, int] | None = None) -> str | None:
-    """The first queue in `queue`'s chain whose limit `extra` more GPUs would exceed, else None.
+def first_over_limit(
+    queues: dict[str, Queue], held: Callable[[str], int], queue: str, extra: int
+) -> tuple[str, int, int] | None:
+    """(name, limit, held) of the first queue in `queue`'s chain that `extra` more GPUs would overflow.
 
-    `tree` overrides the state's tree totals (decide passes its tentative ones).
+    `held(name)` is the GPUs a queue's subtree holds: the fold's tree totals,
+    decide's tentative ones, or 0 to ask "even when idle".
     """
-    for name in ancestors(state.queues, queue):
-        q = state.queues.get(name)
+    for name in ancestors(queues, queue):
+        q = queues.get(name)
         if q is None or q.limit_gpus is None:
             continue
-        used = tree[name] if tree is not None and name in tree else _tree_gpus(state, name)
+        used = held(name)
         if used + extra > q.limit_gpus:
-            return name
+            return name, q.limit_gpus, used
     return None
-
-
-def _tree_gpus(state: ClusterState, name: str) -> int:
-    u = state.usage.get(name)
-    return u.tree_gpus if u is not None else 0
