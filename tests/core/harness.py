@@ -92,9 +92,9 @@ class Sim:
     def tick(self, seconds: float) -> None:
         self.now += seconds
 
-    def decide(self, **kw: Any) -> list[Event]:
+    def decide(self) -> list[Event]:
         """Run decide and fold its events; no decision may be void."""
-        events = decide(self.state, self.now, epoch=kw.pop("epoch", self.epoch), policies=self.policies)
+        events = decide(self.state, self.now, epoch=self.epoch, policies=self.policies)
         for e in events:
             before = self.state.voids
             self.emit(e)  # type: ignore[arg-type]
