@@ -106,6 +106,8 @@ class _Admission:
         #: Gangs placed earlier in this cycle: they end too (backfill estimates).
         self.placed: list[Ending] = []
         self._memo: dict[tuple[object, ...], object] = {}
+        #: Victim searches that found nothing: shape/queue -> highest priority that failed.
+        self.hopeless: dict[tuple[object, ...], float] = {}
 
     # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
     # their preemptor), so a gang shape that found no room in the plan's shared index finds
@@ -317,18 +319,21 @@ def _waiting_for(victims: list[str]) -> str:
 
 def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
     c, plan, pol = adm.c, adm.plan, adm.c.policies
-    load = plan.load(queue)
-    ask = PreemptionAsk(
-        req=req,
-        queue=queue,
-        priority=job.spec.priority,
-        owed=load.gpus + req.gpus <= load.guaranteed,
-        now=c.now,
-        min_runtime_s=c.state.config.min_runtime_s,
-    )
-    if not adm.could_preempt(queue, ask.priority, ask.owed):
+    priority = job.spec.priority
+    q = c.state.queues.get(queue)
+    guaranteed = q.guaranteed_gpus if q is not None else 0
+    owed = plan.gpus.get(queue, 0) + req.gpus <= guaranteed
+    if not adm.could_preempt(queue, priority, owed):
         return None  # nobody it could preempt: do not spend a search
+    # Candidates and free GPUs only shrink during a cycle: a shape that found no victims
+    # at some priority finds none at that priority or lower later on.
+    hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, queue, owed)
+    if priority <= adm.hopeless.get(hopeless, -math.inf):
+        return None
     adm.searches -= 1
+    ask = PreemptionAsk(
+        req=req, queue=queue, priority=priority, owed=owed, now=c.now, min_runtime_s=c.state.config.min_runtime_s
+    )
     cands = adm.candidates()
     loads = {q: plan.load(q) for q in dict.fromkeys(x.queue for x in cands)}
 
@@ -340,6 +345,8 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
 
     victims = pol.victims(ask, cands, base, loads, pol.fits, quota_ok)
     if not victims:
+        if not job.earmark:  # (an earmark view is not the shared index)
+            adm.hopeless[hopeless] = max(ask.priority, adm.hopeless.get(hopeless, -math.inf))
         return None
     after = base.copy()
     for v in victims:
@@ -353,7 +360,7 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
         why = (
             f"priority {job.spec.priority} > {v.priority} in queue {queue}"
             if v.queue == queue
-            else f"queue {queue} reclaims its guarantee {load.guaranteed} from {v.queue}"
+            else f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}"
         )
         adm.events.append(
             PreemptionRequested(

@@ -102,6 +102,25 @@ def _take(idx: FreeIndex, c: Candidate) -> None:
         idx.take(rp.node_id, rp.gpus)
 
 
+def _could_fit(
+    ask: PreemptionAsk,
+    pool: list[Candidate],
+    index: FreeIndex,
+    fits: FitsFn,
+    quota_ok: Callable[[Sequence[Candidate]], bool],
+) -> bool:
+    """Would the gang fit with every candidate gone? If not, no victim set exists: skip the search.
+
+    (Every valid victim set is a subset of the pool, and fitting only gets easier with more GPUs.)
+    """
+    if not quota_ok(pool):
+        return False
+    idx = index.copy()
+    for c in pool:
+        _give(idx, c)
+    return idx.free_gpus(ROOT) >= ask.req.gpus and fits(ask.req, idx)
+
+
 def find_victims(
     ask: PreemptionAsk,
     candidates: Sequence[Candidate],
@@ -112,7 +131,7 @@ def find_victims(
 ) -> list[Candidate] | None:
     """A minimal set of victims after which `ask` fits (and stays within quota), or None."""
     pool = sorted((c for c in candidates if why_preemptible(ask, c, loads)), key=victim_order(ask))
-    if not pool:
+    if not pool or not _could_fit(ask, pool, index, fits, quota_ok):
         return None
     idx = index.copy()
     removed: list[Candidate] = []
