@@ -328,7 +328,7 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
     # Candidates and free GPUs only shrink during a cycle: a shape that found no victims
     # at some priority finds none at that priority or lower later on.
     hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, queue, owed)
-    if priority <= adm.hopeless.get(hopeless, -math.inf):
+    if not job.earmark and priority <= adm.hopeless.get(hopeless, -math.inf):
         return None
     adm.searches -= 1
     ask = PreemptionAsk(
