@@ -6,10 +6,13 @@ import argparse
 
 from events.sdk import FINAL, Client
 from orchestrator.cli.connect import add_connection_args, connected
-from orchestrator.cli.errors import FAILURE, OK, TIMEOUT, CliError
+from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, TIMEOUT, CliError
+from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import print_json
 from orchestrator.cli.render import line
 from orchestrator.cli.specfile import load_jobspec
+from orchestrator.cli.state_view import load_state
+from orchestrator.core.state import TERMINAL
 from schemas import tag_of
 
 
@@ -37,9 +40,19 @@ async def submit(args: argparse.Namespace) -> int:
 
 
 async def cancel(args: argparse.Namespace) -> int:
+    job_id = checked_id(args.job, "job id")
     async with connected(args) as bus:
-        seq = await Client(bus).cancel(args.job, reason=args.reason)
-    print_json({"job_id": args.job, "seq": seq}) if args.json else print(f"cancel requested for {args.job}")
+        job = (await load_state(bus)).jobs.get(job_id)
+        if job is None:
+            raise CliError(f"unknown job {job_id!r} (see `corral jobs`)", NOT_FOUND)
+        if job.status in TERMINAL:
+            if args.json:
+                print_json({"job_id": job_id, "status": job.status, "seq": None})
+            else:
+                print(f"{job_id} is already {job.status}: nothing to cancel")
+            return OK
+        seq = await Client(bus).cancel(job_id, reason=args.reason)
+    print_json({"job_id": job_id, "seq": seq}) if args.json else print(f"cancel requested for {job_id}")
     return OK
 
 

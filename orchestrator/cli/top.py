@@ -117,20 +117,23 @@ def queue_bar(used: int, guarantee: int, limit: int | None, scale: int, width: i
 
 
 def _queues(state: ClusterState, now: float, colors: dict[str, str]) -> RenderableType:
+    """One line per queue; a narrow terminal cuts the numbers at the end, never the name or the bar."""
     total = sum(len(o) for o in state.owners.values())
-    t = Table.grid(padding=(0, 2))
-    t.add_column(no_wrap=True)
-    t.add_column(no_wrap=True, width=BAR_WIDTH)
-    t.add_column(no_wrap=True, overflow="ellipsis")
-    for q in queue_summaries(state, now):
+    summaries = queue_summaries(state, now)
+    if not summaries:
+        return Text("no queues")
+    width = max(len(q["queue"]) for q in summaries)
+    out = Text(no_wrap=True, overflow="ellipsis")
+    for i, q in enumerate(summaries):
         limit = "-" if q["limit_gpus"] is None else q["limit_gpus"]
-        t.add_row(
-            Text(q["queue"], style=colors.get(q["queue"], "")),
-            queue_bar(q["gpus"], q["guaranteed_gpus"], q["limit_gpus"], total),
-            f"{q['gpus']} used / {q['guaranteed_gpus']} guaranteed / {limit} limit  w={q['weight']:g}  "
-            f"pending {q['pending']}",
-        )
-    return t if t.row_count else Text("no queues")
+        if i:
+            out.append("\n")
+        out.append(q["queue"].ljust(width), style=colors.get(q["queue"], ""))
+        out.append("  ")
+        out.append_text(queue_bar(q["gpus"], q["guaranteed_gpus"], q["limit_gpus"], total))
+        out.append(f"  {q['gpus']} used / {q['guaranteed_gpus']} guaranteed / {limit} limit  w={q['weight']:g}  "
+                   f"pending {q['pending']}")
+    return out
 
 
 def _pending(state: ClusterState, limit: int) -> RenderableType:
