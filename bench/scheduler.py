@@ -200,13 +200,14 @@ def lifecycle_log(target: int = 1_000_000, nodes: int = 1024, seed: int = 11) ->
 def fold_bench(events: int = 1_000_000) -> dict[str, Any]:
     log = lifecycle_log(events)
     state = ClusterState()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for seq, e in enumerate(log, 1):
         evolve(state, e, seq)
-    dt = time.perf_counter() - t
+    dt, cpu = time.perf_counter() - t, time.process_time() - c
     return {
         "fold_events": len(log),
         "fold_events_per_s": round(len(log) / dt),
+        "fold_events_per_cpu_s": round(len(log) / cpu),
         "fold_s": round(dt, 2),
         "fold_voids": state.voids,
     }
