@@ -14,20 +14,28 @@ from orchestrator.core.state import ClusterState
 from orchestrator.core.topology import Topology
 from orchestrator.core.usage import first_over_limit, resolve_queue
 
+#: Capacity is judged only once no node has joined for this long: a job submitted while the
+#: cluster is still registering (every `corral up`, every scheduler restart of a fresh
+#: cluster) must not be rejected for lack of nodes that are about to arrive.
+SETTLE_S = 30.0
+
 
 class ClusterFacts:
-    __slots__ = ("_empty", "memo", "state", "topo")
+    __slots__ = ("_empty", "memo", "now", "state", "topo")
 
-    def __init__(self, state: ClusterState, topo: Topology) -> None:
+    def __init__(self, state: ClusterState, topo: Topology, now: float) -> None:
         self.state = state
         self.topo = topo
+        self.now = now
         self._empty: dict[GpuClass, FreeIndex] = {}
         #: Answers of admission rules by the spec shape they read (a backlog has few shapes).
         self.memo: dict[Hashable, tuple[str, ...]] = {}
 
     @property
-    def has_nodes(self) -> bool:
-        return bool(self.state.nodes)
+    def capacity_settled(self) -> bool:
+        """Nodes exist and none joined within SETTLE_S: "can never fit" is now a fair verdict."""
+        nodes = self.state.nodes.values()
+        return bool(nodes) and max(n.registered_at for n in nodes) <= self.now - SETTLE_S
 
     def models(self) -> list[str]:
         seen: dict[str, None] = {}

@@ -15,7 +15,7 @@ from schemas.events import JobRejected
 
 
 def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
-    facts = ClusterFacts(c.state, plan.topo)
+    facts = ClusterFacts(c.state, plan.topo, c.now)
     out: list[JobRejected] = []
     for job in pending:
         if job.waiting is not None or job.job_id in plan.busy:

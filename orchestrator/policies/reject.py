@@ -3,7 +3,8 @@
 "Never" means: not even with every registered GPU free (failed and cordoned
 nodes included, they may come back). A job asking for an unknown queue runs
 in the default queue when there is one, and anywhere when no queue is defined
-at all. An empty cluster rejects nothing on capacity: nodes may still come.
+at all. A cluster that is empty or still growing (a node joined in the last
+SETTLE_S seconds) rejects nothing on capacity: nodes may still come.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _unfit(spec: JobSpec, facts: ClusterFacts) -> tuple[str, ...]:
         level_known = False
         known = ", ".join([*facts.topo.levels, NODE])
         out.append(f"unknown topology level {spec.topology.level!r}; this cluster has: {known}")
-    if facts.has_nodes and spec.gpus_per_rank > 0:
+    if facts.capacity_settled and spec.gpus_per_rank > 0:
         req = request_for("", spec)
         if not level_known:
             req = req._replace(level=None, required=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import SCHEDULER
 from schemas.events import (
     CancelRequested,
@@ -145,6 +146,7 @@ def test_rejections_say_why() -> None:
     s.node("n1", labels={"leaf": "l1"})
     s.queue("default")
     s.queue("research", limit_gpus=8)
+    s.tick(SETTLE_S)  # capacity is judged once no node has joined for a while
     s.submit("too-big", ranks=3, gpus_per_rank=8)
     s.submit("bad-model", gpu_model="B200")
     s.submit("bad-level", topology=("rack", "require"))
@@ -161,6 +163,19 @@ def test_rejections_say_why() -> None:
     assert reasons["rank-too-wide"] == ("a rank needs 16 GPUs, the largest node has 8",)
     assert "unknown-queue-ok" not in reasons  # runs in the default queue
     assert s.job("unknown-queue-ok").queue == "default"
+
+
+def test_job_submitted_while_nodes_still_join_waits_instead_of_being_rejected() -> None:
+    """`corral up` and fresh clusters: submissions race node registration; capacity is no verdict yet."""
+    s = Sim()
+    s.node("n0")
+    s.submit("big", ranks=2, gpus_per_rank=8)
+    events = s.decide()
+    assert not of_type(events, JobRejected)
+    s.node("n1")
+    s.tick(1)
+    (reserved,) = of_type(s.decide(), GangReserved)
+    assert reserved.job_id == "big" and len({p.node_id for p in reserved.ranks}) == 2
 
 
 def test_unknown_queue_without_default_is_rejected() -> None:
