@@ -642,6 +642,7 @@ class _Reader:
                 if end is not None and (sseq >= end or t[8 + o] == "0"):
                     self._done = True
             if self._waiting or self._done:
+                self._waiting = False  # one wake-up per batch, not one per message
                 self._wake.set()
             if self._want <= self.batch and len(self._buf) < self._high and not self._done:
                 await self._fill()
@@ -663,6 +664,7 @@ class _Reader:
             self._want -= 1
             self._buf.append((self.bus._envelope(data, msg.subject, sseq, ts), msg.reply, dseq))
             if self._waiting:
+                self._waiting = False
                 self._wake.set()
             if self._want <= self.batch and len(self._buf) < self._high:
                 await self._fill()
