@@ -3,31 +3,33 @@
 Writing. `append` publishes with `Nats-Msg-Id = event.event_id`, so a publish
 retried after a lost ack is stored once: JetStream answers a duplicate with
 the original's sequence, which `append` returns. `append_many` pipelines the
-publishes (one connection, acks gathered), about 5-10x the throughput of
-awaiting each ack.
+publishes (one connection, acks gathered): 5-8x the throughput of awaiting
+each ack.
 
 Durability. The embedded server keeps nats-server's default file-store sync:
 a message is written to the OS before its PubAck (so a crash or SIGKILL of
-nats-server loses nothing) and fsynced every 2 minutes (so a kernel crash or
-power loss may lose the last ones). fsync on every write ("sync always") cost
-~5x on append throughput on the reference machine (bench/RESULTS.md). In a
-cluster, replicas=3 make an ack mean "on a quorum of machines", which is the
-real guarantee; a single-node deployment that must survive power loss should
-start its server with `sync_interval="always"`.
+nats-server loses nothing; tests/test_bus.py kills it to check) and fsynced
+every 2 minutes (so a kernel crash or power loss may lose the last ones).
+fsync before every ack ("sync_interval: always") cut append throughput 5x
+on a quiet disk and 13x on a busy one on the reference machine
+(bench/RESULTS.md), and it is not what protects a production log: there,
+replicas=3 make an ack mean "on a quorum of machines". A single-node
+deployment that must survive power loss can start its server with
+`NatsServer(sync_interval="always")`.
 
 Reading. All reads use one mechanism (`_Reader`): an ephemeral or durable
-pull consumer, raw `$JS.API.CONSUMER.MSG.NEXT` requests answered on one inbox
-subscription whose *callback* decodes messages into Envelopes. Measured on the
-reference machine (bench/RESULTS.md), this is the fastest correct way to read
-a stream with nats-py 2.16:
-- `PullSubscription.fetch()`, `next_msg()` and `async for` create a task per
-  message and read 4-6x slower;
+pull consumer, raw `$JS.API.CONSUMER.MSG.NEXT` batch requests answered on one
+inbox subscription whose *callback* decodes messages into Envelopes. Measured
+on the reference machine with nats-py 2.16 (bench/RESULTS.md):
+- `PullSubscription.fetch()` (a task per message, like `next_msg()` and
+  `async for`) reads 4-5x slower; batched direct gets 2-3x slower;
 - a push consumer without flow control overruns the client's pending limits
-  and silently drops messages (92k of 200k in one test), and an ordered push
-  consumer with flow control was slower than raw pulls;
-- batched direct gets parse more headers per message and were ~3x slower;
-- replay consumers use AckPolicy NONE, so max_ack_pending (1,000 by default)
-  cannot stall them; the server keeps two pull requests in flight.
+  and silently drops messages; an ordered push consumer with flow control is
+  about as fast as raw pulls, but its flow control paces the callback, not
+  the reader behind it; pull requests let a slow reader hold the server back
+  and let a replay stop exactly at its last sequence;
+- AckPolicy NONE for replays and tails, so max_ack_pending (1,000 by default)
+  cannot stall them.
 Every read recovers by itself from a lost consumer, a reconnect or a
 nats-server restart: it creates a new consumer at the sequence after the last
 one it delivered, so nothing is lost or repeated.
@@ -86,7 +88,7 @@ class Envelope(msgspec.Struct, frozen=True, gc=False):
     attribute API): building one costs a tenth of a frozen dataclass, and
     `gc=False` keeps replay batches out of the cyclic GC's work (an Envelope
     holds an immutable event tree, so it can never be part of a cycle).
-    Together that is ~15% of replay throughput (bench/RESULTS.md).
+    Together that was ~10% of replay throughput (bench/RESULTS.md).
     """
 
     seq: int
