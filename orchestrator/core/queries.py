@@ -1,91 +1,45 @@
 """Read-only questions agents and the CLI ask of a folded state.
 
-An agent's desired state for its node is `desired_ranks(state, node_id)`: every
+An agent's desired state for its node is `node_work(state, node_id)`: every
 rank placed there of each gang holding GPUs, at the gang's current attempt,
-with the distributed-training environment it needs. `stop` says the gang is
-being stopped or preempted: signal it, wait its grace, kill it.
+with what to do about it (nodeagent.rank_env builds each rank's environment).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal
 
 from orchestrator.core.plan import QueueLoad
 from orchestrator.core.state import FREE, ClusterState, Waiting
 from orchestrator.core.usage import average_gpus
-from schemas.jobspec import JobSpec
+
+#: run: keep it running (start it if missing); checkpoint: preemption asked for
+#: a checkpoint, then exit within the grace period; stop: cancel/time limit.
+Intent = Literal["run", "checkpoint", "stop"]
+WorkerKey = tuple[str, int, int]  # job id, attempt, rank
 
 
-class DesiredRank(NamedTuple):
-    job_id: str
-    attempt: int
-    rank: int
-    gpus: tuple[int, ...]
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    resume_from: str | None
-    #: Stop this rank (cancel, scheduler stop, preemption): checkpoint signal, grace, kill.
-    stop: bool
-    grace_s: float
-    spec: JobSpec
+def node_work(state: ClusterState, node_id: str) -> dict[WorkerKey, Intent]:
+    """Every rank of the current attempts placed on `node_id` that has not exited, with its intent.
 
-    def env(self) -> dict[str, str]:
-        """The rendezvous environment of DESIGN.md (checkpoint dir from the spec when set)."""
-        env = {
-            "WORLD_SIZE": str(self.world_size),
-            "RANK": str(self.rank),
-            "LOCAL_RANK": str(self.local_rank),
-            "LOCAL_WORLD_SIZE": str(self.local_world_size),
-            "NODE_RANK": str(self.node_rank),
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in self.gpus),
-            "CORRAL_JOB_ID": self.job_id,
-            "CORRAL_ATTEMPT": str(self.attempt),
-            "CORRAL_CHECKPOINT_DIR": self.spec.checkpoint_dir or "",
-            "CORRAL_RESUME_FROM": self.resume_from or "",
-        }
-        return env
-
-
-def desired_ranks(state: ClusterState, node_id: str) -> list[DesiredRank]:
-    out: list[DesiredRank] = []
-    for jid in state.active:
-        job = state.jobs[jid]
-        placement = job.placement
-        if not any(rp.node_id == node_id for rp in placement):
-            continue
-        nodes: list[str] = []
-        for rp in placement:
-            if not nodes or nodes[-1] != rp.node_id:
-                nodes.append(rp.node_id)
-        master = state.nodes.get(placement[0].node_id)
-        local = [rp for rp in placement if rp.node_id == node_id]
-        stopping = job.stop is not None or job.status == "preempting"
-        grace = job.preempt_grace_s if job.status == "preempting" else job.spec.grace_period_s
-        for i, rp in enumerate(local):
-            out.append(
-                DesiredRank(
-                    job_id=jid,
-                    attempt=job.attempt,
-                    rank=rp.rank,
-                    gpus=rp.gpus,
-                    world_size=len(placement),
-                    local_rank=i,
-                    local_world_size=len(local),
-                    node_rank=nodes.index(node_id),
-                    master_addr=master.address if master is not None else "",
-                    master_port=job.master_port,
-                    resume_from=job.resume_from,
-                    stop=stopping,
-                    grace_s=grace,
-                    spec=job.spec,
-                )
-            )
+    The agent compares this with the workers it has and acts on the difference; a
+    worker of a superseded attempt is never "wanted", whatever its job's fate.
+    """
+    node = state.nodes.get(node_id)
+    if node is None or node.failed:
+        return {}  # a failed node's gangs are being requeued: nothing here is wanted any more
+    out: dict[WorkerKey, Intent] = {}
+    for job_id in state.active:
+        job = state.jobs[job_id]
+        ranks = state.ranks.get(job_id, {})
+        intent: Intent = "checkpoint" if job.status == "preempting" else "stop" if job.stop is not None else "run"
+        for p in job.placement:
+            if p.node_id != node_id:
+                continue
+            rank = ranks.get(p.rank)
+            if rank is not None and rank.status == "exited":
+                continue
+            out[(job_id, job.attempt, p.rank)] = intent
     return out
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.core.queries import desired_ranks
+from orchestrator.core.queries import node_work
 from schemas.events import GangReserved, JobWaiting, Preempted, PreemptionRequested
 from tests.core.harness import Sim, of_type
 
@@ -25,7 +25,7 @@ def test_urgent_job_preempts_experiment_which_resumes_from_its_checkpoint() -> N
     assert p.earmark and p.earmark[0].node_id == "n0"
     (w,) = of_type(events, JobWaiting)
     assert (w.job_id, w.code) == ("urgent", "preempting")
-    assert all(d.stop for d in desired_ranks(s.state, "n0"))  # the agent signals and waits
+    assert set(node_work(s.state, "n0").values()) == {"checkpoint"}  # the agent signals and waits
     # The experiment checkpoints on the signal, then exits.
     s.checkpoint("exp", step=20, path="/ckpt/exp/20")
     s.exit("exp", code=None, reason="preempted")
@@ -42,8 +42,7 @@ def test_urgent_job_preempts_experiment_which_resumes_from_its_checkpoint() -> N
     assert (g.job_id, g.attempt) == ("exp", 2)
     exp = s.job("exp")
     assert exp.resume_from == "/ckpt/exp/20"
-    (d,) = desired_ranks(s.state, "n0")
-    assert d.env()["CORRAL_RESUME_FROM"] == "/ckpt/exp/20" and d.env()["CORRAL_ATTEMPT"] == "2"
+    assert node_work(s.state, "n0") == {("exp", 2, 0): "run"}
 
 
 def test_victim_that_ignores_the_signal_is_preempted_after_grace() -> None:
