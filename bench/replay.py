@@ -302,12 +302,16 @@ async def run(bus: Bus, n: int, rounds: int, sync_always: bool, candidates: bool
     raw: list[tuple[float, float]] = []
     push: list[float] = []
     for r in range(rounds):
+        if r % 2:  # alternate who goes first: no reader always gets the warmer (or colder) machine
+            ours.append(await read_ours(bus, n))
+            gc.collect()
         raw.append(await timed_raw(bus, n))
         gc.collect()
         push.append(await read_ordered_push(bus, n))
         gc.collect()
-        ours.append(await read_ours(bus, n))
-        gc.collect()
+        if not r % 2:
+            ours.append(await read_ours(bus, n))
+            gc.collect()
         print(f"  round {r + 1}: ours {ours[-1][0]:,.0f}/s ({ours[-1][1]:.1f} us CPU/event)  "
               f"raw pull {raw[-1][0]:,.0f}/s ({raw[-1][1]:.1f} us CPU/event)  raw ordered push {push[-1]:,.0f}/s",
               flush=True)
