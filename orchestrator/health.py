@@ -5,14 +5,24 @@ each heartbeat, so clock skew between machines cannot fail a healthy node.
 A node the monitor has not heard from since it started gets one full timeout
 of grace from the monitor's start (a freshly elected scheduler must not fail
 every node before their next beat arrives).
+
+The watch itself is an ephemeral JetStream consumer, which a nats-server
+restart loses without telling the client: the iterator just goes quiet, and a
+quiet monitor fails every node one timeout later. So `run` starts a fresh
+watch whenever nothing arrived for a third of the timeout. A fresh watch
+replays the newest value of every key; revisions already seen are skipped, so
+a dead node's last heartbeat never counts as a new one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 
 import msgspec
+import nats.errors
 import structlog
 from nats.js.kv import KeyValue
 
@@ -31,8 +41,14 @@ class HeartbeatMonitor:
         self._started = clock()
         #: node_id -> (incarnation, receive time)
         self._seen: dict[str, tuple[str, float]] = {}
+        #: KV key -> newest revision observed (a re-created watch replays old ones)
+        self._revisions: dict[str, int] = {}
 
-    def observe(self, raw: bytes) -> None:
+    def observe(self, raw: bytes, key: str = "", revision: int | None = None) -> None:
+        if revision is not None:
+            if revision <= self._revisions.get(key, 0):
+                return  # replayed by a fresh watch: not a new beat
+            self._revisions[key] = revision
         try:
             hb = _decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
@@ -41,14 +57,26 @@ class HeartbeatMonitor:
         self._seen[hb.node_id] = (hb.incarnation, self._clock())
 
     async def run(self) -> None:
-        """Follow the bucket until cancelled."""
-        watcher = await self._kv.watchall()
-        try:
-            async for entry in watcher:
-                if entry is not None and entry.value:
-                    self.observe(entry.value)
-        finally:
-            await watcher.stop()
+        """Follow the bucket until cancelled, re-creating the watch whenever it goes quiet."""
+        quiet_s = max(0.5, self.timeout_s / 3)
+        while True:
+            try:
+                watcher = await self._kv.watchall()
+            except (nats.errors.Error, TimeoutError) as e:
+                log.info("heartbeat_watch_retry", error=repr(e))
+                await asyncio.sleep(quiet_s / 2)
+                continue
+            try:
+                while True:
+                    try:
+                        entry = await watcher.updates(timeout=quiet_s)
+                    except nats.errors.TimeoutError:
+                        break  # quiet: maybe lost with a server restart; a new watch costs one consumer
+                    if entry is not None and entry.value:
+                        self.observe(entry.value, entry.key, entry.revision)
+            finally:
+                with contextlib.suppress(Exception):
+                    await watcher.stop()
 
     def overdue(self, live_nodes: Iterable[tuple[str, str]]) -> list[tuple[str, str, float]]:
         """(node_id, incarnation, silent_for_s) of live nodes past the timeout.
