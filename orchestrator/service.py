@@ -132,8 +132,11 @@ class Scheduler:
     async def _decide_loop(self) -> None:
         changed = self.follower.changed
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that
+            # arrives as `changed` fires, and the service then never stops on SIGTERM.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), self.config.tick_s)
+                async with asyncio.timeout(self.config.tick_s):
+                    await changed.wait()
             changed.clear()
             if not self.leading or self.state.seq < self._awaiting:
                 continue
