@@ -58,7 +58,7 @@ def stop_all(procs: list[Proc]) -> list[int]:
     codes = []
     for p in procs:
         try:
-            codes.append(stop(p, timeout=15))
+            codes.append(stop(p, timeout=8))
         except subprocess.TimeoutExpired:
             p.kill()
             codes.append(p.wait())
