@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from orchestrator.cli import errors
 from orchestrator.cli.errors import CliError
+from orchestrator.logging import configure_logging
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
+    # Library logs (the bus recovering a read, ...) go to stderr, quiet unless asked: stdout is the
+    # command's output, which scripts parse. Services configure their own JSON logs.
+    level = os.environ.get("CORRAL_LOG_LEVEL", "warning").lower()
+    configure_logging(level if level in ("debug", "info", "warning", "error") else "warning", json=False)
     try:
         code = asyncio.run(handler(args))
     except CliError as e:

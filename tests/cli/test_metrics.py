@@ -1,0 +1,105 @@
+"""The scheduler's Prometheus endpoint during a workload agrees with `corral queues` and `corral nodes`."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator.metrics import state_metrics
+from tests.cli.conftest import Up, corral, corral_json, job, state_of, statuses, submit, wait_state
+from tests.cli.test_top import known_state
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: Samples = {}
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_gauges_match_queues_and_nodes_during_a_workload(cluster: Up, metrics_port: int) -> None:
+    url = cluster.url
+    corral("queue", "set", "metrics-q", "--guarantee", "1", "--limit", "3", url=url)
+    ids = ["met-1", "met-2", "met-3"]
+    submit(url, {i: job(i, queue="metrics-q", gpus=1 if i != "met-3" else 2, steps=100_000) for i in ids})
+    # Two run (2 GPUs); the third would exceed the queue's limit of 3 and waits.
+    wait_state(url, lambda s: statuses(s, ids) == ["running", "running", "pending"]
+               and s.jobs["met-3"].waiting is not None, 40, "the workload to settle")
+    try:
+        for _ in range(20):  # compare at one log position: nothing appended between the two scrapes
+            before = scrape(metrics_port)
+            queues = corral_json("queues", url=url)
+            nodes = corral_json("nodes", url=url)
+            after = scrape(metrics_port)
+            pos = value(before, "corral_log_position")
+            if pos == value(after, "corral_log_position") == queues["seq"] == nodes["seq"]:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the log never held still for a comparison")
+
+        for q in queues["queues"]:
+            name = q["queue"]
+            assert value(after, "corral_queue_gpus_allocated", queue=name) == q["gpus"], name
+            assert value(after, "corral_queue_gpus_guaranteed", queue=name) == q["guaranteed_gpus"], name
+            assert value(after, "corral_queue_gpus_limit", queue=name) == q["limit_gpus"], name
+            assert value(after, "corral_queue_weight", queue=name) == q["weight"], name
+            assert value(after, "corral_queue_pending_jobs", queue=name) == q["pending"], name
+        mq = next(q for q in queues["queues"] if q["queue"] == "metrics-q")
+        assert mq["gpus"] == 2 and mq["pending"] == 1
+        assert value(after, "corral_queue_gpus_free", queue="metrics-q") == 1  # limit 3, 2 held
+        for n in nodes["nodes"]:
+            assert value(after, "corral_node_gpus", node=n["node_id"], state="allocated") == n["used"]
+            assert value(after, "corral_node_gpus", node=n["node_id"], state="free") == n["free"]
+            assert value(after, "corral_node_condition", node=n["node_id"], condition=n["state"]) == 1
+            age = value(after, "corral_node_heartbeat_age_seconds", node=n["node_id"])
+            assert age is not None and 0 <= age < 5
+        code = state_of_pending_code(url, "met-3")
+        assert (value(after, "corral_pending_jobs", reason=code) or 0) >= 1
+        assert value(after, "corral_jobs", status="running") == sum(
+            1 for j in corral_json("jobs", "--state", "running", url=url)["jobs"])
+        assert (value(after, "corral_events_appended_total", service="scheduler") or 0) > 0
+        assert (value(after, "corral_events_appended_total", service="agent") or 0) > 0
+        assert (value(after, "corral_decide_seconds_count") or 0) > 0
+        assert (value(after, "corral_events_read_total", service="scheduler", type="JobSubmitted") or 0) >= 3
+        assert value(after, "corral_agent_workers", node="node-0") is not None
+    finally:
+        for i in ids:
+            corral("cancel", i, url=url)
+        wait_state(url, lambda s: statuses(s, ids) == ["cancelled"] * 3, 40, "cancellations")
+
+
+def state_of_pending_code(url: str, job_id: str) -> str:
+    waiting = state_of(url).jobs[job_id].waiting
+    assert waiting is not None
+    return waiting.code
+
+
+def test_preemptions_are_counted(cluster: Up, metrics_port: int, preemption: object) -> None:
+    samples = scrape(metrics_port)
+    assert (value(samples, "corral_preemptions_total") or 0) >= 1
+
+
+def test_state_metrics_of_a_known_state() -> None:
+    state, _ = known_state()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in state_metrics(state) for s in m.samples}
+    assert got[("corral_node_gpus", (("node", "n0"), ("state", "allocated")))] == 4
+    assert got[("corral_node_gpus", (("node", "n1"), ("state", "free")))] == 2
+    assert got[("corral_node_condition", (("condition", "failed"), ("node", "n2")))] == 1
+    assert got[("corral_queue_gpus_allocated", (("queue", "prod"),))] == 2
+    assert got[("corral_queue_gpus_free", (("queue", "prod"),))] == 2  # 2 free on live nodes, limit 6 - 2
+    assert got[("corral_queue_gpus_limit", (("queue", "prod"),))] == 6
+    assert ("corral_queue_gpus_limit", (("queue", "research"),)) not in got
+    assert got[("corral_pending_jobs", (("reason", "capacity"),))] == 1
+    assert got[("corral_pending_jobs", (("reason", "unexplained"),))] == 1
+    assert got[("corral_log_position", ())] == 16
