@@ -317,3 +317,15 @@ async def test_connect_to_nothing_fails_fast() -> None:
     with pytest.raises((nats.errors.NoServersError, OSError)):
         await Bus.connect("nats://127.0.0.1:9", connect_attempts=2, reconnect_time_wait=0.05)
     assert time.monotonic() - t < 5
+
+
+async def test_undecodable_events_are_logged_once_per_type(bus: Bus) -> None:
+    from structlog.testing import capture_logs
+
+    for i in range(3):
+        await bus.js.publish("corral.job.j1.JobTeleported", b'{"type":"JobTeleported","n":%d}' % i)
+        await bus.js.publish("corral.job.j1.Garbage", b"\xff%d" % i)
+    with capture_logs() as logs:
+        envs = await replay_all(bus)
+    assert len(envs) == 6 and all(isinstance(e.event, Unknown) for e in envs)
+    assert sorted(str(x["type"]) for x in logs if "undecodable" in x["event"]) == ["JobTeleported", "None"]
