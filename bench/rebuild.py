@@ -28,14 +28,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from replay import read_raw, realistic_events  # noqa: E402
+from replay import read_raw, realistic_events
 
-from events.bus import Bus  # noqa: E402
-from events.server import NatsServer  # noqa: E402
-from orchestrator.core.evolve import evolve  # noqa: E402
-from orchestrator.core.state import ClusterState, snapshot  # noqa: E402
-from orchestrator.follow import Follower  # noqa: E402
-from orchestrator.snapshot import SnapshotStore  # noqa: E402
+from events.bus import Bus
+from events.server import NatsServer
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState, snapshot
+from orchestrator.follow import Follower
+from orchestrator.snapshot import SnapshotStore
 
 
 async def rebuild(bus: Bus, expect: int) -> tuple[float, ClusterState]:

@@ -7,8 +7,10 @@ Reports gangs placed per second of decide time and decide latency.
 
 fold_bench(): folding a 1,000,000-event log of busy-cluster lifecycles.
 
-The end-to-end part (over NATS) is added next to these by the shell's owner.
-Usage: python bench/scheduler.py [--nodes N] [--jobs N] [--fold-events N]
+e2e_bench() (bench/scheduler_e2e.py): a real `corral scheduler` process over an
+embedded nats-server -- submit -> GangReserved latency at a steady 100 submits/s
+and the rate of a burst.
+Usage: python bench/scheduler.py [--nodes N] [--jobs N] [--fold-events N] [--no-e2e]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
@@ -218,10 +221,21 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1024)
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--fold-events", type=int, default=1_000_000)
+    ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end run through NATS")
+    ap.add_argument("--burst", type=int, default=4000, help="end-to-end burst size")
     args = ap.parse_args()
     figures = {**core_bench(args.nodes, args.jobs)}
+    print(f"core: {figures['core_gangs_per_s']:,} gangs/s, decide p99 {figures['core_decide_p99_ms']} ms", flush=True)
     if args.fold_events:
         figures.update(fold_bench(args.fold_events))
+    if not args.no_e2e:
+        import asyncio
+
+        from scheduler_e2e import e2e_bench
+
+        figures.update(asyncio.run(e2e_bench(burst=args.burst)))
+        print(f"e2e: {figures['e2e_gangs_per_s']:,} gangs/s, p99 {figures['e2e_p99_ms']} ms at 100 submits/s",
+              flush=True)
     print(json.dumps(figures))
 
 
