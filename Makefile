@@ -11,8 +11,10 @@ $(BIN)/corral: pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
+# A fresh data dir and any free port, so a second run (or a running `corral up`) never interferes.
 demo: $(BIN)/corral
-	$(BIN)/corral up --demo --duration 120
+	rm -rf .corral/demo
+	$(BIN)/corral up --demo --duration 240 --data-dir .corral/demo --port 0
 
 test: $(BIN)/corral
 	$(BIN)/pytest -q -p no:cacheprovider
