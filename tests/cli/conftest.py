@@ -220,7 +220,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, metrics_port: int) -> Iter
             ["--nodes", "2", "--gpus-per-node", "4", "--min-runtime", "1", "--metrics-port", str(metrics_port)])
     up.start()
     # Once any queue is defined, jobs naming an undefined one are rejected: define the ones tests use.
-    asyncio.run(_with_bus(up.url, lambda bus: Client(bus).define_queue("default")))
+    async def queues(bus: Bus) -> None:
+        for name in ("default", "research"):
+            await Client(bus).define_queue(name)
+
+    asyncio.run(_with_bus(up.url, queues))
     try:
         yield up
     finally:
