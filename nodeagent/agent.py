@@ -46,6 +46,8 @@ log = structlog.get_logger("corral.agent")
 
 #: Grace for stopping a worker nobody wants any more (superseded attempt, requeued gang).
 UNWANTED_GRACE_S = 5.0
+#: How often running workers' checkpoint dirs are scanned for new manifests.
+CHECKPOINT_SCAN_S = 1.0
 
 
 @dataclass
@@ -62,6 +64,8 @@ class Tracked:
     checkpoint_step: int = -1
     waiter: asyncio.Task[None] | None = None
     stopper: asyncio.Task[ExitInfo] | None = None
+    #: Adopted after a restart: which GPUs it holds is not recorded with the worker.
+    gpus_unknown: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class Agent:
         self._restarting: set[WorkerKey] = set()
         self._recovery_sent_for = ""
         self._tasks: set[asyncio.Task[object]] = set()
+        self._checkpoints_scanned = 0.0
 
     @property
     def node_id(self) -> str:
@@ -158,6 +163,7 @@ class Agent:
                     await self.runtime.remove(found.handle)
                     continue
                 tr = self._track(found.handle, job, lb.restarts)
+                tr.gpus_unknown = True
                 log.info("worker_adopted", job_id=lb.job_id, attempt=lb.attempt, rank=lb.rank)
                 tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
                 continue
@@ -226,10 +232,11 @@ class Agent:
             )
         work = node_work(state, self.node_id)
         now = time.monotonic()
+        held = self._held_gpus(work)
         for key, intent in work.items():
             tr = self.workers.get(key)
             if tr is None:
-                if intent == "run" and key not in self._restarting:
+                if intent == "run" and key not in self._restarting and not self._blocked(key, held):
                     await self._start(key, restarts=0)
                 continue
             await self._steer(key, tr, intent, now)
@@ -239,6 +246,40 @@ class Agent:
                 tr.stopper = asyncio.ensure_future(
                     stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
                 )
+        if now - self._checkpoints_scanned >= CHECKPOINT_SCAN_S:
+            # Periodic checkpoints go into the log as they appear (not only on preemption), so a
+            # gang requeued after its node died resumes from the newest one instead of step 0.
+            self._checkpoints_scanned = now
+            for key, tr in list(self.workers.items()):
+                if tr.ending is None and work.get(key) == "run":
+                    await self._report_checkpoint(key, tr)
+
+    def _held_gpus(self, work: dict[WorkerKey, Intent]) -> set[int] | None:
+        """GPUs still held by workers on their way out; None: unknown, so all of them.
+
+        The log frees a gang's GPUs as soon as it is requeued (node failed, partition) or
+        superseded, but its old workers here may still be running (orphans adopted after an
+        agent restart, stale workers after a partition heals, a stop in its grace period).
+        """
+        held: set[int] = set()
+        for key, tr in self.workers.items():
+            if key in work and tr.ending is None:
+                continue  # wanted: its GPUs are its own in the log too
+            if tr.gpus_unknown:
+                return None
+            held.update(tr.spec.gpus)
+        return held
+
+    def _blocked(self, key: WorkerKey, held: set[int] | None) -> bool:
+        """A new worker waits until no old one holds any of its GPUs (reconcile retries each tick)."""
+        if held is not None and not held:
+            return False
+        job = self.follower.state.jobs[key[0]]
+        gpus = next((p.gpus for p in job.placement if p.rank == key[2]), ())
+        if held is None or held.intersection(gpus):
+            log.info("worker_start_deferred", job_id=key[0], rank=key[2], reason="GPUs still held by a stopping worker")
+            return True
+        return False
 
     async def _steer(self, key: WorkerKey, tr: Tracked, intent: Intent, now: float) -> None:
         if intent == "checkpoint":
