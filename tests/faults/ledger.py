@@ -30,21 +30,23 @@ class Use:
     gpus: tuple[int, ...]
     start: float
     end: float | None  # None: still running (or SIGKILLed, which our agents never do first)
+    #: "exit" (ran to its end), "signal" (stopped by SIGTERM), "" while running
+    how: str = ""
 
 
 def read_ledger(path: Path) -> list[Use]:
     starts: dict[int, dict[str, object]] = {}
-    ends: dict[int, float] = {}
+    ends: dict[int, tuple[float, str]] = {}
     for line in path.read_text().splitlines() if path.exists() else []:
         rec = json.loads(line)
         if rec["what"] == "start":
             starts[rec["pid"]] = rec
         else:
-            ends.setdefault(rec["pid"], rec["t"])
+            ends.setdefault(rec["pid"], (rec["t"], rec.get("how", "")))
     return [
         Use(job=str(r["job"]), attempt=int(r["attempt"]), rank=int(r["rank"]), pid=pid,  # type: ignore[call-overload]
             gpus=tuple(int(g) for g in str(r["gpus"]).split(",") if g), start=float(r["t"]),  # type: ignore[arg-type]
-            end=ends.get(pid))
+            end=ends[pid][0] if pid in ends else None, how=ends[pid][1] if pid in ends else "")
         for pid, r in starts.items()
     ]
 

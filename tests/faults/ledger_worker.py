@@ -26,10 +26,10 @@ from pathlib import Path
 WORKER = Path(__file__).resolve().parents[2] / "examples" / "worker.py"
 
 
-def record(what: str) -> None:
+def record(what: str, how: str = "") -> None:
     env = os.environ
     line = json.dumps({
-        "what": what, "t": time.monotonic(), "pid": os.getpid(), "job": env.get("CORRAL_JOB_ID"),
+        "what": what, "how": how, "t": time.monotonic(), "pid": os.getpid(), "job": env.get("CORRAL_JOB_ID"),
         "attempt": int(env.get("CORRAL_ATTEMPT", "0")), "rank": int(env.get("RANK", "0")),
         "gpus": env.get("CUDA_VISIBLE_DEVICES", ""),
     })  # fmt: skip
@@ -42,7 +42,7 @@ def record(what: str) -> None:
 
 def on_term(signum: int, frame: object) -> None:
     time.sleep(float(os.environ.get("FAULT_TERM_DELAY", "0")))
-    record("end")
+    record("end", "signal")
     os._exit(128 + signum)
 
 
@@ -56,7 +56,7 @@ def main() -> int:
     try:
         return int(worker.main(sys.argv[1:]))
     finally:
-        record("end")
+        record("end", "exit")
 
 
 if __name__ == "__main__":
