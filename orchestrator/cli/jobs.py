@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 
 from events.sdk import FINAL, Client
 from orchestrator.cli.connect import add_connection_args, connected
@@ -16,10 +17,18 @@ from orchestrator.core.state import TERMINAL
 from schemas import tag_of
 
 
+def current_user() -> str:
+    """Who submits or cancels, as recorded in the log (`explain` shows it); "" if unknown."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
 async def submit(args: argparse.Namespace) -> int:
     spec = load_jobspec(args.file)
     async with connected(args) as bus:
-        client = Client(bus)
+        client = Client(bus, user=current_user())
         job_id = await client.submit(spec, job_id=args.id)
         if args.json and not args.wait:
             print_json({"job_id": job_id})
@@ -51,7 +60,7 @@ async def cancel(args: argparse.Namespace) -> int:
             else:
                 print(f"{job_id} is already {job.status}: nothing to cancel")
             return OK
-        seq = await Client(bus).cancel(job_id, reason=args.reason)
+        seq = await Client(bus, user=current_user()).cancel(job_id, reason=args.reason)
     print_json({"job_id": job_id, "seq": seq}) if args.json else print(f"cancel requested for {job_id}")
     return OK
 
