@@ -8,6 +8,7 @@ always a correct (only slower) fallback.
 
 from __future__ import annotations
 
+import io
 from typing import Any, TypeVar
 
 import msgspec
@@ -49,11 +50,14 @@ class SnapshotStore:
     async def load(self, state_type: type[S]) -> S | None:
         try:
             store = await self._bucket()
-            result = await store.get(self._name)
+            # Into a buffer: without one nats-py 2.16 grows the result with `bytes +=` per
+            # chunk, quadratic in the size (20 s for an 86 MB snapshot instead of well under 1 s).
+            buf = io.BytesIO()
+            await store.get(self._name, writeinto=buf)
         except (ObjectNotFoundError, NotFoundError):
             return None
         try:
-            return msgspec.msgpack.decode(result.data, type=state_type)
+            return msgspec.msgpack.decode(buf.getbuffer(), type=state_type)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             log.warning("snapshot_unreadable", name=self._name, error=str(e))
             return None

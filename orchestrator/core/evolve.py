@@ -23,6 +23,7 @@ from msgspec.structs import replace
 
 from orchestrator.core.eligibility import gpu_matches
 from orchestrator.core.state import (
+    FINISHED_KEPT,
     FREE,
     HOLDING,
     SCHEDULER,
@@ -183,6 +184,7 @@ def _job_rejected(state: ClusterState, e: JobRejected) -> None:
     state.jobs[e.job_id] = replace(
         job, status="rejected", earmark=(), waiting=None, finished_at=e.occurred_at, end_reason="; ".join(e.reasons)
     )
+    _retire(state, e.job_id)
 
 
 def _void(state: ClusterState, event_id: str, why: str) -> None:
@@ -466,6 +468,18 @@ def _finish(state: ClusterState, job: Job, status: JobStatus, reason: str, at: f
     state.jobs[job.job_id] = replace(
         job, status=status, gpus=0, finished_at=at, end_reason=reason, earmark=(), live=0
     )
+    _retire(state, job.job_id)
+
+
+def _retire(state: ClusterState, job_id: str) -> None:
+    """Remember a finished job; past FINISHED_KEPT drop the oldest ones (in batches: O(1) amortised)."""
+    state.finished[job_id] = state.seq
+    excess = len(state.finished) - FINISHED_KEPT
+    if excess > FINISHED_KEPT // 10:
+        order = list(state.finished)
+        for jid in order[:excess]:
+            state.jobs.pop(jid, None)
+        state.finished = {jid: state.finished[jid] for jid in order[excess:]}
 
 
 def _job_completed(state: ClusterState, e: JobCompleted) -> None:

@@ -33,6 +33,13 @@ TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "rejec
 #: JobCancelled. Agents treat it like any cancel: signal, grace, kill.
 SCHEDULER = "corral-scheduler"
 
+#: How many finished jobs the state keeps (`corral job` details, duplicate-submit
+#: detection). Older ones leave the state, deterministically by finish order, so
+#: a long-lived cluster's memory and snapshot stay bounded; their history stays
+#: in the log (`corral explain`). A resubmission of an id evicted this way runs
+#: as a new job; NATS's duplicate window still catches a retried submit.
+FINISHED_KEPT = 10_000
+
 #: Marks a free GPU in `ClusterState.owners` / an un-earmarked one in `earmarks`.
 FREE = ""
 
@@ -192,6 +199,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
     unexplained: dict[str, int] = msgspec.field(default_factory=dict)
     #: Jobs with a stop requested that have not ended yet.
     stopping: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Finished jobs still kept in `jobs`, oldest first (value: the seq they finished at).
+    finished: dict[str, int] = msgspec.field(default_factory=dict)
     #: job -> rank -> state, for the current attempt of active jobs.
     ranks: dict[str, dict[int, RankState]] = msgspec.field(default_factory=dict)
     #: job -> step -> ranks that reported a checkpoint at that step (until complete).
@@ -236,6 +245,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             lines={k: list(v) for k, v in self.lines.items()},
             unexplained=dict(self.unexplained),
             stopping=dict(self.stopping),
+            finished=dict(self.finished),
             ranks={k: dict(v) for k, v in self.ranks.items()},
             checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},
             voids=self.voids,

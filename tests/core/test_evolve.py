@@ -190,3 +190,22 @@ def test_a_snapshot_from_before_the_line_indexes_still_schedules() -> None:
     old = restore(msgspec.msgpack.encode(raw))
     assert old.lines == s.state.lines and set(old.unexplained) == set(s.state.unexplained)
     assert decide(old, s.now, epoch=1) == decide(s.state, s.now, epoch=1)
+
+
+def test_finished_jobs_beyond_the_retention_leave_the_state_deterministically() -> None:
+    """Memory and snapshots stay bounded: only the newest FINISHED_KEPT finished jobs are kept."""
+    from orchestrator.core.evolve import fold
+    from orchestrator.core.state import FINISHED_KEPT, snapshot
+    from schemas.events import JobRejected, JobSubmitted
+    from schemas.jobspec import JobSpec
+
+    n = FINISHED_KEPT + FINISHED_KEPT // 10 + 5
+    log = []
+    for i in range(n):
+        log.append(JobSubmitted(event_id=f"s{i}", occurred_at=float(i), job_id=f"j{i}", spec=JobSpec(name="x")))
+        log.append(JobRejected(event_id=f"r{i}", occurred_at=float(i), job_id=f"j{i}", reasons=("no",)))
+    state = fold(log)
+    assert FINISHED_KEPT <= len(state.jobs) <= FINISHED_KEPT + FINISHED_KEPT // 10
+    assert "j0" not in state.jobs and f"j{n - 1}" in state.jobs
+    assert list(state.finished) == list(state.jobs)
+    assert snapshot(fold(log)) == snapshot(state)
