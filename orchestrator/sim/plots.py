@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-DPI = 90
+DPI = 80
 DAY_S = 86_400.0
 #: Points per CDF line (quantiles), enough to look smooth.
 CDF_POINTS = 400
@@ -71,20 +71,22 @@ def allocation(metrics: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
 def queue_shares(metrics: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
     """Per policy, each queue's share of the GPUs over time (stacked), with Jain's index in the title."""
     n = len(metrics)
-    fig, axes = plt.subplots(n, 1, figsize=(8, 2.1 * n + 0.6), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(8, 1.8 * n + 0.6), sharex=True, squeeze=False)
     for ax, (name, m) in zip(axes[:, 0], metrics.items(), strict=True):
         q = m["queues"]
         t = [x / DAY_S for x in q["series"]["t"]]
         names = q["names"]
-        ax.stackplot(t, *[[100 * v for v in q["series"]["share"][k]] for k in names], labels=names, linewidth=0)
+        colors = [plt.get_cmap("tab20")(k % 20) for k in range(len(names))]
+        ax.stackplot(t, *[[100 * v for v in q["series"]["share"][k]] for k in names], labels=names, colors=colors,
+                     linewidth=0)
         ax.set_ylim(0, 100)
         ax.set_ylabel("% of GPUs")
         ax.set_title(f"{name}: queue shares (Jain's index {m['jain_index']:.3f})", fontsize=9)
     axes[-1, 0].set_xlabel("time (days)")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (2.1 * n + 0.6)))
-    fig.savefig(path, dpi=DPI)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / (1.8 * n + 0.6)))
+    fig.savefig(path, dpi=72)  # many filled polygons: a lower resolution keeps the file small
     plt.close(fig)
     return path
 
