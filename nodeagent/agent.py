@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from events.bus import Bus
+from events.bus import Bus, BusError
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import newest_manifest
 from nodeagent.heartbeat import publish_heartbeats
@@ -144,7 +144,22 @@ class Agent:
         return task
 
     async def _append(self, event: Event) -> int:
-        seq = await self.bus.append(event)
+        """Append a fact this agent observed, retrying until the log takes it.
+
+        Only this agent knows it (a worker started or exited, a checkpoint appeared). Dropped,
+        the rank would stay "running" in every reader's state, and reconcile would start the
+        worker again. A BusError means the log refused or was out of reach for a while (a full
+        stream, a long partition); the event id makes every retry the same event.
+        """
+        delay = 0.5
+        while True:
+            try:
+                seq = await self.bus.append(event)
+                break
+            except BusError as e:
+                log.warning("append_retry", event_id=event.event_id, error=str(e), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 10.0)
         metrics.EVENTS_APPENDED.labels("agent").inc()
         return seq
 
