@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from events.bus import Bus
+from events.bus import Bus, BusError
 from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.state import ClusterState, Config
@@ -122,8 +122,16 @@ class Scheduler:
         # Settings first, in the same append: the first decision must already see them.
         cfg = self.config.cluster
         first = [cfg] if cfg is not None and self.state.config == Config() else []
-        await self._append([*first, SchedulerElected(event_id=f"elect:{self.epoch}:{sid}", occurred_at=time.time(),
-                                                     epoch=self.epoch, scheduler_id=sid)])
+        try:
+            await self._append([*first, SchedulerElected(event_id=f"elect:{self.epoch}:{sid}",
+                                                         occurred_at=time.time(), epoch=self.epoch, scheduler_id=sid)])
+        except BusError as e:
+            # Not elected until the log says so: give the lease back and campaign again later.
+            log.error("append_failed", what="election", error=str(e))
+            self.epoch = 0
+            assert self._lease is not None
+            await self._lease.release()
+            return
         await self.follower.wait_for_seq(self._awaiting)
         if self.leading:
             log.info("leading", epoch=self.epoch)
@@ -147,7 +155,12 @@ class Scheduler:
             metrics.DECIDE_SECONDS.observe(elapsed)
             if len(self.decide_seconds) > 10_000:
                 del self.decide_seconds[:5_000]
-            await self._append(events)
+            try:
+                await self._append(events)
+            except BusError as e:
+                # The log refused them (full stream, out of reach): nothing was decided. The next
+                # cycle decides the same again, with the same event ids, so nothing is doubled.
+                log.error("append_failed", what="decisions", events=len(events), error=str(e))
 
     async def _health_loop(self) -> None:
         monitor = self._monitor
@@ -165,7 +178,10 @@ class Scheduler:
             ]
             if failed:
                 log.warning("nodes_failed", nodes=[e.node_id for e in failed])
-                await self._append(failed)
+                try:
+                    await self._append(failed)
+                except BusError as e:
+                    log.error("append_failed", what="NodeFailed", error=str(e))  # still overdue next round
 
     async def run(self) -> None:
         """Run until cancelled; the first fatal error propagates."""
