@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 
 from events.bus import Bus
@@ -91,3 +93,22 @@ async def until(follower: Follower, predicate: Callable[[ClusterState], bool], t
         follower.changed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(follower.changed.wait(), 0.25)
+
+
+def logged_starts(logs: Iterable[Path]) -> Counter[tuple[str, int, int]]:
+    """(job, attempt, rank) -> how many times agent processes logged starting that worker.
+
+    For agents in other processes the runtime cannot be instrumented; their
+    own `worker_started` log lines (written after the runtime started the
+    worker) are the record of real starts, duplicates included, which the log
+    hides (a second WorkerStarted with the same id is deduplicated).
+    """
+    seen: Counter[tuple[str, int, int]] = Counter()
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines():
+            if '"worker_started"' not in line:
+                continue
+            with contextlib.suppress(ValueError, KeyError):
+                rec = json.loads(line)
+                seen[(rec["job_id"], int(rec["attempt"]), int(rec["rank"]))] += 1
+    return seen
