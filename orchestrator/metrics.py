@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("corral.metrics")
 
 # `*_created` series (one per counter child) double the output and tell nothing a restart does not.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # Created without a registry: each exposed registry registers them (tests build several in one process).
 EVENTS_APPENDED = Counter("corral_events_appended", "Events this process appended to the log", ["service"],
@@ -117,8 +117,8 @@ def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None =
     pending_by_reason: dict[str, int] = {}
     for jid in state.pending:
         job = state.jobs[jid]
-        q = job.queue or resolve_queue(state, job.spec.queue)
-        pending_by_queue[q] = pending_by_queue.get(q, 0) + 1
+        qn = job.queue or resolve_queue(state, job.spec.queue)
+        pending_by_queue[qn] = pending_by_queue.get(qn, 0) + 1
         code = job.waiting.code if job.waiting is not None else "unexplained"
         pending_by_reason[code] = pending_by_reason.get(code, 0) + 1
     names = list(dict.fromkeys([*state.queues, *state.usage, *pending_by_queue]))

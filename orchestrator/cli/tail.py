@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -161,14 +161,14 @@ def json_line(env: Envelope) -> str:
 
 
 async def _events(bus: Bus, subjects: list[str], *, from_seq: int | None, since: float | None,
-                  follow: bool) -> AsyncIterator[Envelope]:
+                  follow: bool) -> AsyncGenerator[Envelope, None]:
     if follow:
         async with aclosing(bus.tail(subjects=subjects, from_seq=from_seq, since=since)) as live:
             async for env in live:
                 yield env
         return
     start = {"since": since} if since is not None else {"from_seq": from_seq or 1}
-    async with aclosing(bus.replay(subjects=subjects, **start)) as batches:  # type: ignore[arg-type]
+    async with aclosing(bus.replay(subjects=subjects, **start)) as batches:
         async for batch in batches:
             for env in batch:
                 yield env

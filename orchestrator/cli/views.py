@@ -267,13 +267,13 @@ def queue_summaries(state: ClusterState, now: float) -> list[dict[str, Any]]:
     pending: dict[str, int] = {}
     running: dict[str, int] = {}
     for jid in state.pending:
-        q = job_queue(state, state.jobs[jid])
-        pending[q] = pending.get(q, 0) + 1
+        qn = job_queue(state, state.jobs[jid])
+        pending[qn] = pending.get(qn, 0) + 1
     for jid in state.active:
-        q = job_queue(state, state.jobs[jid])
-        running[q] = running.get(q, 0) + 1
+        qn = job_queue(state, state.jobs[jid])
+        running[qn] = running.get(qn, 0) + 1
     loads = {load.name: load for load in queue_loads(state, now)}
-    names = [*loads, *(q for q in dict.fromkeys([*pending, *running]) if q not in loads)]
+    names = [*loads, *(qn for qn in dict.fromkeys([*pending, *running]) if qn not in loads)]
     out = []
     for name in names:
         q = state.queues.get(name)
@@ -331,7 +331,7 @@ def pending_summaries(state: ClusterState) -> list[dict[str, Any]]:
 
 
 def status_counts(state: ClusterState) -> dict[str, int]:
-    counts = dict.fromkeys(STATUSES, 0)
+    counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
     for job in state.jobs.values():
         counts[job.status] = counts.get(job.status, 0) + 1
     return counts
