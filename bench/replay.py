@@ -111,7 +111,8 @@ def realistic_events(n: int, t0: float) -> Iterator[Event]:
                                   step=100, path=f"/ckpt/{job}/step-100"))
         if j % 10 == 7:
             batch.append(PreemptionRequested(event_id=f"preempt:{job}:1", occurred_at=t, job_id=job, attempt=1,
-                                             preemptor_job_id=f"j-{j + 1:010x}", reason="priority", grace_s=30.0))
+                                             preemptor_job_id=f"j-{j + 1:010x}", reason="priority", grace_s=30.0,
+                                             epoch=1))
             batch += [WorkerExited(event_id=f"exited:{job}:1:{r}", occurred_at=t, job_id=job, attempt=1, rank=r,
                                    node_id=nodes[r], signal=15, reason="preempted") for r in range(ranks)]
             batch.append(Preempted(event_id=f"preempted:{job}:1", occurred_at=t, job_id=job, attempt=1,
