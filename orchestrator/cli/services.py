@@ -156,12 +156,20 @@ async def run_up(args: argparse.Namespace) -> int:
     except NatsServerError as e:
         raise CliError(f"could not start nats-server: {e}", FAILURE) from None
     print(f"corral up: NATS at {server.url} (data in {data}); export CORRAL_NATS_URL={server.url}", flush=True)
+    # SIGTERM (a plain `kill`, a supervisor) stops as cleanly as Ctrl-C: workers, then NATS.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     try:
         bus = await Bus.connect(server.url, name="corral-up")
         try:
             return await _run_cluster(args, bus, data, server.url)
         finally:
             await bus.close()
+    except asyncio.CancelledError:
+        if task.cancelling() == 0:
+            raise
+        return OK
     finally:
         await asyncio.to_thread(server.stop)
         print("corral up: stopped", flush=True)
