@@ -6,7 +6,8 @@ the scheduler and three agents are real `corral` processes that nobody
 restarts, and the test keeps submitting through both outages (a submit that
 fails is retried with the same job id, as any client should).
 Check: every service process is still alive at the end; every submitted job
-is in the log exactly once and completed; no node was declared failed (each
+is in the log exactly once and completed; no agent started a worker twice
+(their own logs); no node was declared failed (each
 outage was far shorter than the heartbeat timeout, so the scheduler's
 heartbeat watch must have resumed too); the replayed log keeps invariants
 1, 2, 3, 6 and has no duplicate WorkerStarted.
@@ -28,7 +29,7 @@ from events.server import NatsServer
 from orchestrator.core.state import TERMINAL
 from schemas import JobSpec, NodeFailed
 from tests.faults.logcheck import check_log, read_log
-from tests.faults.services import agent_proc, observer, scheduler_proc, stop_all, until
+from tests.faults.services import agent_proc, logged_starts, observer, scheduler_proc, stop_all, until
 
 pytestmark = pytest.mark.slow
 
@@ -95,4 +96,6 @@ async def test_nats_server_restarts_mid_workload(nats_server: NatsServer, bus: B
     failed = [e for _, e in events if isinstance(e, NodeFailed)]
     assert not failed, f"nodes declared failed by a server restart: {failed}"
     assert all(not n.failed for n in final.nodes.values()) and len(final.nodes) == NODES
+    twice = {k: n for k, n in logged_starts(tmp_path.glob("agent-*.log")).items() if n > 1}
+    assert not twice, f"agents started a worker twice: {twice}"
     print(f"{retried} submits were retried through the outages")
