@@ -6,11 +6,14 @@ import io
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.sim.cluster import ClusterSpecError, dump_cluster, load_cluster, node_labels, parse_cluster
+from orchestrator.sim.engine import SimConfig, simulate
 from orchestrator.sim.gen import standard_cluster
 from orchestrator.sim.specs import shape, sim_jobs
 from orchestrator.sim.trace import TraceError, TraceJob, load_trace, read_jobs, write_trace
+from tests.sim.conftest import scenario
 
 
 def test_trace_errors_name_file_and_line(tmp_path: Path) -> None:
@@ -108,3 +111,16 @@ def test_cluster_round_trip_and_labels(tmp_path: Path) -> None:
     assert load_cluster(path) == spec
     # block: 4 leaves of 8 nodes -> node 33 is in leaf 4, block 1.
     assert node_labels(33, spec.levels) == {"block": "b1", "leaf": "l4"}
+
+
+def test_node_groups_and_gpu_model_constraint(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("nodes:\n  - {count: 2, gpu_model: H100}\n  - {count: 1, gpu_model: A100, gpus_per_node: 4}\n"
+                    "queues: [{name: q}]\nmin_runtime_s: 0\n")
+    spec = load_cluster(path)
+    assert (spec.node_count, spec.total_gpus, spec.gpus_per_node) == (3, 20, 8)
+    assert parse_cluster(yaml.safe_load(dump_cluster(spec))) == spec
+    jobs = [TraceJob("a", 0, 10, 4, "q", gpu_model="A100"), TraceJob("h", 0, 10, 8, "q", gpu_model="H100")]
+    result = simulate(scenario(spec, jobs), "corral", SimConfig(strict=True))
+    placed = {j: result.state.jobs[j].placement[0].node_id for j in ("a", "h")}
+    assert placed["a"] == "n0002" and placed["h"] in ("n0000", "n0001")
