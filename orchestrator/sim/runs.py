@@ -120,6 +120,7 @@ def headline(report: Report) -> dict[str, Any]:
             "avg_queueing_h": _r(m["queueing_delay_s"]["avg"] / 3600),
             "mean_alloc": _r(m["gpu_allocation"]["mean"], 4),
             "jain": _r(m["jain_index"], 4),
+            "worst_queue_ratio": _r(min((r for r in m["queues"]["ratio"] if r is not None), default=math.nan), 4),
             "preemptions": m["preemptions"],
             "gpu_h_lost_preemption": _r(m["gpu_hours_lost_to_preemption"], 1),
             "longest_wait_32plus_h": None if m["longest_wait_32plus_s"] is None else _r(m["longest_wait_32plus_s"] / 3600),

@@ -22,6 +22,8 @@ ROWS: tuple[Row, ...] = (
     ("mean GPU allocation (%)", lambda m: 100 * m["gpu_allocation"]["mean"], "{:.1f}"),
     ("  incl. drain (%)", lambda m: 100 * m["gpu_allocation"]["mean_whole_run"], "{:.1f}"),
     ("Jain's index (queues)", lambda m: m["jain_index"], "{:.3f}"),
+    ("worst queue: received / fair", lambda m: min((r for r in m["queues"]["ratio"] if r is not None), default=None),
+     "{:.3f}"),
     ("preemptions", lambda m: m["preemptions"], "{:.0f}"),
     ("GPU-h lost to preemption", lambda m: m["gpu_hours_lost_to_preemption"], "{:.0f}"),
     ("longest wait >=32-GPU gang (h)",
