@@ -9,11 +9,13 @@ SETTLE_S seconds) rejects nothing on capacity: nodes may still come.
 
 from __future__ import annotations
 
+import msgspec
+
 from orchestrator.core.facts import ClusterFacts
 from orchestrator.core.state import Job
 from orchestrator.core.topology import NODE
 from orchestrator.policies.placement import fits, request_for
-from schemas.jobspec import JobSpec
+from schemas.jobspec import JobSpec, jobspec_problems
 
 
 def _gpus(count: int | None, model: str | None, memory_mib: int) -> str:
@@ -26,6 +28,12 @@ def _gpus(count: int | None, model: str | None, memory_mib: int) -> str:
 def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
     """Every reason `job` can never run here; empty when it might."""
     spec = job.spec
+    # The SDK validates, but a JobSubmitted can reach the log without it (a raw publish, an
+    # old client): the scheduler applies the same validator, so e.g. 10**9 ranks is a clear
+    # rejection instead of a poison pill that makes every decide build 10**9 placements.
+    problems = jobspec_problems(msgspec.to_builtins(spec))
+    if problems:
+        return tuple(f"invalid spec: {p}" for p in problems)
     topo = spec.topology
     shape = (spec.queue, spec.ranks, spec.gpus_per_rank, spec.gpu_model, spec.min_gpu_memory_mib,
              topo.level if topo else None, topo.mode if topo else None)
@@ -36,8 +44,6 @@ def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
 
 
 def _unfit(spec: JobSpec, facts: ClusterFacts) -> tuple[str, ...]:
-    if spec.ranks < 1 or spec.gpus_per_rank < 0:
-        return (f"a gang needs at least 1 rank and 0 or more GPUs per rank, got {spec.ranks}x{spec.gpus_per_rank}",)
     out: list[str] = []
     total = spec.total_gpus
     queue = facts.queue_of(spec.queue)
