@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import pstats
+import shutil
 import sys
 import tempfile
 import time
@@ -83,14 +84,16 @@ def quality(args: argparse.Namespace) -> dict[str, Any]:
     policies = parse_policies(args.policies)
     config = SimConfig(checkpoint_interval_s=args.checkpoint_interval, restart_overhead_s=args.restart_overhead)
     with tempfile.TemporaryDirectory(prefix="corral-sim-") as tmp:
-        out_dir = Path(args.figures) if args.figures else Path(tmp)
+        out_dir = Path(tmp)
         report = run_policies(sc, policies, config, out_dir, write_logs=not args.no_logs,
                               figures=bool(args.figures), progress=lambda s: print(s, flush=True))
         log_mb = {p: round((out_dir / f"events-{p}.jsonl").stat().st_size / 1e6, 1)
                   for p in policies if (out_dir / f"events-{p}.jsonl").exists()}
-        if args.figures:  # keep the figures and the metrics, not the (large) logs
-            for p in policies:
-                (out_dir / f"events-{p}.jsonl").unlink(missing_ok=True)
+        if args.figures:  # the PNGs only: logs and metrics.json are large and made again by this command
+            figures = Path(args.figures)
+            figures.mkdir(parents=True, exist_ok=True)
+            for png in out_dir.glob("*.png"):
+                shutil.copyfile(png, figures / png.name)
     print()
     print(report.table)
     print()
