@@ -22,6 +22,7 @@ from typing import assert_never
 from msgspec.structs import replace
 
 from orchestrator.core.eligibility import gpu_matches
+from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import (
     FINISHED_KEPT,
     FREE,
@@ -283,7 +284,10 @@ def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
         # The scheduler no longer waits on a preemption for it: release what it held.
         _clear_earmark(state, job)
         job = replace(job, earmark=())
-    state.unexplained.pop(e.job_id, None)
+    if e.occurred_at >= state.newest_node_at + SETTLE_S:
+        # Explained while nodes were still joining: stay "fresh" so the reject stage judges
+        # capacity once more when the cluster has settled (facts.SETTLE_S).
+        state.unexplained.pop(e.job_id, None)
     state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at))
 
 
@@ -581,6 +585,7 @@ def _node_registered(state: ClusterState, e: NodeRegistered) -> None:
             inventory=e.inventory,
             registered_at=e.occurred_at,
         )
+        state.newest_node_at = max(state.newest_node_at, e.occurred_at)
         state.owners[e.node_id] = (FREE,) * size
         return
     # A re-registration (agent restart, new inventory): keep owners of GPUs that still exist;

@@ -32,10 +32,15 @@ class ClusterFacts:
         self.memo: dict[Hashable, tuple[str, ...]] = {}
 
     @property
-    def capacity_settled(self) -> bool:
-        """Nodes exist and none joined within SETTLE_S: "can never fit" is now a fair verdict."""
+    def settled_at(self) -> float | None:
+        """When "can never fit" becomes a fair verdict: SETTLE_S after the newest node joined."""
         nodes = self.state.nodes.values()
-        return bool(nodes) and max(n.registered_at for n in nodes) <= self.now - SETTLE_S
+        return max(n.registered_at for n in nodes) + SETTLE_S if nodes else None
+
+    @property
+    def capacity_settled(self) -> bool:
+        at = self.settled_at
+        return at is not None and at <= self.now
 
     def models(self) -> list[str]:
         seen: dict[str, None] = {}

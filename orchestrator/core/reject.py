@@ -1,8 +1,9 @@
 """Stage 3, reject: pending specs that can never fit get JobRejected with every reason.
 
-Only jobs never looked at before (no JobWaiting yet) are checked: the cluster
-only grows (nodes are never forgotten), so a job that could fit once could fit
-forever, and a long queue costs nothing per cycle.
+Only jobs never looked at before (no JobWaiting yet) are checked, plus those
+explained while nodes were still joining (capacity is judged only once the
+cluster settled, see facts.SETTLE_S): the cluster only grows (nodes are never
+forgotten), so a job that could fit once could fit forever.
 """
 
 from __future__ import annotations
@@ -16,9 +17,15 @@ from schemas.events import JobRejected
 
 def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
     facts = ClusterFacts(c.state, plan.topo, c.now)
+    settled_at = facts.settled_at
     out: list[JobRejected] = []
     for job in pending:
-        if job.waiting is not None or job.job_id in plan.busy:
+        if job.job_id in plan.busy:
+            continue
+        # Fresh jobs, and once more those explained before the cluster settled: their
+        # capacity verdict was postponed then, not passed.
+        w = job.waiting
+        if w is not None and (settled_at is None or c.now < settled_at or w.at >= settled_at):
             continue
         reasons = c.policies.reject(job, facts)
         if reasons:

@@ -199,6 +199,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
     unexplained: dict[str, int] = msgspec.field(default_factory=dict)
     #: Jobs with a stop requested that have not ended yet.
     stopping: dict[str, int] = msgspec.field(default_factory=dict)
+    #: When the newest node first registered (capacity verdicts wait until it settled).
+    newest_node_at: float = 0.0
     #: Finished jobs still kept in `jobs`, oldest first (value: the seq they finished at).
     finished: dict[str, int] = msgspec.field(default_factory=dict)
     #: job -> rank -> state, for the current attempt of active jobs.
@@ -245,6 +247,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             lines={k: list(v) for k, v in self.lines.items()},
             unexplained=dict(self.unexplained),
             stopping=dict(self.stopping),
+            newest_node_at=self.newest_node_at,
             finished=dict(self.finished),
             ranks={k: dict(v) for k, v in self.ranks.items()},
             checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},

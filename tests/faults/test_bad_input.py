@@ -184,11 +184,6 @@ def test_invalid_spec_gets_rejected(fields: dict[str, object]) -> None:
     assert any(isinstance(d, JobRejected) for d in mine), [type(d).__name__ for d in mine]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "orchestrator/core: capacity verdicts wait until no node joined for SETTLE_S (facts.capacity_settled), "
-    "but reject_unfit only looks at jobs never looked at before (backlog.fresh); a job that can never fit, "
-    "submitted within SETTLE_S of a node joining (any cluster start, `corral up`), gets a JobWaiting first "
-    "and is then never rejected: it waits forever ('needs 9 GPUs on one node, the largest free node has 8')."))
 def test_unrunnable_submit_during_cluster_start_is_rejected_later() -> None:
     """Fault: a 1x9-GPU job on 8-GPU nodes, submitted one second after the nodes registered.
     Check: once the cluster has settled, decide rejects it (it can never run here)."""

@@ -19,7 +19,6 @@ import pytest
 
 from events.bus import Bus
 from events.sdk import Client
-from orchestrator.core.state import ClusterState
 from orchestrator.follow import Follower
 from schemas import Checkpointed, JobSpec, WorkerExited, WorkerStarted
 from tests.integration.harness import agents, processes, scheduler, wait_until
