@@ -41,6 +41,7 @@ arrives as an Envelope carrying `Unknown`, logged once per type.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import inspect
 import json
@@ -189,21 +190,30 @@ class Bus:
             duplicate_window=duplicate_window,
             allow_direct=True,
         )
+        # Look before writing: every role may read the stream's info, only the scheduler's
+        # may create or change it, so a client or an agent connecting to a ready stream
+        # must not attempt a write it is not allowed (deploy/nats/permissions.py).
         try:
-            await self.js.add_stream(config)
-        except nats.js.errors.BadRequestError as e:
-            if e.err_code != _STREAM_NAME_IN_USE:
-                raise
-            # Exists with other settings (limits set by an operator, replicas raised by
-            # the deployment): change only what the bus needs, and never lower replicas.
-            current = (await self.js.stream_info(self.stream)).config
-            wanted = current.evolve(
-                subjects=sorted({*(current.subjects or []), ALL}),
-                duplicate_window=duplicate_window,
-                num_replicas=max(current.num_replicas or 1, self.replicas),
-            )
-            if wanted != current:
-                await self.js.update_stream(wanted)
+            current: StreamConfig | None = (await self.js.stream_info(self.stream)).config
+        except nats.js.errors.NotFoundError:
+            current = None
+        if current is None:
+            try:
+                await self.js.add_stream(config)
+                return
+            except nats.js.errors.BadRequestError as e:
+                if e.err_code != _STREAM_NAME_IN_USE:
+                    raise
+                current = (await self.js.stream_info(self.stream)).config
+        # Exists, maybe with other settings (limits set by an operator, replicas raised by
+        # the deployment): change only what the bus needs, and never lower replicas.
+        wanted = current.evolve(
+            subjects=sorted({*(current.subjects or []), ALL}),
+            duplicate_window=duplicate_window,
+            num_replicas=max(current.num_replicas or 1, self.replicas),
+        )
+        if wanted != current:
+            await self.js.update_stream(wanted)
 
     async def close(self) -> None:
         """Drain (deliver what was received, flush what was published), then close. Idempotent."""
@@ -362,6 +372,8 @@ class Bus:
 
     async def kv(self, bucket: str, *, ttl: float | None = None, history: int = 1) -> KeyValue:
         """A KV bucket (heartbeats, leader lease), created on first use with these settings."""
+        with contextlib.suppress(nats.js.errors.BucketNotFoundError):
+            return await self.js.key_value(bucket)  # look first: agents may use a bucket, not create it
         try:
             return await self.js.create_key_value(
                 KeyValueConfig(bucket=bucket, ttl=ttl, history=history, storage=StorageType.FILE,

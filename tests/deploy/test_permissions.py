@@ -413,3 +413,19 @@ async def test_message_id_squatting_is_not_stopped_by_permissions(secured: Serve
     finally:
         await client.close()
         await admin_nc.close()
+
+
+@pytest.mark.parametrize("user", ["agent-n1", "client", "ops"])
+async def test_every_role_connects_a_bus_to_the_ready_stream(secured: Server, user: str) -> None:
+    """A Bus only looks at a stream and buckets that exist: roles that may not create them still connect."""
+    from events.bus import Bus
+
+    pw = passwords(NODES, TEAMS)[f"CORRAL_{user.upper().replace('-', '_')}_PASSWORD"]
+    bus = await Bus.connect(secured.url, duplicate_window=120, connect_attempts=1,
+                            **connect_options(user=user, password=pw))
+    try:
+        assert await bus.last_seq() >= 0
+        kv = await bus.kv(permissions.HEARTBEATS)
+        assert (await kv.get("n1")).value == b"alive"
+    finally:
+        await bus.close()
