@@ -387,6 +387,10 @@ class Agent:
             )
             return
         tr = self._track(handle, job, restarts, spec)
+        # The rank's checkpoint dir outlives attempts: what is there already is the checkpoint
+        # this attempt resumes from, not a new one to report.
+        if (found := newest_manifest(ckpt)) is not None:
+            tr.checkpoint_step = found.step
         await self._append(
             WorkerStarted(
                 event_id=f"started:{job_id}:{attempt}:{rank}:{restarts}",
