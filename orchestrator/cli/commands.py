@@ -15,3 +15,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tail.register(sub)
     forensics.register(sub)
     top.register(sub)
+
+    from orchestrator.sim import cli as sim
+
+    sim.register(sub)
