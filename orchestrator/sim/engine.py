@@ -34,6 +34,7 @@ from typing import IO, Any, NamedTuple
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
+from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import HOLDING, ClusterState, Job
 from orchestrator.sim.agents import checkpointed, workers_exited, workers_started
 from orchestrator.sim.baselines import Attained, policies_for
@@ -187,6 +188,9 @@ class Simulation:
             self.work[job.job_id] = Work(job.duration, job.gpus)
         for o in self.scenario.outages:
             self._push(o.time, _FAIL, o)
+        if self.state.nodes:
+            # The core judges "can never fit" only once the cluster settled: look again then.
+            self._wake(max(n.registered_at for n in self.state.nodes.values()) + SETTLE_S)
         heap = self._heap
         while heap:
             now = heap[0][0]

@@ -131,3 +131,13 @@ def test_time_limit_kills_a_job_that_runs_past_it() -> None:
     assert result.timeline.status["j"] == "failed"
     assert result.timeline.end["j"] == 100  # stopped at its limit; the simulated workers die at once
     assert result.stats.time_limit_kills == 1
+
+
+def test_a_job_that_can_never_fit_is_rejected_once_the_cluster_settled() -> None:
+    """8 GPUs required inside one leaf of 4: it waits while nodes may still join (30 s), then is rejected."""
+    cluster = tiny_cluster(nodes=2, gpus_per_node=4, queues=[{"name": "a"}], topology=[{"level": "leaf", "size": 1}])
+    jobs = [TraceJob("big", 0, 10, 8, "a", topology=("leaf", "require"))]
+    result = simulate(scenario(cluster, jobs), "corral", SimConfig(strict=True))
+    assert result.timeline.status["big"] == "rejected"
+    assert result.timeline.end["big"] == 30.0
+    assert result.stats.unfinished == 0
