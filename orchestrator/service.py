@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import nats.errors
 import structlog
 
 from events.bus import Bus, BusError
@@ -97,8 +98,14 @@ class Scheduler:
         while True:
             await asyncio.sleep(1.0)
             if self._since_snapshot >= self.config.snapshot_every:
+                try:
+                    size = await self._snapshots.save(self.state)
+                except (BusError, nats.errors.Error, OSError, TimeoutError) as e:
+                    # The server is away (restart, partition): a snapshot only shortens the next
+                    # start's replay, so try again next round rather than stop scheduling.
+                    log.warning("snapshot_failed", seq=self.state.seq, error=repr(e))
+                    continue
                 self._since_snapshot = 0
-                size = await self._snapshots.save(self.state)
                 log.info("snapshot_saved", seq=self.state.seq, bytes=size)
 
     async def _campaign(self) -> None:

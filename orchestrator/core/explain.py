@@ -2,8 +2,12 @@
 
 A reason is a stable code plus a human message with the numbers that matter
 ("needs 16 GPUs (2x8) in one leaf, the largest free leaf has 12"). JobWaiting
-is appended only when the code or message changed, so a steady queue costs
-nothing. Messages avoid relative times so they do not change every tick.
+is appended when the reason changes kind; a changed message or a code of the
+same kind (its numbers move with every start and finish) only once the last
+reason is REFRESH_S old. Otherwise a busy cluster writes a JobWaiting per pending job
+per decision (measured: 92% of a 400-job log), and the log, every replay and
+every tail pay for numbers nobody reads. Messages avoid relative times so
+they do not change every tick.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
+from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.plan import Plan
 from orchestrator.core.state import Job
 from orchestrator.core.topology import NODE
@@ -27,6 +32,14 @@ PREEMPTING = "preempting"
 BACKFILL = "backfill"
 BACKFILL_HEAD = "backfill_head"
 NO_NODES = "no_nodes"
+
+REFRESH_S = 60.0
+"""How stale a reason of the same kind may get in the log."""
+
+_TURN = frozenset({QUEUED, CAPACITY, BACKFILL})
+"""Waiting its turn for GPUs that others hold: one kind of reason. A busy
+queue flips its jobs between these on every start and finish (free GPUs
+appear, go to the head's backfill reservation, are taken)."""
 
 
 class Outcome(NamedTuple):
@@ -54,22 +67,43 @@ def capacity_outcome(req: GangRequest, index: FreeIndex, model: str | None) -> O
 
 
 def explain(c: Cycle, plan: Plan, fresh: list[Job], outcomes: dict[str, Outcome]) -> list[JobWaiting]:
-    """JobWaiting for the heads looked at whose reason changed, and a first reason for new jobs."""
+    """JobWaiting for the jobs looked at whose reason is due (see `_due`), and a first reason for new jobs."""
     out: list[JobWaiting] = []
-    jobs = c.state.jobs
+    state = c.state
+    settle_at = state.newest_node_at + SETTLE_S
     for jid, o in outcomes.items():
-        job = jobs[jid]
         if o.code == PLACED or jid in plan.busy:
             continue
-        w = job.waiting
-        if w is None or w.code != o.code or w.message != o.message:
+        job = state.jobs[jid]
+        if _due(job, o, c.now, settle_at, jid in state.unexplained):
             out.append(_waiting(c, job, o))
     for job in fresh:
         if job.job_id in outcomes or job.job_id in plan.busy:
             continue
-        queue = resolve_queue(c.state, job.spec.queue)
-        out.append(_waiting(c, job, Outcome(QUEUED, f"in queue {queue} behind jobs that go first")))
+        o = Outcome(QUEUED, f"in queue {resolve_queue(state, job.spec.queue)} behind jobs that go first")
+        if _due(job, o, c.now, settle_at, True):
+            out.append(_waiting(c, job, o))
     return out
+
+
+def _due(job: Job, o: Outcome, now: float, settle_at: float, unexplained: bool) -> bool:
+    """Whether `o` is worth a JobWaiting: a reason of another kind, stale numbers, or admission owed a verdict.
+
+    A job explained before the cluster settled stays unexplained (the fold
+    keeps it so, and the reject stage judges its capacity once more): it is
+    told once more after settling, which closes that, and not every cycle
+    meanwhile.
+    """
+    w = job.waiting
+    if w is None:
+        return True
+    if unexplained and w.at < settle_at <= now:
+        return True
+    if w.code == o.code and w.message == o.message:
+        return False
+    if w.code != o.code and not (w.code in _TURN and o.code in _TURN):
+        return True
+    return now - w.at >= REFRESH_S
 
 
 def _waiting(c: Cycle, job: Job, o: Outcome) -> JobWaiting:

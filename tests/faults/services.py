@@ -20,7 +20,7 @@ from pathlib import Path
 from events.bus import Bus
 from orchestrator.core.state import ClusterState
 from orchestrator.follow import Follower
-from tests.integration.harness import start_corral, stop
+from tests.integration.harness import log_tail, start_corral, stop
 
 Proc = subprocess.Popen[bytes]
 
@@ -81,18 +81,30 @@ async def observer(bus: Bus) -> AsyncIterator[Follower]:
 
 async def until(follower: Follower, predicate: Callable[[ClusterState], bool], timeout: float, what: str,
                 *, alive: Sequence[Proc] = ()) -> None:
-    """Wait for `predicate(state)`; fail early (with its log tail) if a service process died meanwhile."""
+    """Wait for `predicate(state)`; fail early (with its log tail) if a service process died meanwhile.
+
+    A predicate that looks up a job the observer has not read yet (KeyError:
+    the submit is acked before our follower sees it) counts as not yet true.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not predicate(follower.state):
+    while not _holds(predicate, follower.state):
         for p in alive:
             if p.poll() is not None:
-                raise AssertionError(f"a service died (rc={p.returncode}, args={p.args[3:7]}) while waiting for {what}")
+                raise AssertionError(f"a service died (rc={p.returncode}, args={p.args[3:7]}) while waiting for "
+                                     f"{what}; its log ends:\n{log_tail(p)}")
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         follower.changed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(follower.changed.wait(), 0.25)
+
+
+def _holds(predicate: Callable[[ClusterState], bool], state: ClusterState) -> bool:
+    try:
+        return predicate(state)
+    except KeyError:
+        return False
 
 
 def logged_starts(logs: Iterable[Path]) -> Counter[tuple[str, int, int]]:

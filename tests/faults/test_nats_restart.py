@@ -50,7 +50,7 @@ async def submit_until_stored(client: Client, spec: JobSpec, job_id: str) -> int
 
 async def test_nats_server_restarts_mid_workload(nats_server: NatsServer, bus: Bus, tmp_path: Path) -> None:
     url = nats_server.url
-    procs = [scheduler_proc(url, "s1", tmp_path, heartbeat_timeout=10.0, lease_ttl=3.0)]
+    procs = [scheduler_proc(url, "s1", tmp_path, heartbeat_timeout=10.0, lease_ttl=3.0, snapshot_every=200)]
     procs += [agent_proc(url, f"n{i}", tmp_path, index=i) for i in range(NODES)]
     rng = random.Random(5)
     ids = [f"r{i:03d}" for i in range(JOBS)]

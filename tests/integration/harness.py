@@ -30,7 +30,17 @@ CORRAL = str(Path(sys.executable).parent / "corral")
 def start_corral(*args: str, log: Path) -> subprocess.Popen[bytes]:
     """A real `corral` process (its structlog JSON goes to `log`)."""
     out = open(log, "ab")  # noqa: SIM115 - owned by the process for its lifetime
-    return subprocess.Popen([CORRAL, *args], stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+    proc = subprocess.Popen([CORRAL, *args], stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+    proc.corral_log = log  # type: ignore[attr-defined]  # read back when a test reports the process died
+    return proc
+
+
+def log_tail(proc: subprocess.Popen[bytes], lines: int = 30) -> str:
+    """The last lines a `start_corral` process wrote: what a failure message needs to say why it died."""
+    path = getattr(proc, "corral_log", None)
+    if path is None or not Path(path).exists():
+        return "(no log)"
+    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
 
 
 def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
