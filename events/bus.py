@@ -623,8 +623,8 @@ class _Reader:
         hdr = msg.headers or {}
         code = hdr.get("Status", "")
         if code == "100":
-            return  # idle heartbeat
-        if code in ("408", "404"):
+            pass  # idle heartbeat: the consumer is alive, only quiet; it still wakes the watchdog below
+        elif code in ("408", "404"):
             # A request expired; the server says how many of its messages were never sent.
             left = hdr.get("Nats-Pending-Messages")
             self._want = max(0, self._want - (int(left) if left and left.isdigit() else self.batch))

@@ -15,19 +15,14 @@ from quiet.
 from __future__ import annotations
 
 import asyncio
-
-import pytest
+import os
+import signal
 
 from events.bus import Bus
+from events.server import NatsServer
 from schemas import NodeCordoned
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "events/bus.py _Reader._status returns before self._wake.set() for status 100 (idle heartbeat), "
-    "while _run now treats a wake-free watchdog period as a loss ('every status, heartbeats included, wakes "
-    "us'); so an idle tail()/durable raises _Reset every 6 s and re-creates its consumer although the "
-    "server sent heartbeats every 2 s (verified with a raw pull request: status 100 arrives). Fix: set the "
-    "wake-up for heartbeats too (or count them as progress as the previous version did)."))
 async def test_idle_tail_keeps_its_consumer(bus: Bus) -> None:
     await bus.append(NodeCordoned(event_id="first", occurred_at=0.0, node_id="n0"))
     got: list[int] = []
@@ -57,3 +52,37 @@ async def test_idle_tail_keeps_its_consumer(bus: Bus) -> None:
 async def _consumers(bus: Bus):  # type: ignore[no-untyped-def]
     for info in await bus.js.consumers_info(bus.stream):
         yield info
+
+
+async def test_a_silent_server_is_still_a_loss(nats_server: NatsServer, bus: Bus) -> None:
+    """Fault: nats-server is frozen (SIGSTOP) for 8 s: the connection stays open, nothing arrives,
+    not even heartbeats. Check: the watchdog fires, the reader makes a new consumer once the server
+    is back, and gets the next event (heartbeats count as life only while they come)."""
+    await bus.append(NodeCordoned(event_id="first", occurred_at=0.0, node_id="n0"))
+    got: list[int] = []
+
+    async def consume() -> None:
+        async for env in bus.tail(from_seq=1):
+            got.append(env.seq)
+
+    task = asyncio.create_task(consume())
+    assert nats_server.pid is not None
+    try:
+        while not got:
+            await asyncio.sleep(0.05)
+        before = {c.name async for c in _consumers(bus)}
+        os.kill(nats_server.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(8.0)
+        finally:
+            os.kill(nats_server.pid, signal.SIGCONT)
+        await bus.append(NodeCordoned(event_id="second", occurred_at=0.0, node_id="n0"))
+        async with asyncio.timeout(15):
+            while len(got) < 2:
+                await asyncio.sleep(0.05)
+        after = {c.name async for c in _consumers(bus)}
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert got == [1, 2]
+    assert after - before, f"the reader kept its consumer through 8 s of silence: {before} -> {after}"
