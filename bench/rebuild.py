@@ -5,10 +5,15 @@
 Appends N events of a valid busy-cluster log (gangs on 1,024 nodes started,
 checkpointed, finished; bench/scheduler.py's lifecycle_log) to an
 embedded nats-server, then measures in one run:
-- raw_per_s: the fastest raw nats-py read of the stream, decoding each event;
+- raw_per_s: the fastest raw nats-py read of the stream, decoding each event
+  (plain nats-py: pull requests answered on one subscription's callback);
+- read_per_s: our replay API reading the same events without folding them
+  (Bus.replay hands data messages from nats-py's parser straight to its
+  reader, skipping nats-py's per-message headers/Msg/queue work);
 - rebuild_per_s: our replay API folding every event with `evolve` into a
   ClusterState (what a scheduler, agent or CLI does at start);
-- ratio = rebuild / raw (target >= 0.8);
+- ratio = rebuild / raw (target >= 0.8), and fold_ratio = rebuild / read:
+  what the fold itself costs on top of our own read;
 - restart_s: a restart from the newest snapshot (object store) plus the
   tail of --tail events after it (target < 3 s).
 The last line is one JSON object.
@@ -49,6 +54,16 @@ async def rebuild(bus: Bus, expect: int) -> tuple[float, ClusterState]:
     return expect / dt, follower.state
 
 
+async def read(bus: Bus, expect: int) -> float:
+    t = time.perf_counter()
+    n = 0
+    async for batch in bus.replay():
+        n += len(batch)
+    dt = time.perf_counter() - t
+    assert n == expect, f"read {n} events, expected {expect}"
+    return expect / dt
+
+
 async def restart(bus: Bus, n: int, tail: int) -> tuple[float, int, int]:
     """Snapshot the state at seq n - tail, then time load + catch-up, as a restarting scheduler does."""
     state = ClusterState()
@@ -85,19 +100,21 @@ async def run(n: int, tail: int, rounds: int) -> dict[str, object]:
                 if chunk:
                     await bus.append_many(chunk)
                 print(f"  appended at {n / (time.perf_counter() - t):,.0f}/s", flush=True)
-                raws, ours, raw_cpu, our_cpu = [], [], [], []
+                raws, reads, ours, raw_cpu, our_cpu = [], [], [], [], []
                 final: ClusterState | None = None
                 for r in range(rounds):
                     c = time.process_time()
                     raws.append(await read_raw(bus, n))
                     raw_cpu.append(n / (time.process_time() - c))
+                    reads.append(await read(bus, n))
                     final = None
                     gc.collect()
                     c = time.process_time()
                     rate, final = await rebuild(bus, n)
                     our_cpu.append(n / (time.process_time() - c))
                     ours.append(rate)
-                    print(f"  round {r + 1}: rebuild {ours[-1]:,.0f}/s  raw {raws[-1]:,.0f}/s", flush=True)
+                    print(f"  round {r + 1}: rebuild {ours[-1]:,.0f}/s  read {reads[-1]:,.0f}/s  raw {raws[-1]:,.0f}/s",
+                          flush=True)
                 assert final is not None and final.voids == 0, "the bench log must be a valid one"
                 state_bytes = len(snapshot(final))
                 del final
@@ -113,6 +130,8 @@ async def run(n: int, tail: int, rounds: int) -> dict[str, object]:
         "rebuild_per_s": round(best_ours),
         "raw_per_s": round(best_raw),
         "ratio": round(best_ours / best_raw, 3),
+        "read_per_s": round(max(reads)),
+        "fold_ratio": round(best_ours / max(reads), 3),
         # Per second of this process's CPU: steadier than wall time on a shared machine.
         "rebuild_per_cpu_s": round(max(our_cpu)),
         "raw_per_cpu_s": round(max(raw_cpu)),
