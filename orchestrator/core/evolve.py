@@ -27,6 +27,7 @@ from orchestrator.core.state import (
     FINISHED_KEPT,
     FREE,
     HOLDING,
+    RESERVING,
     SCHEDULER,
     TERMINAL,
     Checkpoint,
@@ -39,6 +40,7 @@ from orchestrator.core.state import (
     RankState,
     Stop,
     Waiting,
+    needs_look,
 )
 from orchestrator.core.usage import charge, first_over_limit, recompute_trees, resolve_queue, tree_gpus
 from schemas.events import (
@@ -136,7 +138,19 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> Clus
             state.unknown_events += 1
         case _:
             assert_never(event)
+    jid = getattr(event, "job_id", None)
+    if jid is not None:
+        _track(state, jid)
     return state
+
+
+def _track(state: ClusterState, job_id: str) -> None:
+    """Keep `watch` in step with the job an event touched."""
+    job = state.jobs.get(job_id)
+    if job is not None and job_id in state.active and needs_look(job):
+        state.watch[job_id] = job.submit_seq
+    else:
+        state.watch.pop(job_id, None)
 
 
 def fold(events: Iterable[AnyEvent | Unknown], state: ClusterState | None = None) -> ClusterState:
@@ -166,6 +180,8 @@ def _enqueue(state: ClusterState, job: Job) -> None:
 def _dequeue(state: ClusterState, job: Job) -> None:
     if state.pending.pop(job.job_id, None) is None:
         return
+    if state.holder == job.job_id:
+        state.holder = ""
     state.unexplained.pop(job.job_id, None)
     line = state.lines[job.spec.queue]
     key = job.line_key
@@ -256,7 +272,7 @@ def _gang_reserved(state: ClusterState, e: GangReserved) -> None:
     _dequeue(state, job)
     state.active[e.job_id] = job.submit_seq
     state.ranks[e.job_id] = {}
-    state.jobs[e.job_id] = replace(
+    job = state.jobs[e.job_id] = replace(
         job,
         status="reserved",
         queue=queue,
@@ -274,6 +290,7 @@ def _gang_reserved(state: ClusterState, e: GangReserved) -> None:
         waiting=None,
         earmark=(),
     )
+    insort(state.ends, job.end_key)
 
 
 def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
@@ -289,6 +306,10 @@ def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
         # capacity once more when the cluster has settled (facts.SETTLE_S).
         state.unexplained.pop(e.job_id, None)
     state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at))
+    if e.code == RESERVING:
+        state.holder = e.job_id
+    elif state.holder == e.job_id:
+        state.holder = ""
 
 
 def _active(state: ClusterState, job_id: str, attempt: int) -> Job | None:
@@ -544,6 +565,10 @@ def _release(state: ClusterState, job: Job, at: float) -> None:
         state.owners[rp.node_id] = tuple(owners)
     charge(state, job.queue, -job.gpus, at)
     del state.active[job.job_id]
+    key = job.end_key
+    i = bisect_left(state.ends, key)
+    if i < len(state.ends) and state.ends[i] == key:
+        del state.ends[i]
     state.ranks.pop(job.job_id, None)
 
 
@@ -595,6 +620,7 @@ def _node_registered(state: ClusterState, e: NodeRegistered) -> None:
         job = state.jobs.get(owner)
         if job is not None and owner in state.active:
             state.jobs[owner] = replace(job, lost=job.lost + 1)
+            state.watch[owner] = job.submit_seq
     state.owners[e.node_id] = tuple(owners[:size]) + (FREE,) * max(0, size - len(owners))
     marks = state.earmarks.get(e.node_id)
     if marks is not None:

@@ -12,6 +12,7 @@ follows the log; nothing here is a set).
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
@@ -45,6 +46,12 @@ FREE = ""
 
 #: A pending job's place in its queue's line: higher priority, then earlier submit, then id.
 LineKey = tuple[int, float, str]
+
+#: An active gang's place in `ClusterState.ends`: (reserved_at + time limit, or inf; reserved_at; job id).
+EndKey = tuple[float, float, str]
+
+#: JobWaiting code of the pending gang that holds the backfill reservation (see `ClusterState.holder`).
+RESERVING = "backfill_head"
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
@@ -173,6 +180,28 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
         """Where a new attempt should resume: this attempt's checkpoint, else the previous resume point."""
         return self.checkpoint.path if self.checkpoint is not None else self.resume_from
 
+    @property
+    def end_key(self) -> EndKey:
+        limit = self.spec.time_limit_s
+        return (self.reserved_at + limit if limit is not None else math.inf, self.reserved_at, self.job_id)
+
+
+def needs_look(job: Job) -> bool:
+    """Whether a gang holding GPUs may need a follow-up whatever the clock says.
+
+    False for a gang that is simply running (or waiting for its workers to
+    start): only its time limit (`ClusterState.ends`) or a node failure can
+    change that, and react finds those without visiting every gang.
+    """
+    return (
+        job.lost > 0
+        or job.stop is not None
+        or job.status == "preempting"
+        or job.exited_ok >= job.spec.ranks
+        or bool(job.failure)
+        or (job.status == "reserved" and job.started >= job.spec.ranks)
+    )
+
 
 class ClusterState(msgspec.Struct, kw_only=True):
     #: Last applied stream sequence (or event count when folded without one).
@@ -199,6 +228,15 @@ class ClusterState(msgspec.Struct, kw_only=True):
     unexplained: dict[str, int] = msgspec.field(default_factory=dict)
     #: Jobs with a stop requested that have not ended yet.
     stopping: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Active jobs for which `needs_look` holds: react visits these, not every gang, each cycle.
+    watch: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Every active gang's `end_key`, sorted: expired time limits are a prefix, and backfill
+    #: releases gangs in this order without sorting them every cycle.
+    ends: list[EndKey] = msgspec.field(default_factory=list)
+    #: The pending job holding the backfill reservation: the newest JobWaiting with code
+    #: RESERVING names it, until it leaves the line. The log remembers the reservation, so
+    #: it stays with one gang until that gang starts (every decide, every standby agrees).
+    holder: str = ""
     #: When the newest node first registered (capacity verdicts wait until it settled).
     newest_node_at: float = 0.0
     #: Finished jobs still kept in `jobs`, oldest first (value: the seq they finished at).
@@ -214,7 +252,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
 
     def __post_init__(self) -> None:
         """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded."""
-        if len(self.pending) != sum(len(line) for line in self.lines.values()):
+        if len(self.pending) != sum(len(line) for line in self.lines.values()) or len(self.ends) != len(self.active):
             self._rebuild_indexes()
 
     def _rebuild_indexes(self) -> None:
@@ -228,6 +266,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
         self.stopping = {
             jid: j.submit_seq for jid, j in self.jobs.items() if j.stop is not None and j.status not in TERMINAL
         }
+        self.watch = {jid: n for jid, n in self.active.items() if needs_look(self.jobs[jid])}
+        self.ends = sorted(self.jobs[jid].end_key for jid in self.active)
 
     def copy(self) -> ClusterState:
         """An independent state for tentative folding (records are frozen, so shallow copies suffice)."""
@@ -247,6 +287,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
             lines={k: list(v) for k, v in self.lines.items()},
             unexplained=dict(self.unexplained),
             stopping=dict(self.stopping),
+            watch=dict(self.watch),
+            ends=list(self.ends),
+            holder=self.holder,
             newest_node_at=self.newest_node_at,
             finished=dict(self.finished),
             ranks={k: dict(v) for k, v in self.ranks.items()},

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
 from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.state import FREE, HOLDING, ClusterState, snapshot
+from orchestrator.core.state import FREE, HOLDING, ClusterState, needs_look, snapshot
 from orchestrator.core.usage import ancestors
 from schemas.events import (
     GangReserved,
@@ -72,6 +72,10 @@ def check_invariants(state: ClusterState) -> None:
     assert set(state.unexplained) - {j for j in state.pending if state.jobs[j].waiting is None} <= unsettled
     assert set(state.stopping) == {j for j, job in state.jobs.items() if job.stop is not None
                                    and job.status not in ("completed", "failed", "cancelled", "rejected")}
+    # react's watch list and the sorted expected ends cover exactly the gangs they claim to
+    assert set(state.watch) == {j for j in state.active if needs_look(state.jobs[j])}
+    assert state.ends == sorted(state.jobs[j].end_key for j in state.active)
+    assert state.holder == "" or state.jobs[state.holder].status == "pending"
     # usage bookkeeping matches the gangs
     for q, u in state.usage.items():
         assert u.gpus == per_queue.get(q, 0), q
