@@ -98,8 +98,14 @@ async def scheduler(bus: Bus, **config: object) -> AsyncIterator[Scheduler]:
 
 
 async def wait_until(follower: Follower, predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    def holds() -> bool:
+        try:
+            return bool(predicate(follower.state))
+        except KeyError:  # a job the follower has not read yet
+            return False
+
     async def loop() -> None:
-        while not predicate(follower.state):
+        while not holds():
             follower.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(follower.changed.wait(), 0.5)
