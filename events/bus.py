@@ -4,7 +4,10 @@ Writing. `append` publishes with `Nats-Msg-Id = event.event_id`, so a publish
 retried after a lost ack is stored once: JetStream answers a duplicate with
 the original's sequence, which `append` returns. `append_many` pipelines the
 publishes (one connection, acks gathered): 5-8x the throughput of awaiting
-each ack.
+each ack. A duplicate ack is believed only if the message it names is on the
+subject we published to (anyone may publish first under an id the scheduler
+will use: IdSquatted). Timeouts and elections are retried; a stream at its
+limit raises LogFull at once, with the server's reason.
 
 Durability. The embedded server keeps nats-server's default file-store sync:
 a message is written to the OS before its PubAck (so a crash or SIGKILL of
@@ -65,6 +68,7 @@ from nats.js.api import (
     ConsumerInfo,
     DeliverPolicy,
     KeyValueConfig,
+    PubAck,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -80,6 +84,13 @@ log = structlog.get_logger("corral.bus")
 _STREAM_NAME_IN_USE = 10058
 #: Retries of one append after a timeout; each retry is deduplicated by Nats-Msg-Id.
 _APPEND_ATTEMPTS = 4
+#: JetStream error codes of a refused publish that mean "a limit is reached", not "try again":
+#: 10077 a stream limit (its description says which: "maximum messages exceeded", "maximum bytes
+#: exceeded", ...), 10023 the server's storage, 10047 the account's storage.
+_STORE_FAILED = 10077
+_FULL = frozenset({_STORE_FAILED, 10023, 10047})
+#: Publishes append_many keeps in flight before it waits for their acks.
+_PIPELINE = 8192
 
 
 class Envelope(msgspec.Struct, frozen=True, gc=False):
@@ -110,6 +121,74 @@ class ReadStalled(BusError):
     """A read made no progress (no message, no heartbeat) and could not recover in time."""
 
 
+class AppendRefused(BusError):
+    """The server refused an append with an error that retrying at once will not fix.
+
+    `description` is the server's own text, `err_code` its JetStream error code.
+    """
+
+    def __init__(self, message: str, *, code: int | None, err_code: int | None, description: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+
+class LogFull(AppendRefused):
+    """The stream (or the server's or the account's storage) is at a limit: no event is stored until it is raised."""
+
+
+class IdSquatted(BusError):
+    """The append's event id is taken: the message the stream stored under it is on another subject.
+
+    The duplicate window is per stream, so a publisher may pre-empt an id (deploy/README.md,
+    "Nats-Msg-Id squatting"); the event is not in the log, and appending it again with the same id
+    fails the same way until the duplicate window has passed.
+    """
+
+    def __init__(self, event_id: str, seq: int, subject: str, found: str) -> None:
+        super().__init__(f"event id {event_id!r} is taken: the stream holds seq {seq} under it on {found}, "
+                         f"not on {subject}; the event was not stored")
+        self.event_id = event_id
+        self.seq = seq
+        self.subject = subject
+        self.found = found
+
+
+def _pub_ack(msg: Msg) -> PubAck:
+    """The PubAck in the server's answer to a publish; raises what `js.publish` raises for an error answer."""
+    if msg.headers and msg.headers.get("Status") == "503":
+        raise nats.js.errors.NoStreamResponseError
+    resp = json.loads(msg.data)
+    if "error" in resp:
+        raise nats.js.errors.APIError.from_error(resp["error"])  # raises the typed error itself
+    return PubAck.from_response(resp)
+
+
+def _refusal(e: nats.js.errors.APIError, subject: str, headers: dict[str, str]) -> AppendRefused | None:
+    """The BusError for a JetStream error answer to a publish, or None if it may heal by retrying.
+
+    A 503 is a leader election or a lost quorum (retry), unless it is a store
+    at its limit: those, and every other error, are raised at once.
+    """
+    full = e.err_code in _FULL
+    if isinstance(e, nats.js.errors.ServiceUnavailableError) and not full:
+        return None
+    description = e.description or type(e).__name__
+    if full and e.err_code == _STORE_FAILED and "exceeded" not in description:
+        full = False  # a broken store ("error opening msg block file"): refused, but not full
+    what = "the log is full" if full else "refused"
+    message = (f"append {headers['Nats-Msg-Id']!r} to {subject}: {what}: {description} "
+               f"(JetStream error {e.err_code}, status {e.code})")
+    cls = LogFull if full else AppendRefused
+    return cls(message, code=e.code, err_code=e.err_code, description=description)
+
+
+def _describe(e: BaseException) -> str:
+    """An exception as a log line: nats-py's APIError has an empty repr but a useful str."""
+    return str(e) if isinstance(e, nats.js.errors.APIError) else repr(e)
+
+
 def _ack_fields(reply: str) -> tuple[int, int, int, int, int]:
     """(stream seq, consumer seq, delivery count, timestamp ns, pending) from a JetStream reply subject.
 
@@ -133,6 +212,10 @@ class Bus:
         self._unknown_logged: set[str | None] = set()
         #: Readers to wake when the connection comes back: their consumers may be gone.
         self._reconnect_listeners: set[Callable[[], None]] = set()
+        #: append_many's publishes awaiting the server's answer, by reply token (see _publish_pipelined).
+        self._answers_inbox: str | None = None
+        self._awaiting_answer: dict[str, asyncio.Future[Msg]] = {}
+        self._last_token = 0
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -246,7 +329,11 @@ class Bus:
     # -- writing ---------------------------------------------------------------
 
     async def append(self, event: Event) -> int:
-        """Store one event; its stream sequence. A duplicate event_id returns the original's sequence."""
+        """Store one event; its stream sequence. A duplicate event_id returns the original's sequence.
+
+        Raises LogFull when the stream is at a limit, IdSquatted when the event id is taken by a
+        message on another subject, another BusError when the server stays out of reach.
+        """
         return await self._append_raw(*self._message(event))
 
     async def append_many(self, events: Iterable[Event], *, timeout: float = 30.0) -> list[int]:
@@ -254,39 +341,117 @@ class Bus:
 
         Order is kept unless a publish has to be retried (then that event lands
         after the ones that made it the first time); retries are deduplicated.
+        `timeout` bounds the wait for the acks of each window of _PIPELINE
+        publishes; a publish without one is retried on its own. Errors as
+        `append`, for the first event that fails (later ones may be stored:
+        appending them again with the same ids stores nothing twice).
         """
         msgs = [self._message(e) for e in events]
-        futures: list[asyncio.Future[Any]] = []
-        for subject, payload, headers in msgs:
-            futures.append(await self.js.publish_async(subject, payload, headers=headers))
-        if futures:
-            await asyncio.wait(futures, timeout=timeout)
         seqs: list[int] = []
-        for i, fut in enumerate(futures):
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                seqs.append(int(fut.result().seq))
-                continue
-            if not fut.done():
-                fut.cancel()  # a plain Future, not a task: nothing to await
-            subject, payload, headers = msgs[i]
-            seqs.append(await self._append_raw(subject, payload, headers))
+        for start in range(0, len(msgs), _PIPELINE):
+            window = msgs[start : start + _PIPELINE]
+            answers = await self._publish_pipelined(window, timeout)
+            for (subject, payload, headers), answer in zip(window, answers, strict=True):
+                ack = None
+                if answer is not None:
+                    try:
+                        ack = _pub_ack(answer)
+                    except nats.js.errors.APIError as e:
+                        if (refused := _refusal(e, subject, headers)) is not None:
+                            raise refused from e
+                    except (nats.errors.Error, ValueError):
+                        pass  # no stream answered, or a garbled answer: retried below
+                if ack is None:
+                    seqs.append(await self._append_raw(subject, payload, headers))
+                else:
+                    seqs.append(await self._stored_seq(ack, subject, headers))
         return seqs
+
+    async def _publish_pipelined(
+        self, msgs: list[tuple[str, bytes, dict[str, str]]], timeout: float
+    ) -> list[Msg | None]:
+        """Publish all without waiting, then the server's answers (up to `timeout`); None where none came.
+
+        Not nats-py's publish_async: in 2.16 its future is never resolved when
+        the answer is an error (its reply handler raises instead), so a full
+        stream stalled append_many for its whole timeout. Here every answer,
+        error or not, resolves its future.
+        """
+        if self._answers_inbox is None:
+            # Set before the await: publishes after this line are queued behind the SUB, so their answers arrive.
+            self._answers_inbox = self.nc.new_inbox()
+            await self.nc.subscribe(f"{self._answers_inbox}.*", cb=self._on_answer)
+        loop = asyncio.get_running_loop()
+        tokens: list[str] = []
+        futures: list[asyncio.Future[Msg]] = []
+        try:
+            for subject, payload, headers in msgs:
+                self._last_token += 1
+                token = str(self._last_token)
+                fut: asyncio.Future[Msg] = loop.create_future()
+                self._awaiting_answer[token] = fut
+                tokens.append(token)
+                futures.append(fut)
+                await self.nc.publish(subject, payload, reply=f"{self._answers_inbox}.{token}", headers=headers)
+            if futures:
+                await asyncio.wait(futures, timeout=timeout)
+        finally:
+            for token in tokens:
+                self._awaiting_answer.pop(token, None)
+        return [f.result() if f.done() else None for f in futures]
+
+    async def _on_answer(self, msg: Msg) -> None:
+        fut = self._awaiting_answer.pop(msg.subject.rpartition(".")[2], None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
 
     async def _append_raw(self, subject: str, payload: bytes, headers: dict[str, str]) -> int:
         delay = 0.25
         for attempt in range(_APPEND_ATTEMPTS):
             try:
                 ack = await self.js.publish(subject, payload, headers=headers, timeout=5.0)
-                return int(ack.seq)
+                return await self._stored_seq(ack, subject, headers)
             except (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError,
-                    nats.js.errors.ServiceUnavailableError) as e:
+                    nats.js.errors.APIError) as e:
+                if isinstance(e, nats.js.errors.APIError) and (refused := _refusal(e, subject, headers)) is not None:
+                    raise refused from e
                 # Safe to retry: the same Nats-Msg-Id is stored once.
                 if attempt == _APPEND_ATTEMPTS - 1:
-                    raise BusError(f"append {headers['Nats-Msg-Id']!r} to {subject}: {e!r}") from e
-                log.warning("append retry", event_id=headers["Nats-Msg-Id"], error=repr(e), attempt=attempt + 1)
+                    raise BusError(f"append {headers['Nats-Msg-Id']!r} to {subject}: {_describe(e)}") from e
+                log.warning("append retry", event_id=headers["Nats-Msg-Id"], error=_describe(e), attempt=attempt + 1)
                 await asyncio.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
+
+    async def _stored_seq(self, ack: PubAck, subject: str, headers: dict[str, str]) -> int:
+        """The sequence an ack names, once a duplicate ack is checked to point at a message on our subject.
+
+        The duplicate window is per stream, not per subject: whoever published
+        first under this id owns it (deploy/README.md, "Nats-Msg-Id squatting").
+        The subject names the entity and the event tag (events.subjects), and
+        publish permissions are per tag, so the same subject means the same
+        kind of fact about the same thing. Payloads are not compared: an honest
+        retry by a service re-encodes the event with a new occurred_at.
+        """
+        seq = int(ack.seq)
+        if not ack.duplicate:
+            return seq
+        eid = headers["Nats-Msg-Id"]
+        try:
+            try:
+                stored = await self.js.get_msg(self.stream, seq, direct=True)
+            except nats.errors.NoRespondersError:  # a stream made without allow_direct
+                stored = await self.js.get_msg(self.stream, seq)
+        except nats.js.errors.NotFoundError:
+            # Removed since (stream limits, an operator): there is nothing left to compare with.
+            log.warning("duplicate append: the original is gone", event_id=eid, seq=seq, subject=subject)
+            return seq
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"append {eid!r} to {subject}: acked as a duplicate of seq {seq}, which could not be "
+                           f"checked: {_describe(e)}") from e
+        if stored.subject != subject:
+            raise IdSquatted(eid, seq, subject, str(stored.subject))
+        return seq
 
     @staticmethod
     def _message(event: Event) -> tuple[str, bytes, dict[str, str]]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from pathlib import Path
 
 import pytest
 from nats.js.api import DiscardPolicy
 
-from events.bus import Bus, BusError
+from events.bus import Bus, BusError, LogFull
 from events.sdk import Client
 from events.server import NatsServer
 from orchestrator.core.state import TERMINAL
@@ -33,37 +34,30 @@ async def set_limits(bus: Bus, **limits: int) -> None:
 
 @pytest.mark.parametrize(("limit", "words"), [("max_msgs", "maximum messages exceeded"),
                                              ("max_bytes", "maximum bytes exceeded")])
-@pytest.mark.xfail(strict=True, reason=(
-    "events/bus.py Bus._append_raw treats JetStream's 503 answers as transient: 'maximum messages/bytes "
-    "exceeded' (err_code 10077, a ServiceUnavailableError in nats-py) is retried 4 times (~1.8 s) and then "
-    "raised as a plain BusError whose text is 'ServiceUnavailableError()': the server's description is "
-    "lost (nats-py's exception repr is empty) and a full log cannot be told from a timeout. Wanted: a "
-    "BusError (ideally a subclass such as 'log full') carrying the server's description, raised without "
-    "retrying; append_many the same (it also lets nats-py log a traceback per refused message)."))
 async def test_full_stream_append_error_names_the_limit(bus: Bus, limit: str, words: str) -> None:
-    """Fault: a stream at its limit. Check: append raises a BusError that says which limit was hit."""
+    """Fault: a stream at its limit. Check: append raises LogFull (a BusError) that says which limit
+    was hit, at once (a full log does not heal in the seconds a retry waits)."""
     await bus.append(NodeCordoned(event_id="first", occurred_at=0.0, node_id="n0"))
     await set_limits(bus, **{limit: 1 if limit == "max_msgs" else 300})
-    with pytest.raises(BusError) as err:
+    t0 = time.monotonic()
+    with pytest.raises(LogFull) as err:
         await bus.append(NodeCordoned(event_id="second", occurred_at=0.0, node_id="n0", reason="x" * 400))
+    assert time.monotonic() - t0 < 1.0, "a full log was retried"
+    assert isinstance(err.value, BusError) and err.value.description == words
     assert words in str(err.value), f"the error does not say what happened: {err.value}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "nats-py 2.16 JetStreamContext._handle_async_reply calls APIError.from_error, which raises instead of "
-    "returning, so a publish_async future answered with an error (here 'maximum messages exceeded') is never "
-    "resolved; events/bus.py Bus.append_many then waits its whole timeout (30 s) before falling back to "
-    "single appends. Seen as a 21 s stall of the scheduler after the limit was raised in "
-    "test_services_survive_a_full_stream. Fix in the bus: a short per-batch deadline, or resolve futures "
-    "from the error replies itself."))
 async def test_full_stream_append_many_fails_fast(bus: Bus) -> None:
-    """Fault: a stream at its limit. Check: append_many gives up within seconds, with a BusError."""
+    """Fault: a stream at its limit. Check: append_many gives up at once, with LogFull (a BusError)."""
     await set_limits(bus, max_msgs=1)
     await bus.append(NodeCordoned(event_id="first", occurred_at=0.0, node_id="n0"))
-    with pytest.raises(BusError):
-        async with asyncio.timeout(6.0):
+    with pytest.raises(LogFull, match="maximum messages exceeded"):
+        async with asyncio.timeout(1.0):
             await bus.append_many([NodeCordoned(event_id=f"more-{i}", occurred_at=0.0, node_id="n0")
                                    for i in range(3)])
+    await set_limits(bus, max_msgs=-1)
+    seqs = await bus.append_many([NodeCordoned(event_id=f"more-{i}", occurred_at=0.0, node_id="n0") for i in range(3)])
+    assert seqs == [2, 3, 4], "once the limit is raised, the same batch is stored, in order"
 
 
 @pytest.mark.slow
