@@ -11,6 +11,7 @@ times per decide call.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Iterable
 
 from orchestrator.core.eligibility import GpuClass
@@ -18,7 +19,7 @@ from orchestrator.core.topology import Topology
 
 
 class FreeIndex:
-    __slots__ = ("buckets", "cls", "eligible", "free", "hist", "topo", "totals")
+    __slots__ = ("buckets", "cls", "eligible", "free", "hist", "topo", "totals", "width")
 
     def __init__(
         self,
@@ -33,23 +34,26 @@ class FreeIndex:
         #: node -> GPUs of the class on it (None: every GPU qualifies).
         self.eligible = eligible
         self.free = free
-        width = topo.width + 1
-        self.hist: dict[str, list[int]] = {}
-        #: domain -> free GPUs in it.
-        self.totals: dict[str, int] = {}
-        #: free count -> nodes with that many free GPUs (ordered set), for best-fit node search.
-        self.buckets: list[dict[str, None]] = [{} for _ in range(width)]
+        self.width = width = topo.width + 1
+        ids = topo.ids
+        #: Flat: hist[d * width + f] is how many indexed nodes of domain number d (Topology.ids)
+        #: have f free GPUs -- one list, so a copy is one C-level list copy.
+        self.hist: list[int] = [0] * (len(ids) * width)
+        #: domain number -> free GPUs in it.
+        self.totals: list[int] = [0] * len(ids)
+        #: free count -> (registration position, node) of the nodes with that many free GPUs,
+        #: sorted: best-fit node search takes the first, whatever order the GPUs were freed in.
+        self.buckets: list[list[tuple[int, str]]] = [[] for _ in range(width)]
         hist, totals = self.hist, self.totals
+        order = topo.order
         for node, gpus in free.items():
             f = len(gpus)
-            self.buckets[f][node] = None
-            for d in topo.paths[node]:
-                h = hist.get(d)
-                if h is None:
-                    h = hist[d] = [0] * width
-                    totals[d] = 0
-                h[f] += 1
+            self.buckets[f].append((order[node], node))
+            for d in topo.path_ids[node]:
+                hist[d * width + f] += 1
                 totals[d] += f
+        for b in self.buckets:
+            b.sort()
 
     def copy(self) -> FreeIndex:
         new = FreeIndex.__new__(FreeIndex)
@@ -57,22 +61,25 @@ class FreeIndex:
         new.cls = self.cls
         new.eligible = self.eligible
         new.free = dict(self.free)
-        new.hist = {d: list(h) for d, h in self.hist.items()}
-        new.totals = dict(self.totals)
-        new.buckets = [dict(b) for b in self.buckets]
+        new.width = self.width
+        new.hist = list(self.hist)
+        new.totals = list(self.totals)
+        new.buckets = [list(b) for b in self.buckets]
         return new
 
     def _move(self, node: str, before: int, after: int) -> None:
         if before == after:
             return
-        del self.buckets[before][node]
-        self.buckets[after][node] = None
+        key = (self.topo.order[node], node)
+        b = self.buckets[before]
+        del b[bisect_left(b, key)]
+        insort(self.buckets[after], key)
         delta = after - before
-        totals = self.totals
-        for d in self.topo.paths[node]:
-            h = self.hist[d]
-            h[before] -= 1
-            h[after] += 1
+        totals, hist, width = self.totals, self.hist, self.width
+        for d in self.topo.path_ids[node]:
+            o = d * width
+            hist[o + before] -= 1
+            hist[o + after] += 1
             totals[d] += delta
 
     def take(self, node: str, gpus: Iterable[int]) -> None:
@@ -83,6 +90,17 @@ class FreeIndex:
         gone = set(gpus)
         new = tuple(g for g in cur if g not in gone)
         if len(new) != len(cur):
+            self.free[node] = new
+            self._move(node, len(cur), len(new))
+
+    def reset(self, node: str, gpus: tuple[int, ...]) -> None:
+        """Set `node`'s free GPUs to `gpus` (the eligible ones among them; unindexed nodes are ignored)."""
+        cur = self.free.get(node)
+        if cur is None:
+            return
+        allowed = self.eligible.get(node, frozenset()) if self.eligible is not None else None
+        new = gpus if allowed is None else tuple(g for g in gpus if g in allowed)
+        if new != cur:
             self.free[node] = new
             self._move(node, len(cur), len(new))
 
@@ -100,14 +118,16 @@ class FreeIndex:
 
     def capacity(self, domain: str, gpus_per_rank: int, need: int) -> int:
         """Ranks of `gpus_per_rank` GPUs that fit in `domain` (counting stops once `need` is reached)."""
-        h = self.hist.get(domain)
-        if h is None:
+        d = self.topo.ids.get(domain)
+        if d is None:
             return 0
+        width, hist = self.width, self.hist
+        o = d * width
         if gpus_per_rank <= 0:  # CPU-only ranks: any indexed node hosts them all
-            return need if any(h) else 0
+            return need if any(hist[o : o + width]) else 0
         total = 0
-        for f in range(len(h) - 1, gpus_per_rank - 1, -1):
-            c = h[f]
+        for f in range(width - 1, gpus_per_rank - 1, -1):
+            c = hist[o + f]
             if c:
                 total += c * (f // gpus_per_rank)
                 if total >= need:
@@ -115,7 +135,8 @@ class FreeIndex:
         return total
 
     def free_gpus(self, domain: str) -> int:
-        return self.totals.get(domain, 0)
+        d = self.topo.ids.get(domain)
+        return 0 if d is None else self.totals[d]
 
     def largest_node_free(self) -> int:
         for f in range(len(self.buckets) - 1, -1, -1):
@@ -126,8 +147,9 @@ class FreeIndex:
     def best_fit_node(self, gpus: int) -> str | None:
         """The node with the fewest free GPUs that still has `gpus` free (least fragmentation)."""
         for f in range(max(0, gpus), len(self.buckets)):
-            for node in self.buckets[f]:
-                return node
+            b = self.buckets[f]
+            if b:
+                return b[0][1]
         return None
 
     def node_slots(self, node: str, gpus_per_rank: int, need: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.topology import Topology
 from orchestrator.policies import Policies
 
 
@@ -18,6 +19,8 @@ class Cycle(NamedTuple):
     now: float
     epoch: int
     policies: Policies
+    #: The domain tree of the state's nodes (built once per node change, see build_topology).
+    topo: Topology
 
     def event_id(self, kind: str, job: Job, attempt: int | None = None) -> str:
         return f"{kind}:{job.job_id}:{job.attempt if attempt is None else attempt}:{self.state.seq}"

@@ -18,6 +18,7 @@ from orchestrator.core.react import react
 from orchestrator.core.reject import reject_unfit
 from orchestrator.core.snapshot import snapshot
 from orchestrator.core.state import ClusterState
+from orchestrator.core.topology import build_topology
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event
 
@@ -25,7 +26,8 @@ from schemas.events import Event
 def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES) -> list[Event]:
     if epoch < state.epoch:
         return []  # a deposed leader decides nothing; its events would be void anyway
-    c = Cycle(state=state, now=now, epoch=epoch, policies=policies)
+    topo = build_topology(state.nodes.values(), state.config.topology_levels)
+    c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo)
     backlog = Backlog.of(state)
     # 1. React: follow-ups the log already implies (running, completed, restarted,
     #    requeued, preempted, stopped, cancelled).

@@ -20,6 +20,13 @@ from orchestrator.core.usage import first_over_limit, resolve_queue
 SETTLE_S = 30.0
 
 
+#: Recent empty-cluster indexes by (topology, class). A Topology is reused only while no node
+#: record changed (`build_topology`), and these indexes read only the nodes' inventories, so the
+#: same Topology object means the same answer; rules only read them. The entry keeps the
+#: Topology alive, so an identity match is never a recycled object.
+_EMPTY: list[tuple[Topology, GpuClass, FreeIndex]] = []
+
+
 class ClusterFacts:
     __slots__ = ("_empty", "memo", "now", "state", "topo")
 
@@ -34,8 +41,7 @@ class ClusterFacts:
     @property
     def settled_at(self) -> float | None:
         """When "can never fit" becomes a fair verdict: SETTLE_S after the newest node joined."""
-        nodes = self.state.nodes.values()
-        return max(n.registered_at for n in nodes) + SETTLE_S if nodes else None
+        return self.state.newest_node_at + SETTLE_S if self.state.nodes else None
 
     @property
     def capacity_settled(self) -> bool:
@@ -53,6 +59,10 @@ class ClusterFacts:
         """Every GPU of class `cls` free, on every registered node."""
         idx = self._empty.get(cls)
         if idx is None:
+            for topo, cached_cls, cached in _EMPTY:
+                if topo is self.topo and cached_cls == cls:
+                    idx = self._empty[cls] = cached
+                    return idx
             free: dict[str, tuple[int, ...]] = {}
             eligible: dict[str, frozenset[int]] | None = None if cls == ANY_GPU else {}
             for nid, node in self.state.nodes.items():
@@ -65,6 +75,8 @@ class ClusterFacts:
                         eligible[nid] = e
                         free[nid] = tuple(sorted(e))
             idx = self._empty[cls] = FreeIndex(self.topo, cls, free, eligible)
+            _EMPTY.insert(0, (self.topo, cls, idx))
+            del _EMPTY[8:]
         return idx
 
     def queue_of(self, name: str) -> str | None:

@@ -10,12 +10,12 @@ dropping the copy is the rollback -- no undo log.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 from typing import NamedTuple
 from zlib import crc32
 
 from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
+from orchestrator.core.eligibility import GpuClass
+from orchestrator.core.freegpus import FreeGpus, free_gpus
 from orchestrator.core.state import FREE, ClusterState, Job
 from orchestrator.core.topology import Topology, build_topology
 from orchestrator.core.usage import ancestors, average_gpus, first_over_limit, resolve_queue
@@ -24,14 +24,6 @@ from schemas.events import RankPlacement
 #: MASTER_PORT range for rank 0's rendezvous: 29500 + [0, PORT_SPAN).
 PORT_BASE = 29500
 PORT_SPAN = 2000
-
-
-@lru_cache(maxsize=1 << 16)
-def unclaimed(owners: tuple[str, ...], marks: tuple[str, ...] | None) -> tuple[int, ...]:
-    """GPU indices neither owned nor earmarked (memoised: most nodes look the same cycle after cycle)."""
-    if marks is None:
-        return tuple(i for i, o in enumerate(owners) if o == FREE)
-    return tuple(i for i, o in enumerate(owners) if o == FREE and marks[i] == FREE)
 
 
 class QueueLoad(NamedTuple):
@@ -58,10 +50,11 @@ class Hold(NamedTuple):
 
 class Plan:
     __slots__ = (
+        "_base",
         "_cpu_gangs",
-        "_eligible",
         "_indexes",
         "_ports",
+        "_touched",
         "added",
         "busy",
         "ended",
@@ -76,18 +69,17 @@ class Plan:
         "victims",
     )
 
-    def __init__(self, state: ClusterState, now: float) -> None:
+    def __init__(self, state: ClusterState, now: float, topo: Topology | None = None) -> None:
         self.state = state
         self.now = now
-        self.topo: Topology = build_topology(state.nodes.values(), state.config.topology_levels)
-        #: Schedulable node -> GPUs neither owned nor earmarked.
-        self.free: dict[str, tuple[int, ...]] = {}
-        earmarks, owners = state.earmarks, state.owners
-        for nid, node in state.nodes.items():
-            if not (node.failed or node.cordoned):
-                self.free[nid] = unclaimed(owners[nid], earmarks.get(nid))
+        self.topo: Topology = topo if topo is not None else build_topology(state.nodes.values(), state.config.topology_levels)
+        #: What the folded state leaves free (kept between decide calls, see freegpus.py).
+        self._base: FreeGpus = free_gpus(state, self.topo)
+        #: Schedulable node -> GPUs neither owned nor earmarked, nor taken in this plan.
+        self.free: dict[str, tuple[int, ...]] = dict(self._base.free)
+        #: Nodes whose free GPUs this plan changed (an index built later starts from the base).
+        self._touched: set[str] = set()
         self._indexes: dict[tuple[GpuClass, bool], FreeIndex] = {}
-        self._eligible: dict[GpuClass, dict[str, frozenset[int]] | None] = {}
         self.hold: Hold | None = None
         #: Per queue, tentative: GPUs it holds (for guarantees), GPUs its subtree holds
         #: (for limits), GPUs it gained since the fold (for the fair-share order).
@@ -109,28 +101,16 @@ class Plan:
 
     def eligible(self, cls: GpuClass) -> dict[str, frozenset[int]] | None:
         """Node -> GPUs of class `cls` (None: every GPU of every node qualifies)."""
-        if cls == ANY_GPU:
-            return None
-        if cls not in self._eligible:
-            found: dict[str, frozenset[int]] = {}
-            for nid in self.free:
-                e = eligible_gpus(self.state.nodes[nid].inventory.gpus, cls)
-                if e:
-                    found[nid] = e
-            self._eligible[cls] = found
-        return self._eligible[cls]
+        return self._base.eligible(cls)
 
     def index(self, cls: GpuClass, *, through_hold: bool = False) -> FreeIndex:
         """Free GPUs of `cls`; without `through_hold`, minus those held by the backfill reservation."""
         through = through_hold and self.hold is not None
         idx = self._indexes.get((cls, through))
         if idx is None:
-            eligible = self.eligible(cls)
-            if eligible is None:
-                free = dict(self.free)
-            else:
-                free = {n: tuple(g for g in self.free[n] if g in e) for n, e in eligible.items()}
-            idx = FreeIndex(self.topo, cls, free, eligible)
+            idx = self._base.index(cls).copy()
+            for n in self._touched:
+                idx.reset(n, self.free[n])
             if not through and self.hold is not None:
                 for rp in self.hold.ranks:
                     idx.take(rp.node_id, rp.gpus)
@@ -145,6 +125,7 @@ class Plan:
             if cur is None or not rp.gpus:
                 continue
             self.free[rp.node_id] = tuple(g for g in cur if g not in rp.gpus)
+            self._touched.add(rp.node_id)
             for idx in self._indexes.values():
                 idx.take(rp.node_id, rp.gpus)
 
@@ -162,6 +143,7 @@ class Plan:
             ]
             if back:
                 self.free[rp.node_id] = tuple(sorted({*cur, *back}))
+                self._touched.add(rp.node_id)
                 for idx in self._indexes.values():
                     idx.give(rp.node_id, back)
         if job.status == "preempting":  # its own share was already moved to its preemptor
@@ -204,7 +186,7 @@ class Plan:
         until they are gone: the fold checks limits against what is held.
         """
         state = self.state
-        for jid in state.active:
+        for jid in state.watch:  # every preempting gang is watched (state.needs_look)
             j = state.jobs[jid]
             if j.status == "preempting":
                 self.charge(j.queue, -j.gpus, tree=False)

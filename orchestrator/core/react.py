@@ -39,10 +39,9 @@ from schemas.events import (
 )
 
 
-def lost_gangs(state: ClusterState) -> dict[str, str]:
-    """Jobs with ranks on failed nodes -> the first such node."""
+def lost_gangs(state: ClusterState, failed: tuple[str, ...]) -> dict[str, str]:
+    """Jobs with ranks on the `failed` nodes -> the first such node."""
     lost: dict[str, str] = {}
-    failed = [nid for nid, n in state.nodes.items() if n.failed]
     if not failed:
         return lost
     for nid in failed:
@@ -61,13 +60,25 @@ def lost_gangs(state: ClusterState) -> dict[str, str]:
 
 
 def react(c: Cycle, stopping: list[Job]) -> list[Event]:
-    """Follow-ups for gangs holding GPUs, and the end of pending jobs asked to stop."""
+    """Follow-ups for gangs holding GPUs, and the end of pending jobs asked to stop.
+
+    Only gangs that can need one are visited: those on failed nodes, those the
+    fold watches (`needs_look`), and those whose time limit has passed (a
+    prefix of the fold's `ends`). Every other gang is simply running.
+    """
     state = c.state
-    lost = lost_gangs(state)
+    lost = lost_gangs(state, c.topo.failed)  # the Topology knows which nodes failed
+    look: dict[str, None] = dict.fromkeys(lost)
+    look.update(dict.fromkeys(state.watch))
+    now = c.now
+    for end, _, jid in state.ends:
+        if end > now:
+            break
+        look[jid] = None
     out: list[Event] = []
-    for jid in state.active:
-        job = state.jobs[jid]
-        e = _follow_up(c, job, lost.get(jid))
+    jobs = state.jobs
+    for jid in look:
+        e = _follow_up(c, jobs[jid], lost.get(jid))
         if e is not None:
             out.append(e)
     out.extend(_end(c, job) for job in stopping)

@@ -15,7 +15,7 @@ _ENDS_GANG = (JobCompleted, JobFailed, JobCancelled, JobRequeued, Preempted)
 
 
 def snapshot(c: Cycle, followups: list[Event]) -> Plan:
-    plan = Plan(c.state, c.now)
+    plan = Plan(c.state, c.now, c.topo)
     for e in followups:
         kind, jid = entity_of(e)
         if kind != "job":

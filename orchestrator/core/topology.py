@@ -24,12 +24,19 @@ CLUSTER = "cluster"
 class Topology:
     """Domains and their members; built once per decide call from the registered nodes."""
 
-    __slots__ = ("children", "domains_at", "levels", "nodes_in", "paths", "width")
+    __slots__ = ("children", "domains_at", "failed", "ids", "levels", "nodes_in", "order", "path_ids", "paths", "width")
 
     def __init__(self, levels: tuple[str, ...]) -> None:
         self.levels = levels
         #: node -> its domains, root first then one per level (coarse to fine).
         self.paths: dict[str, tuple[str, ...]] = {}
+        #: node -> its position in registration order (ties between nodes go to the first).
+        self.order: dict[str, int] = {}
+        #: domain -> its number (capacity indexes keep flat per-domain arrays), and each node's path as numbers.
+        self.ids: dict[str, int] = {ROOT: 0}
+        self.path_ids: dict[str, tuple[int, ...]] = {}
+        #: Nodes marked failed when this was built (a Topology is rebuilt whenever a node record changes).
+        self.failed: tuple[str, ...] = ()
         #: domain -> member nodes, in registration order.
         self.nodes_in: dict[str, list[str]] = {ROOT: []}
         #: domain -> child domains (empty at the finest level, whose children are nodes).
@@ -48,6 +55,7 @@ class Topology:
             part = f"{lvl}={label}" if label else f"{lvl}=~{node_id}"
             prefix = f"{prefix}/{part}" if prefix else part
             if prefix not in self.nodes_in:
+                self.ids[prefix] = len(self.ids)
                 self.nodes_in[prefix] = []
                 self.children[prefix] = []
                 self.children[parent].append(prefix)
@@ -57,6 +65,8 @@ class Topology:
         for d in path:
             self.nodes_in[d].append(node_id)
         self.paths[node_id] = tuple(path)
+        self.path_ids[node_id] = tuple(self.ids[d] for d in path)
+        self.order.setdefault(node_id, len(self.order))
         self.width = max(self.width, gpu_count)
 
     def level_of(self, domain: str) -> str:
@@ -89,6 +99,7 @@ def build_topology(nodes: Iterable[Node], levels: tuple[str, ...]) -> Topology:
     topo = Topology(levels)
     for node in key:
         topo.add(node.node_id, node.inventory.labels, node.inventory.gpu_count)
+    topo.failed = tuple(n.node_id for n in key if n.failed)
     _RECENT.insert(0, (key, levels, topo))
     del _RECENT[4:]
     return topo
