@@ -11,6 +11,14 @@ For one head, in this order:
      start on; later ones are told why they wait.
 A placement re-ranks its queue (its share grew); a blocked head does not, and
 after `heads_per_queue` blocked heads a queue is done for this cycle.
+
+The backfill reservation is sticky: the gang that holds it (the fold's
+`holder`, named by its JobWaiting) is looked at first in every cycle, before
+the fair-share order, and keeps it until it starts -- or until it cannot hold
+it any more (over quota, never fits, preempting). Without that the
+reservation went to whichever blocked gang came first in a fair-share order
+that changes at nearly every event, and a big gang of a busy queue could wait
+behind a new holder each time.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from heapq import heapify, heappop, heappush, merge
+from operator import attrgetter
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
@@ -197,23 +206,36 @@ class _Admission:
     def victims_of(self, preemptor: str) -> list[str]:
         if self._victims_of is None:
             self._victims_of = {}
-            for jid in self.c.state.active:
+            for jid in self.c.state.watch:  # every preempting gang is watched
                 j = self.c.state.jobs[jid]
                 if j.status == "preempting" and j.preemptor:
                     self._victims_of.setdefault(j.preemptor, []).append(jid)
         return self._victims_of.get(preemptor, [])
 
-    def endings(self) -> list[Ending]:
-        """Every gang that will give GPUs back, with its expected end (backfill's estimate)."""
+    def endings(self) -> Iterator[Ending]:
+        """Every gang that will give GPUs back, by expected end (backfill's estimate), read lazily.
+
+        Running gangs come in the fold's `ends` order (start + time limit); a gang
+        being stopped ends sooner than that, which only makes the estimate
+        cautious (backfill takes the latest end among the gangs it released).
+        """
         state, margin, plan = self.c.state, self.c.policies.stop_margin_s, self.plan
         gone = plan.ended | plan.victims
         jobs = state.jobs
-        running = [
-            Ending(jid, ends_at(j, margin), j.reserved_at, j.placement)
-            for jid in state.active
-            if jid not in gone and (j := jobs[jid]).status != "preempting"
-        ]
-        return running + self.placed
+
+        def running() -> Iterator[Ending]:
+            for _, started, jid in state.ends:
+                if jid in gone:
+                    continue
+                j = jobs[jid]
+                if j.status != "preempting":  # its GPUs go to its preemptor
+                    yield Ending(jid, ends_at(j, margin), started, j.placement)
+
+        placed = sorted(self.placed, key=_BY_END)
+        return merge(running(), placed, key=_BY_END)
+
+
+_BY_END = attrgetter("ends_at", "started_at", "job_id")
 
 
 def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], dict[str, Outcome]]:
@@ -221,6 +243,15 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
     adm = _Admission(c, plan)
     outcomes: dict[str, Outcome] = {}
     # Fair-share order across queues, then the heads' line order (priority, submit time, id).
+    # 0. The gang holding the backfill reservation goes first: it starts, or keeps holding.
+    holder = _holder(c, plan)
+    if holder is not None:
+        job, q = holder
+        plan.busy.add(job.job_id)  # its line skips it during this loop
+        line = lines.get(q)
+        if line is not None and line.head is not None and line.head[1].job_id == job.job_id:
+            line.pop()
+        outcomes[job.job_id] = _admit_one(adm, job, q)
     order = [(pol.queue_key(plan.load(q)), line.head[0], q) for q, line in lines.items() if line.head]
     heapify(order)
     blocked = dict.fromkeys(lines, 0)
@@ -236,7 +267,18 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
                 continue
         if line.head is not None:
             heappush(order, (pol.queue_key(plan.load(q)), line.head[0], q))
+    if holder is not None and outcomes[holder[0].job_id].code != PLACED:
+        plan.busy.discard(holder[0].job_id)  # explain tells it why it still waits
     return adm.events, outcomes
+
+
+def _holder(c: Cycle, plan: Plan) -> tuple[Job, str] | None:
+    """The pending gang the fold says holds the reservation, with its queue, if it may be looked at now."""
+    jid = c.state.holder
+    job = c.state.jobs.get(jid) if jid else None
+    if job is None or job.status != "pending" or job.earmark or jid in plan.busy:
+        return None
+    return job, resolve_queue(c.state, job.spec.queue)
 
 
 def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:

@@ -18,7 +18,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.plan import Plan
-from orchestrator.core.state import Job
+from orchestrator.core.state import RESERVING, Job
 from orchestrator.core.topology import NODE
 from orchestrator.core.usage import resolve_queue
 from orchestrator.policies.placement import GangRequest
@@ -30,7 +30,7 @@ CAPACITY = "capacity"
 QUOTA = "quota"
 PREEMPTING = "preempting"
 BACKFILL = "backfill"
-BACKFILL_HEAD = "backfill_head"
+BACKFILL_HEAD = RESERVING
 NO_NODES = "no_nodes"
 
 REFRESH_S = 60.0
@@ -75,7 +75,8 @@ def explain(c: Cycle, plan: Plan, fresh: list[Job], outcomes: dict[str, Outcome]
         if o.code == PLACED or jid in plan.busy:
             continue
         job = state.jobs[jid]
-        if _due(job, o, c.now, settle_at, jid in state.unexplained):
+        # A new holder of the backfill reservation is always told: the fold remembers it by that event.
+        if _due(job, o, c.now, settle_at, jid in state.unexplained) or (o.code == BACKFILL_HEAD and state.holder != jid):
             out.append(_waiting(c, job, o))
     for job in fresh:
         if job.job_id in outcomes or job.job_id in plan.busy:

@@ -7,7 +7,7 @@ place=my_place)`), and mypy checks the signature.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.capacity import FreeIndex
@@ -26,7 +26,7 @@ VictimsFn = Callable[
     [PreemptionAsk, Sequence[Candidate], FreeIndex, Mapping[str, QueueLoad], FitsFn, Callable[[Sequence[Candidate]], bool]],
     list[Candidate] | None,
 ]
-BackfillFn = Callable[[GangRequest, FreeIndex, Sequence[Ending], FitsFn, PlaceFn, LinksOf], Hold | None]
+BackfillFn = Callable[[GangRequest, FreeIndex, Iterable[Ending], FitsFn, PlaceFn, LinksOf], Hold | None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,12 @@
 """Backfill: the head gang that cannot start holds the GPUs it will start on.
 
 The head (the first gang in fair-share order that is blocked by capacity, not
-by quota) gets a reservation at the earliest time enough GPUs free up: running
-gangs are released in order of their expected end (start + time limit; gangs
-without a limit never end in this estimate, so they come last, oldest first)
-until the head fits topology-feasibly; the placement it would get then is the
-reservation. Its GPUs that are free now are held: later jobs may use them only
+by quota; then the same gang until it starts, see admit.py) gets a reservation
+at the earliest time enough GPUs free up: running gangs are released in order
+of their expected end (start + time limit; gangs without a limit never end in
+this estimate, so they come last, oldest first) until the head fits
+topology-feasibly; the placement it would get then is the reservation, and
+its time the latest expected end among the gangs released. Its GPUs that are free now are held: later jobs may use them only
 if their own time limit ends before the reservation. Every other GPU stays
 open to everyone. So a 64-GPU gang accumulates the GPUs it waits for instead
 of losing each freed one to a stream of small jobs.
@@ -14,8 +15,7 @@ of losing each freed one to a stream of small jobs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from operator import attrgetter
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
@@ -40,14 +40,19 @@ class Ending(NamedTuple):
 def earliest_start(
     req: GangRequest,
     index: FreeIndex,
-    ending: Sequence[Ending],
+    ending: Iterable[Ending],
     fits: FitsFn,
     place: PlaceFn,
     links_of: LinksOf,
 ) -> Hold | None:
-    """The reservation for the blocked head `req`, or None if it never fits."""
+    """The reservation for the blocked head `req`, or None if it never fits.
+
+    `ending` comes in order of expected end (the caller's order; read only as far as needed).
+    """
     idx = index.copy()
-    for e in sorted(ending, key=attrgetter("ends_at", "started_at", "job_id")):
+    until = -math.inf
+    for e in ending:
+        until = max(until, e.ends_at)
         for rp in e.placement:
             idx.give(rp.node_id, rp.gpus)
         # Cheap necessary conditions first: enough GPUs at all, then enough whole ranks.
@@ -57,7 +62,7 @@ def earliest_start(
             continue
         p = place(req, idx, links_of)
         if p is not None:
-            return Hold(job_id=req.job_id, until=e.ends_at, ranks=p.ranks)
+            return Hold(job_id=req.job_id, until=until, ranks=p.ranks)
     return None
 
 

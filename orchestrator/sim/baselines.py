@@ -36,7 +36,7 @@ from the fold's status transitions, that the LAS order reads.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import replace
 
 from orchestrator.core.capacity import FreeIndex
@@ -102,7 +102,7 @@ def dominant_share(load: QueueLoad) -> QueueKey:
 
 
 def hold_everything(
-    req: GangRequest, index: FreeIndex, ending: Sequence[Ending], fits: FitsFn, place: PlaceFn, links_of: LinksOf
+    req: GangRequest, index: FreeIndex, ending: Iterable[Ending], fits: FitsFn, place: PlaceFn, links_of: LinksOf
 ) -> Hold:
     """Strict FIFO: the first blocked gang holds every free GPU, with no end time, so no job behind it starts."""
     del ending, fits, place, links_of
@@ -114,7 +114,7 @@ def hold_everything(
 
 
 def no_reservation(
-    req: GangRequest, index: FreeIndex, ending: Sequence[Ending], fits: FitsFn, place: PlaceFn, links_of: LinksOf
+    req: GangRequest, index: FreeIndex, ending: Iterable[Ending], fits: FitsFn, place: PlaceFn, links_of: LinksOf
 ) -> Hold | None:
     """Greedy schedulers keep nothing for a blocked gang."""
     del req, index, ending, fits, place, links_of
