@@ -212,6 +212,9 @@ class Bus:
         self._unknown_logged: set[str | None] = set()
         #: Readers to wake when the connection comes back: their consumers may be gone.
         self._reconnect_listeners: set[Callable[[], None]] = set()
+        #: Subscription id -> reader whose data messages skip nats-py's per-message work.
+        self._direct: dict[int, _Reader] = {}
+        self._direct_ok = _install_direct_dispatch(nc, self._direct)
         #: append_many's publishes awaiting the server's answer, by reply token (see _publish_pipelined).
         self._answers_inbox: str | None = None
         self._awaiting_answer: dict[str, asyncio.Future[Msg]] = {}
@@ -566,6 +569,46 @@ class Bus:
                     error=event.error[:200])
 
 
+# --- direct dispatch ------------------------------------------------------------
+
+
+def _install_direct_dispatch(nc: NATS, readers: dict[int, _Reader]) -> bool:
+    """Hand replay/tail data messages from nats-py's protocol parser straight to their reader.
+
+    For every message nats-py parses a headers dict (the Nats-Msg-Id every
+    corral event carries), builds a Msg, queues it and switches to the
+    subscription's task: ~40% of a replay's CPU (bench/RESULTS.md). A reader
+    needs none of it for a data message: sequence and time are in the reply
+    subject. Status messages (heartbeats, expiries: no data) and every other
+    subscription keep nats-py's path. Hooked on the parser's one entry point
+    (nats-py is pinned); if this nats-py has no such entry point, nothing is
+    changed and readers use their callbacks (tests/test_bus.py checks which).
+    """
+    original = getattr(nc, "_process_msg", None)
+    if original is None:
+        return False
+    try:
+        params = list(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        return False
+    if params != ["sid", "subject", "reply", "data", "headers"] or not isinstance(getattr(nc, "stats", None), dict):
+        return False
+    stats = nc.stats
+
+    async def process_msg(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        reader = readers.get(sid)
+        if reader is None or not data:
+            await original(sid, subject, reply, data, headers)
+            return
+        stats["in_msgs"] += 1
+        stats["in_bytes"] += len(data)
+        if reader._on_data(subject, reply, data):
+            await reader._fill()
+
+    nc._process_msg = process_msg  # type: ignore[method-assign]
+    return True
+
+
 # --- consumers ----------------------------------------------------------------
 
 
@@ -717,6 +760,7 @@ class _Reader:
                     backoff = min(backoff * 2, 2.0)
                 finally:
                     if sub is not None:
+                        self.bus._direct.pop(sub._id, None)
                         try:
                             await sub.unsubscribe()
                         except nats.errors.Error:
@@ -739,6 +783,8 @@ class _Reader:
         self._on_start(info)
         cb = self._on_msg_ack if self.keep_reply else self._on_msg
         sub = await self.nc.subscribe(self._inbox, cb=cb)
+        if not self.keep_reply and self.bus._direct_ok:
+            self.bus._direct[sub._id] = self  # data messages bypass cb (see _install_direct_dispatch)
         await self._fill()
         return sub
 
@@ -802,17 +848,25 @@ class _Reader:
         self._wake.set()
 
     async def _on_msg(self, msg: Msg) -> None:
-        # The hot path of every replay: keep it to parsing, decoding and one append.
+        """nats-py's callback: status messages, and data messages where direct dispatch is unavailable."""
         data = msg.data
         if not data and msg.headers and "Status" in msg.headers:
             self._status(msg)
             if not self._done and self._reset_reason is None:
                 await self._fill()
             return
+        if self._on_data(msg.subject.encode(), msg.reply.encode(), data):
+            await self._fill()
+
+    def _on_data(self, subject: bytes, reply: bytes, data: bytes) -> bool:
+        """A data message, as raw bytes: the hot path of every replay. True: request more.
+
+        Kept to parsing, decoding and one append.
+        """
         if self._done or self._reset_reason is not None:
-            return  # in flight from a request we no longer care about
+            return False
         try:
-            t = msg.reply.split(".")  # see _ack_fields
+            t = reply.split(b".")  # see _ack_fields
             o = 0 if len(t) == 9 else 2
             sseq = int(t[5 + o])
             self._want -= 1
@@ -821,20 +875,21 @@ class _Reader:
                 self._done = True
             else:
                 event = decode(data)
+                subj = subject.decode()
                 if event.__class__ is Unknown:
-                    self.bus._log_unknown(event, sseq, msg.subject)
-                self._buf.append(Envelope(sseq, msg.subject, int(t[7 + o]) / 1e9, event))
+                    self.bus._log_unknown(event, sseq, subj)
+                self._buf.append(Envelope(sseq, subj, int(t[7 + o]) / 1e9, event))
                 self.resume_at = sseq + 1
-                if end is not None and (sseq >= end or t[8 + o] == "0"):
+                if end is not None and (sseq >= end or t[8 + o] == b"0"):
                     self._done = True
             if self._waiting or self._done:
                 self._waiting = False  # one wake-up per batch, not one per message
                 self._wake.set()
-            if self._want <= self.batch and len(self._buf) < self._high and not self._done:
-                await self._fill()
-        except Exception as e:  # surfaced by batches(), never swallowed by nats-py's error callback
+            return self._want <= self.batch and len(self._buf) < self._high and not self._done
+        except Exception as e:  # surfaced by batches(), never swallowed by the parser's error path
             self._error = e
             self._wake.set()
+            return False
 
     async def _on_msg_ack(self, msg: Msg) -> None:
         data = msg.data

@@ -191,6 +191,26 @@ async def test_replay_passes_undecodable_messages_through_as_unknown(bus: Bus) -
     assert envs[1].event.type == "JobTeleported"  # type: ignore[union-attr]
 
 
+async def test_replay_takes_the_direct_dispatch_and_its_fallback_reads_the_same(nats_server: NatsServer,
+                                                                                   bus: Bus) -> None:
+    """Replays skip nats-py's per-message work (events/bus.py `_install_direct_dispatch`); a
+    connection without the hook (another nats-py) reads the same envelopes through callbacks."""
+    assert bus._direct_ok, "nats-py's parser entry point changed: replays fell back to the slower callbacks"
+    await bus.append_many([started(f"j{i % 3}", i) for i in range(120)])
+    await bus.js.publish("corral.job.j1.JobRunning", b"\x00not json")
+    direct = await replay_all(bus)
+    other = await Bus.connect(nats_server.url)
+    try:
+        other._direct_ok = False
+        fallback = await replay_all(other)
+        assert [(e.seq, e.subject, e.stream_time, e.event) for e in fallback] == [
+            (e.seq, e.subject, e.stream_time, e.event) for e in direct]
+        assert len(direct) == 121 and isinstance(direct[-1].event, Unknown)
+        assert not bus._direct and not other._direct  # every reader unregistered itself
+    finally:
+        await other.close()
+
+
 # --- tail ---------------------------------------------------------------------------
 
 
