@@ -49,8 +49,9 @@ import datetime as dt
 import inspect
 import json
 import math
+import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -567,6 +568,32 @@ class Bus:
         self._unknown_logged.add(event.type)
         log.warning("undecodable event (logged once per type)", type=event.type, seq=seq, subject=subject,
                     error=event.error[:200])
+
+
+# --- a service's own appends ------------------------------------------------------
+
+
+async def append_reclaiming(bus: Bus, events: Sequence[Event], *, tries: int = 3) -> list[int]:
+    """`append_many` for a service's own events: an id someone else took first gets a fresh one.
+
+    Decision ids are predictable on purpose (two schedulers deciding the same
+    thing at the same log position dedupe), so a publisher allowed on the
+    stream can take one first (IdSquatted). Retrying the same id would fail for
+    the whole duplicate window, and a squatter could hold a decision (say, a
+    stop at a time limit) off for as long as it liked. So that one event goes
+    in again under `<id>~<random>`: it loses id dedupe, which the fold makes up
+    for (a repeated decision is void).
+    """
+    pending = list(events)
+    for _ in range(tries):
+        try:
+            return await bus.append_many(pending)
+        except IdSquatted as e:
+            log.error("event_id_squatted", event_id=e.event_id, seq=e.seq, found=e.found)
+            fresh = f"{e.event_id}~{secrets.token_hex(8)}"
+            pending = [msgspec.structs.replace(ev, event_id=fresh) if ev.event_id == e.event_id else ev
+                       for ev in pending]
+    return await bus.append_many(pending)
 
 
 # --- direct dispatch ------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from events.bus import Bus, BusError
+from events.bus import Bus, BusError, append_reclaiming
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import newest_manifest
 from nodeagent.heartbeat import publish_heartbeats
@@ -154,7 +154,7 @@ class Agent:
         delay = 0.5
         while True:
             try:
-                seq = await self.bus.append(event)
+                (seq,) = await append_reclaiming(self.bus, [event])
                 break
             except BusError as e:
                 log.warning("append_retry", event_id=event.event_id, error=str(e), retry_in_s=delay)

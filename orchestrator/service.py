@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import nats.errors
 import structlog
 
-from events.bus import Bus, BusError
+from events.bus import Bus, BusError, append_reclaiming
 from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.state import ClusterState, Config
@@ -81,7 +81,7 @@ class Scheduler:
 
     async def _append(self, events: Sequence[Event]) -> None:
         if events:
-            seqs = await self.bus.append_many(events)
+            seqs = await append_reclaiming(self.bus, events)
             self.appended += len(events)
             metrics.EVENTS_APPENDED.labels("scheduler").inc(len(events))
             self._awaiting = max(self._awaiting, *seqs)

@@ -94,3 +94,23 @@ async def test_duplicates_are_checked_without_direct_get(bus: Bus) -> None:
     await bus.append(other)
     with pytest.raises(IdSquatted):
         await bus.append(running("b"))
+
+
+async def test_services_append_a_squatted_decision_under_a_fresh_id(nats_server: NatsServer, bus: Bus) -> None:
+    """The scheduler and agents append through append_reclaiming: a squatted id does not hold their event off."""
+    from events.bus import append_reclaiming
+
+    first, decision, last = started("b", 0), running("b"), started("b", 1)
+    squatted = await squat(nats_server, decision.event_id, "b")
+    seqs = await append_reclaiming(bus, [first, decision, last])
+    assert len(seqs) == 3 and squatted not in seqs
+    stored = {}
+    async for batch in bus.replay():
+        stored.update({env.seq: env for env in batch})
+    got = stored[seqs[1]]
+    assert got.subject == subject_for(decision)
+    assert got.event.event_id.startswith(decision.event_id + "~")  # type: ignore[union-attr]
+    assert msgspec.structs.replace(got.event, event_id=decision.event_id) == decision
+    assert [stored[s].event for s in (seqs[0], seqs[2])] == [first, last]
+    # Honest retries of the same batch store nothing twice.
+    assert (await append_reclaiming(bus, [first, last])) == [seqs[0], seqs[2]]
