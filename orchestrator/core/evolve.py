@@ -433,6 +433,7 @@ def _requeue(state: ClusterState, job: Job, attempt: int, resume_from: str | Non
     state.jobs[job.job_id] = replace(
         job,
         status="pending",
+        attained_s=job.attained_s + job.gpus * max(0.0, at - job.reserved_at),
         attempt=attempt,
         placement=(),
         gpus=0,

@@ -170,6 +170,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     #: As a preemptor: the planned placement whose GPUs are held for this job.
     earmark: tuple[RankPlacement, ...] = ()
     end_reason: str = ""
+    #: GPU-seconds its earlier attempts held GPUs (least-attained-service policies read it).
+    attained_s: float = 0.0
 
     @property
     def line_key(self) -> LineKey:
@@ -184,6 +186,13 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     def end_key(self) -> EndKey:
         limit = self.spec.time_limit_s
         return (self.reserved_at + limit if limit is not None else math.inf, self.reserved_at, self.job_id)
+
+
+def attained_service(job: Job, now: float) -> float:
+    """GPU-seconds the job has held GPUs so far: earlier attempts, plus the current one if it holds some."""
+    if job.status in HOLDING:
+        return job.attained_s + job.gpus * max(0.0, now - job.reserved_at)
+    return job.attained_s
 
 
 def needs_look(job: Job) -> bool:
