@@ -13,13 +13,7 @@ from orchestrator.cli import errors
 from orchestrator.cli.errors import CliError
 from orchestrator.logging import configure_logging
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
-
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
-
-
-def _nats_url_default() -> str:
-    return os.environ.get("CORRAL_NATS_URL", DEFAULT_NATS_URL)
 
 
 class Parser(argparse.ArgumentParser):
@@ -31,22 +25,15 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli import commands
+    from orchestrator.cli.connect import add_global_connection_args
 
     parser = Parser(
         prog="corral",
         description="corral: an event-sourced GPU scheduler. Every command reads or appends the NATS JetStream log.",
-        epilog="Exit codes: 0 ok, 1 failed, 2 usage/invalid input, 3 NATS unreachable, 4 not found, 5 timed out.",
+        epilog="Exit codes: 0 ok, 1 failed, 2 usage/invalid input, 3 NATS unreachable, 4 not found, 5 timed out, "
+               "6 refused by NATS (credentials, permissions) or TLS.",
     )
-    parser.add_argument(
-        "--nats",
-        default=_nats_url_default(),
-        metavar="URL",
-        help="NATS server URL (env CORRAL_NATS_URL; default %(default)s, the embedded server of `corral up`)",
-    )
-    parser.add_argument("--creds", metavar="FILE", default=os.environ.get("CORRAL_NATS_CREDS"),
-                        help="NATS credentials file (env CORRAL_NATS_CREDS)")
-    parser.add_argument("--tls-ca", metavar="FILE", default=os.environ.get("CORRAL_NATS_CA"),
-                        help="CA bundle to verify the NATS server's TLS certificate (env CORRAL_NATS_CA)")
+    add_global_connection_args(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.register(sub)
     return parser

@@ -1,47 +1,217 @@
-"""Connecting the CLI to the log, with errors a user can act on."""
+"""Connecting the CLI to the log, with errors a user can act on.
+
+The connection options (URL, credentials, TLS, stream replicas) are global:
+`corral --user u --password-file f jobs`. Every command that connects also
+takes them after its name (`corral jobs --user u ...`), which is how the
+deploy manifests write them; a per-command value wins over the global one.
+Each has an environment variable for its default, so a shell or a container
+sets them once. There is no password flag and no password variable: the
+password comes from a file, so it never shows in `ps` or a process's
+environment.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import logging
+import os
+import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import nats.errors
+import structlog
 
-from events.bus import Bus
+from events.bus import Bus, BusError
 from events.security import connect_options
-from orchestrator.cli.errors import UNREACHABLE, USAGE, CliError
+from orchestrator.cli.errors import DENIED, UNREACHABLE, USAGE, CliError
+
+log = structlog.get_logger("corral.cli")
 
 
-def add_connection_args(p: argparse.ArgumentParser) -> None:
+class _NoSslEofNoise(logging.Filter):
+    """asyncio warns "returning true from eof_received() has no effect when using ssl" whenever a TLS
+    connection closes (nats-py's protocol returns True): noise on a command's one-line stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received()" not in record.getMessage()
+
+
+logging.getLogger("asyncio").addFilter(_NoSslEofNoise())
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def _replicas(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 5:
+        raise argparse.ArgumentTypeError(f"replicas must be 1..5 (JetStream's limit), not {text!r}")
+    return n
+
+
+@dataclass(frozen=True)
+class _Option:
+    flag: str
+    env: str
+    metavar: str
+    help: str
+    type: Any = str
+    services_only: bool = False  # per-command copy on the services only (scheduler, agent, admission)
+
+
+OPTIONS = (
+    _Option("--nats", "CORRAL_NATS_URL", "URL",
+            "NATS server URL; several, comma-separated, for a cluster (default: the embedded server of `corral up`, "
+            f"{DEFAULT_NATS_URL})"),
+    _Option("--creds", "CORRAL_NATS_CREDS", "FILE",
+            "NATS .creds file (JWT + nkey, decentralized auth); instead of --user/--password-file"),
+    _Option("--user", "CORRAL_NATS_USER", "NAME",
+            "NATS user (deploy/nats/accounts.conf: scheduler, agent-<node>, client-<team>, admin, ops, ...)"),
+    _Option("--password-file", "CORRAL_NATS_PASSWORD_FILE", "FILE",
+            "file whose first line is --user's password (never on the command line: `ps` would show it)"),
+    _Option("--tls-ca", "CORRAL_NATS_CA", "FILE",
+            "CA bundle to verify the NATS server's certificate; any --tls-* option makes the connection "
+            "TLS-first (the server needs handshake_first)"),
+    _Option("--tls-cert", "CORRAL_NATS_CERT", "FILE",
+            "client certificate for mutual TLS (PEM; may hold the key too)"),
+    _Option("--tls-key", "CORRAL_NATS_KEY", "FILE", "private key of --tls-cert"),
+    _Option("--replicas", "CORRAL_STREAM_REPLICAS", "N",
+            "replicas of the CORRAL stream and buckets when this service creates them (3 in a 3-server "
+            "cluster; an existing stream is never scaled down; default 1)", type=_replicas, services_only=True),
+)
+
+
+def _help(o: _Option) -> str:
+    return f"{o.help} (env {o.env})".replace("%", "%%")
+
+
+def add_global_connection_args(parser: argparse.ArgumentParser) -> None:
+    """The options before the command name; defaults from the environment."""
+    group = parser.add_argument_group("connection (also accepted after the command name)")
+    for o in OPTIONS:
+        # A string default goes through `type` too, so a bad variable is a usage error like a bad flag.
+        default = os.environ.get(o.env) or {"--nats": DEFAULT_NATS_URL, "--replicas": "1"}.get(o.flag)
+        group.add_argument(o.flag, default=default, metavar=o.metavar, type=o.type, help=_help(o))
+
+
+def add_connection_args(p: argparse.ArgumentParser, *, service: bool = False) -> None:
     """Per-command copies of the global options, so `corral jobs --nats URL` works as well."""
-    p.add_argument("--nats", default=argparse.SUPPRESS, metavar="URL", help="NATS server URL")
-    p.add_argument("--creds", default=argparse.SUPPRESS, metavar="FILE", help="NATS credentials file")
-    p.add_argument("--tls-ca", default=argparse.SUPPRESS, metavar="FILE", help="CA bundle for NATS TLS")
+    group = p.add_argument_group("connection")
+    for o in OPTIONS:
+        if o.services_only and not service:
+            continue
+        group.add_argument(o.flag, default=argparse.SUPPRESS, metavar=o.metavar, type=o.type, help=_help(o))
 
 
-async def _quiet(_e: Exception) -> None:
-    """Connection errors surface as CliError; nats-py need not print them too."""
+@dataclass
+class _NatsErrors:
+    """What nats-py reported through its error callback (it raises something vaguer, or nothing).
+
+    A command (not a service) whose publish the server refuses is stopped at once: nats-py
+    would only notice when the append's ack times out, four retries later.
+    """
+
+    service: bool = False
+    seen: list[Exception] = field(default_factory=list)
+    command: asyncio.Task[Any] | None = None
+    refused: Exception | None = None
+
+    async def record(self, e: Exception) -> None:
+        self.seen.append(e)
+        del self.seen[:-20]
+        if self.service:  # a service keeps retrying: say why
+            log.warning("nats_error", error=str(e) or type(e).__name__)
+        elif (self.command is not None and self.refused is None
+              and "permissions violation for publish" in str(e).lower()):
+            self.refused = e
+            self.command.cancel()
+
+    def matching(self, text: str) -> Exception | None:
+        return next((e for e in reversed(self.seen) if text in str(e).lower()), None)
+
+
+def _who(args: argparse.Namespace) -> str:
+    if getattr(args, "creds", None):
+        return f"the credentials in {args.creds}"
+    if getattr(args, "user", None):
+        return f"user {args.user!r}"
+    return "an anonymous connection (this server wants --user/--password-file or --creds)"
+
+
+def _connect_failure(args: argparse.Namespace, e: BaseException, errs: _NatsErrors) -> CliError:
+    """The one line that explains why connecting failed, and its exit code."""
+    url = args.nats
+    if errs.matching("authorization violation") or "authorization violation" in str(e).lower():
+        return CliError(f"NATS at {url} refused {_who(args)}: authorization violation "
+                        "(wrong user or password, or an unknown user)", DENIED)
+    if errs.matching("authentication expired") or errs.matching("authentication revoked"):
+        return CliError(f"NATS at {url} refused {_who(args)}: the credentials expired or were revoked", DENIED)
+    tls = next((x for x in [e, *reversed(errs.seen)] if isinstance(x, ssl.SSLError)), None)
+    if isinstance(tls, ssl.SSLCertVerificationError):
+        return CliError(f"TLS: cannot verify the NATS server at {url} with --tls-ca {args.tls_ca or '(system CAs)'}: "
+                        f"{tls.verify_message or tls}", DENIED)
+    if tls is not None:
+        return CliError(f"TLS handshake with NATS at {url} failed ({tls.reason or tls}); the server must speak TLS "
+                        "with handshake_first, and with mutual TLS it needs --tls-cert/--tls-key", DENIED)
+    return CliError(f"cannot reach NATS at {url} ({type(e).__name__}); is `corral up` running? "
+                    "Set --nats or CORRAL_NATS_URL", UNREACHABLE)
 
 
 @contextlib.asynccontextmanager
 async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeout: float = 3.0,
                     forever: bool = False) -> AsyncIterator[Bus]:
-    """A Bus for the command; `forever` (services) keeps reconnecting instead of giving up."""
+    """A Bus for the command; `forever` (services) keeps reconnecting instead of giving up.
+
+    Refused credentials and failed TLS exit with DENIED, an unreachable server with
+    UNREACHABLE; a write the server's permissions refuse fails the command with DENIED
+    and the server's words instead of a timeout.
+    """
     try:
-        opts = connect_options(creds=args.creds, tls_ca=args.tls_ca)
+        opts = connect_options(
+            creds=getattr(args, "creds", None), tls_ca=getattr(args, "tls_ca", None),
+            tls_cert=getattr(args, "tls_cert", None), tls_key=getattr(args, "tls_key", None),
+            user=getattr(args, "user", None), password_file=getattr(args, "password_file", None),
+        )  # fmt: skip
     except (ValueError, OSError) as e:
         raise CliError(str(e), USAGE) from None
+    errs = _NatsErrors(service=forever)
+    opts["error_cb"] = errs.record  # no tracebacks from nats-py's default callback: the lines above say it
     if not forever:
-        # Two tries, then NoServersError; no tracebacks from nats-py's default error callback:
-        # the one line below says it all.
-        opts.update(connect_timeout=timeout, allow_reconnect=False, connect_attempts=1, error_cb=_quiet)
+        # One try, then an error: a command should fail in seconds, not retry.
+        opts.update(connect_timeout=timeout, allow_reconnect=False, connect_attempts=1)
+    servers = [u.strip() for u in args.nats.split(",") if u.strip()]
     try:
-        bus = await Bus.connect(args.nats, name=name, **opts)
+        bus = await Bus.connect(servers if len(servers) > 1 else args.nats, name=name,
+                                replicas=getattr(args, "replicas", 1) or 1, **opts)
     except (nats.errors.NoServersError, nats.errors.Error, OSError, TimeoutError) as e:
-        raise CliError(f"cannot reach NATS at {args.nats} ({type(e).__name__}); is `corral up` running? "
-                       "Set --nats or CORRAL_NATS_URL", UNREACHABLE) from None
+        raise _connect_failure(args, e, errs) from None
+    errs.command = asyncio.current_task()
     try:
         yield bus
+    except asyncio.CancelledError:
+        if errs.refused is None or errs.command is None:
+            raise
+        errs.command.uncancel()
+        raise CliError(f"NATS refused {_who(args)}: {_server_words(errs.refused)}; this user may not do that",
+                       DENIED) from None
+    except (nats.errors.Error, BusError, TimeoutError):
+        denied = errs.matching("permissions violation")
+        if denied is not None:
+            raise CliError(f"NATS refused {_who(args)}: {_server_words(denied)}; this user may not do that",
+                           DENIED) from None
+        raise
     finally:
+        errs.command = None
         await bus.close()
+
+
+def _server_words(e: Exception) -> str:
+    """nats-py's "nats: 'permissions violation for publish to ...'" as the server said it (lowercased by nats-py)."""
+    text = str(e).strip()
+    return text.removeprefix("nats: ").strip("'") or type(e).__name__

@@ -6,6 +6,7 @@ USAGE = 2  # bad arguments, invalid job spec, bad filter
 UNREACHABLE = 3  # no NATS server at the URL
 NOT_FOUND = 4  # unknown job, node or queue
 TIMEOUT = 5  # --wait/--timeout ran out
+DENIED = 6  # NATS refused the credentials or a permission, or TLS could not verify the server
 INTERRUPTED = 130
 
 

@@ -240,7 +240,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("scheduler", help="run the scheduler service (one leader, others stand by)",
                        description="Follow the log, decide, append decisions. Several may run: a lease elects one.")
-    add_connection_args(p)
+    add_connection_args(p, service=True)
     common(p)
     sched_opts(p)
     p.add_argument("--id", help="scheduler id (default host-pid)")
@@ -251,7 +251,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("agent", help="run a node agent", description="Register this node, heartbeat, run the "
                        "ranks the log places here.")
-    add_connection_args(p)
+    add_connection_args(p, service=True)
     common(p)
     p.add_argument("--node-id", required=True, help="this node's id (unique in the cluster)")
     p.add_argument("--runtime", choices=("process", "docker", "simulated"), default="process",
