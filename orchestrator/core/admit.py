@@ -40,7 +40,7 @@ from orchestrator.core.explain import (
     capacity_outcome,
 )
 from orchestrator.core.plan import Plan, ends_at
-from orchestrator.core.state import Job, LineKey
+from orchestrator.core.state import Job, LineKey, attained_service
 from orchestrator.core.usage import resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
 from orchestrator.policies.fairshare import JobKey, job_order_key
@@ -177,6 +177,7 @@ class _Admission:
 
     def candidates(self) -> list[Candidate]:
         if self._candidates is None:
+            now = self.c.now
             self._candidates = [
                 Candidate(
                     job_id=j.job_id,
@@ -187,6 +188,7 @@ class _Admission:
                     started_at=j.reserved_at,
                     gpus=j.gpus,
                     placement=j.placement,
+                    attained=attained_service(j, now),
                 )
                 for j in self._eligible()
             ]
@@ -365,16 +367,25 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
     q = c.state.queues.get(queue)
     guaranteed = q.guaranteed_gpus if q is not None else 0
     owed = plan.gpus.get(queue, 0) + req.gpus <= guaranteed
-    if not adm.could_preempt(queue, priority, owed):
+    rule = pol.preemption
+    if rule.priority_or_reclaim_only and not adm.could_preempt(queue, priority, owed):
         return None  # nobody it could preempt: do not spend a search
     # Candidates and free GPUs only shrink during a cycle: a shape that found no victims
-    # at some priority finds none at that priority or lower later on.
+    # at some priority finds none at that priority or lower later on (for rules that read
+    # only priority and guarantees).
     hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, queue, owed)
-    if not job.earmark and priority <= adm.hopeless.get(hopeless, -math.inf):
+    memo = rule.priority_or_reclaim_only and not job.earmark
+    if memo and priority <= adm.hopeless.get(hopeless, -math.inf):
         return None
     adm.searches -= 1
     ask = PreemptionAsk(
-        req=req, queue=queue, priority=priority, owed=owed, now=c.now, min_runtime_s=c.state.config.min_runtime_s
+        req=req,
+        queue=queue,
+        priority=priority,
+        owed=owed,
+        now=c.now,
+        min_runtime_s=c.state.config.min_runtime_s,
+        attained=job.attained_s,
     )
     cands = adm.candidates()
     loads = {q: plan.load(q) for q in dict.fromkeys(x.queue for x in cands)}
@@ -385,9 +396,9 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
             freed[v.queue] = freed.get(v.queue, 0) + v.gpus
         return plan.limit_blocker(queue, req.gpus, freed) is None
 
-    victims = pol.victims(ask, cands, base, loads, pol.fits, quota_ok)
+    victims = pol.victims(ask, cands, base, loads, pol.fits, quota_ok, rule)
     if not victims:
-        if not job.earmark:  # (an earmark view is not the shared index)
+        if memo:  # (an earmark view is not the shared index)
             adm.hopeless[hopeless] = max(ask.priority, adm.hopeless.get(hopeless, -math.inf))
         return None
     after = base.copy()
@@ -399,11 +410,13 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
         return None
     for v in victims:
         victim = c.state.jobs[v.job_id]
-        why = (
-            f"priority {job.spec.priority} > {v.priority} in queue {queue}"
-            if v.queue == queue
-            else f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}"
-        )
+        kind = rule.reason(ask, v, loads)
+        if kind == "priority":
+            why = f"priority {job.spec.priority} > {v.priority} in queue {queue}"
+        elif kind == "reclaim":
+            why = f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}"
+        else:
+            why = f"{kind}: job {job.job_id} goes before it"
         adm.events.append(
             PreemptionRequested(
                 event_id=c.event_id("preempt", victim),

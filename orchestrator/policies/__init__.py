@@ -18,12 +18,20 @@ from orchestrator.policies.backfill import Ending, earliest_start, may_use_held
 from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key, job_order_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
 from orchestrator.policies.reject import unfit_reasons
-from orchestrator.policies.victims import Candidate, PreemptionAsk, find_victims
+from orchestrator.policies.victims import PRIORITY_AND_RECLAIM, Candidate, PreemptionAsk, PreemptionRule, find_victims
 
 FitsFn = Callable[[GangRequest, FreeIndex], bool]
 PlaceFn = Callable[[GangRequest, FreeIndex, LinksOf], Placement | None]
 VictimsFn = Callable[
-    [PreemptionAsk, Sequence[Candidate], FreeIndex, Mapping[str, QueueLoad], FitsFn, Callable[[Sequence[Candidate]], bool]],
+    [
+        PreemptionAsk,
+        Sequence[Candidate],
+        FreeIndex,
+        Mapping[str, QueueLoad],
+        FitsFn,
+        Callable[[Sequence[Candidate]], bool],
+        PreemptionRule,
+    ],
     list[Candidate] | None,
 ]
 BackfillFn = Callable[[GangRequest, FreeIndex, Iterable[Ending], FitsFn, PlaceFn, LinksOf], Hold | None]
@@ -40,6 +48,8 @@ class Policies:
     job_key: Callable[[Job], JobKey] = job_order_key
     queue_key: Callable[[QueueLoad], QueueKey] = fair_share_key
     victims: VictimsFn = find_victims
+    #: Who may preempt whom and in which order victims go (priority and guarantee reclaim by default).
+    preemption: PreemptionRule = PRIORITY_AND_RECLAIM
     backfill: BackfillFn = earliest_start
     may_use_held: Callable[[float, Hold], bool] = may_use_held
     reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
@@ -53,4 +63,4 @@ class Policies:
 
 DEFAULT_POLICIES = Policies()
 
-__all__ = ["DEFAULT_POLICIES", "Candidate", "Ending", "Policies", "PreemptionAsk"]
+__all__ = ["DEFAULT_POLICIES", "Candidate", "Ending", "Policies", "PreemptionAsk", "PreemptionRule"]

@@ -16,6 +16,8 @@ then each removed one except the last is added back, newest removal first,
 if the gang still fits without it.
 
 Anti-thrash: a preemption never lets its victim preempt the preemptor back.
+(This is the default rule, `PRIORITY_AND_RECLAIM`. Another `PreemptionRule`
+in `Policies.preemption` -- least attained service, below -- states its own.)
 
 Proof. Let P (queue Q) preempt V (queue W).
 (1) Priority, Q == W: priority(V) < priority(P). For V to preempt P back by
@@ -37,7 +39,7 @@ each under the same rules. Tested by `test_anti_thrash` in tests/core.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.plan import QueueLoad
@@ -59,6 +61,8 @@ class Candidate(NamedTuple):
     started_at: float
     gpus: int
     placement: tuple[RankPlacement, ...]
+    #: GPU-seconds it has held GPUs so far, this attempt included (state.attained_service).
+    attained: float = 0.0
 
 
 class PreemptionAsk(NamedTuple):
@@ -69,6 +73,8 @@ class PreemptionAsk(NamedTuple):
     owed: bool
     now: float
     min_runtime_s: float
+    #: GPU-seconds the preemptor has held GPUs in earlier attempts.
+    attained: float = 0.0
 
 
 def why_preemptible(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad]) -> str | None:
@@ -90,6 +96,23 @@ def victim_order(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int, int, fl
         return (0 if c.queue != ask.queue else 1, c.priority, -c.started_at, c.job_id)
 
     return key
+
+
+ReasonFn = Callable[[PreemptionAsk, Candidate, Mapping[str, QueueLoad]], str | None]
+OrderFn = Callable[[PreemptionAsk], Callable[[Candidate], tuple[Any, ...]]]
+
+
+class PreemptionRule(NamedTuple):
+    """Who may preempt whom (`reason`: why, or None), and which victims go first (`order`)."""
+
+    reason: ReasonFn
+    order: OrderFn
+    #: The admission stage may skip a search when no candidate has a lower priority in the
+    #: preemptor's queue and none can be reclaimed: true only of rules that need one of those.
+    priority_or_reclaim_only: bool = False
+
+
+PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:
@@ -128,9 +151,13 @@ def find_victims(
     loads: Mapping[str, QueueLoad],
     fits: FitsFn,
     quota_ok: Callable[[Sequence[Candidate]], bool],
+    rule: PreemptionRule = PRIORITY_AND_RECLAIM,
 ) -> list[Candidate] | None:
-    """A minimal set of victims after which `ask` fits (and stays within quota), or None."""
-    pool = sorted((c for c in candidates if why_preemptible(ask, c, loads)), key=victim_order(ask))
+    """A minimal set of victims after which `ask` fits (and stays within quota), or None.
+
+    Whatever the rule, a victim of another queue is never taken below its guarantee.
+    """
+    pool = sorted((c for c in candidates if rule.reason(ask, c, loads)), key=rule.order(ask))
     if not pool or not _could_fit(ask, pool, index, fits, quota_ok):
         return None
     idx = index.copy()

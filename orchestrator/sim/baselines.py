@@ -19,18 +19,11 @@ results is a difference of policy, not of implementation:
                    fits (EASY backfill, no preemption).
 * drf           -- queues in order of the GPUs they hold per weight (DRF with
                    one resource), greedy, no reservation, no preemption.
-* las           -- least attained service, Tiresias-like: queues in order of
-                   the GPU-seconds they received, jobs inside a queue in
-                   order of their own, both decayed with a half-life (old
-                   service is forgiven), greedy, no reservation. Tiresias also
-                   preempts jobs that outgrew a service threshold; the core's
-                   preemption gate admits only priority and guarantee
-                   reasons, so this baseline cannot preempt (see the notes on
-                   core hooks in bench/RESULTS.md).
-
-Attained service is not in the ClusterState (only a queue's usage, with the
-cluster's own half-life), so the simulator keeps an `Attained` ledger, fed
-from the fold's status transitions, that the LAS order reads.
+* las           -- least attained service, Tiresias-like
+                   (orchestrator/policies/las.py): one line across queues,
+                   jobs by level of attained GPU-seconds (read from the fold)
+                   then arrival; a job preempts running gangs of a higher
+                   level that ran min_runtime_s; greedy, no reservation.
 """
 
 from __future__ import annotations
@@ -41,48 +34,15 @@ from dataclasses import replace
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.plan import Hold, QueueLoad
-from orchestrator.core.state import Job, Usage
-from orchestrator.core.usage import decayed_at
+from orchestrator.core.state import Job
 from orchestrator.policies import DEFAULT_POLICIES, Ending, Policies
 from orchestrator.policies.backfill import FitsFn, PlaceFn
 from orchestrator.policies.fairshare import JobKey, QueueKey
+from orchestrator.policies.las import LEAST_ATTAINED_SERVICE, least_attained_first
 from orchestrator.policies.placement import GangRequest, LinksOf
 from schemas.events import RankPlacement
 
 POLICY_NAMES = ("corral", "fifo", "fifo-backfill", "drf", "las")
-
-#: LAS: attained service halves every this many seconds (old service is forgiven, as Tiresias's starvation relief).
-LAS_HALF_LIFE_S = 6 * 3600.0
-
-
-class Attained:
-    """GPU-seconds each queue and each job received, decayed with a half-life (LAS's order)."""
-
-    __slots__ = ("half_life_s", "jobs", "now", "queues")
-
-    def __init__(self, half_life_s: float = LAS_HALF_LIFE_S) -> None:
-        self.half_life_s = half_life_s
-        #: The simulated clock, set before every decide call.
-        self.now = 0.0
-        self.queues: dict[str, Usage] = {}
-        self.jobs: dict[str, Usage] = {}
-
-    def _charge(self, book: dict[str, Usage], key: str, delta_gpus: int, at: float) -> None:
-        u = book.get(key) or Usage(at=at)
-        book[key] = Usage(gpus=u.gpus + delta_gpus, decayed=decayed_at(u, at, self.half_life_s), at=at)
-
-    def charge(self, queue: str, job_id: str, delta_gpus: int, at: float) -> None:
-        """`job_id` of `queue` started (+GPUs) or stopped (-GPUs) holding GPUs at `at`."""
-        self._charge(self.queues, queue, delta_gpus, at)
-        self._charge(self.jobs, job_id, delta_gpus, at)
-
-    def of_queue(self, queue: str) -> float:
-        u = self.queues.get(queue)
-        return decayed_at(u, self.now, self.half_life_s) if u is not None else 0.0
-
-    def of_job(self, job_id: str) -> float:
-        u = self.jobs.get(job_id)
-        return decayed_at(u, self.now, self.half_life_s) if u is not None else 0.0
 
 
 def submit_order(job: Job) -> JobKey:
@@ -121,8 +81,8 @@ def no_reservation(
     return None
 
 
-def policies_for(name: str, attained: Attained | None = None) -> Policies:
-    """The `Policies` record of a policy name (POLICY_NAMES); `las` reads `attained`."""
+def policies_for(name: str) -> Policies:
+    """The `Policies` record of a policy name (POLICY_NAMES)."""
     if name == "corral":
         return DEFAULT_POLICIES
     if name == "fifo":
@@ -134,16 +94,8 @@ def policies_for(name: str, attained: Attained | None = None) -> Policies:
     if name == "drf":
         return replace(DEFAULT_POLICIES, queue_key=dominant_share, backfill=no_reservation, preemption_searches=0)
     if name == "las":
-        ledger = attained if attained is not None else Attained()
-
-        def least_attained_queue(load: QueueLoad) -> QueueKey:
-            return (0, ledger.of_queue(load.name), load.name)
-
-        def least_attained_job(job: Job) -> JobKey:
-            return (ledger.of_job(job.job_id), job.submitted_at, job.job_id)
-
-        return replace(DEFAULT_POLICIES, job_key=least_attained_job, queue_key=least_attained_queue,
-                       backfill=no_reservation, preemption_searches=0)
+        return replace(DEFAULT_POLICIES, job_key=least_attained_first, queue_key=one_line,
+                       backfill=no_reservation, preemption=LEAST_ATTAINED_SERVICE)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 
 

@@ -37,7 +37,7 @@ from orchestrator.core.evolve import evolve
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import HOLDING, ClusterState, Job
 from orchestrator.sim.agents import checkpointed, workers_exited, workers_started
-from orchestrator.sim.baselines import Attained, policies_for
+from orchestrator.sim.baselines import policies_for
 from orchestrator.sim.cluster import EPOCH
 from orchestrator.sim.invariants import violations
 from orchestrator.sim.specs import SimJob
@@ -129,8 +129,7 @@ class Simulation:
         self.scenario = scenario
         self.policy = policy
         self.config = config if config is not None else SimConfig()
-        self.attained = Attained()
-        self.policies = policies_for(policy, self.attained)
+        self.policies = policies_for(policy)
         self.state = ClusterState()
         self.timeline = Timeline()
         self.work: dict[str, Work] = {}
@@ -166,9 +165,6 @@ class Simulation:
             if after is not None and (before is None or before.status != after.status):
                 prev = before.status if before is not None else None
                 self.timeline.transition(self.state, after, prev, self.now)
-                was, holds = prev in HOLDING, after.status in HOLDING
-                if was != holds:
-                    self.attained.charge(after.queue, jid, after.spec.total_gpus if holds else -after.spec.total_gpus, self.now)
 
     def _capacity(self) -> int:
         return sum(n.inventory.gpu_count for n in self.state.nodes.values() if n.schedulable)
@@ -240,7 +236,6 @@ class Simulation:
     def _settle(self) -> None:
         state = self.state
         for _ in range(MAX_ROUNDS):
-            self.attained.now = self.now
             out = decide(state, self.now, epoch=EPOCH, policies=self.policies)
             self.decides += 1
             if not out:

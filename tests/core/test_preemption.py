@@ -206,3 +206,35 @@ def test_limits_count_victims_until_they_are_gone() -> None:
     events = s.decide()  # the harness fails the test on any void decision
     assert victims(events) == ["v"]
     assert not of_type(events, GangReserved)
+
+
+def test_least_attained_service_rule_preempts_the_most_served_gang_and_remembers_service() -> None:
+    """LAS through Policies: a new job preempts a gang with a higher service level once it ran min_runtime_s."""
+    from dataclasses import replace
+
+    from orchestrator.policies import DEFAULT_POLICIES
+    from orchestrator.policies.las import LEAST_ATTAINED_SERVICE, LEVELS_GPU_S, least_attained_first
+
+    s = Sim(min_runtime_s=60.0)
+    s.policies = replace(DEFAULT_POLICIES, preemption=LEAST_ATTAINED_SERVICE, job_key=least_attained_first)
+    s.node("n0")
+    s.submit("long", gpus_per_rank=8, checkpoint_dir="/ckpt/long")
+    s.run()
+    s.tick(30)
+    s.submit("short", gpus_per_rank=8)
+    assert not of_type(s.decide(), PreemptionRequested)  # "long" has not run min_runtime_s yet
+    s.tick(LEVELS_GPU_S[0] / 8)  # now past the first level: 8 GPUs x 450 s = 1 GPU-hour
+    events = s.decide()
+    assert victims(events) == ["long"]
+    (p,) = of_type(events, PreemptionRequested)
+    assert p.preemptor_job_id == "short" and "least attained service" in p.reason
+    s.exit("long", code=None, reason="preempted")
+    s.decide()
+    # Requeued, "long" carries the service it got; "short" (none yet) is not preempted back by it.
+    assert s.job("long").attained_s >= LEVELS_GPU_S[0]
+    (g,) = of_type(s.decide(), GangReserved)
+    assert g.job_id == "short"
+    s.start("short")
+    s.decide()
+    s.tick(120)
+    assert not of_type(s.decide(), PreemptionRequested)
