@@ -5,17 +5,29 @@ Every call is safe to retry. Event ids are derived from what the call means
 retried call inside the stream's duplicate window is stored once. Past the
 window the log may hold a second copy; the scheduler's fold treats a second
 JobSubmitted or CancelRequested for the same job as no change.
+
+Two ways to submit and cancel:
+- direct (default): append to the log. For users of the CORRAL account
+  (`client`, `admin`, tests, `corral up`): NATS checks only the event type.
+- `Client(bus, via_admission=True)`: ask the admission service
+  (orchestrator/admission.py) instead. Team users (their own NATS accounts,
+  no write on `corral.>`) must: it checks the team owns the queue, then
+  appends for them. A refusal raises AdmissionRefused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import secrets
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from contextlib import aclosing
 from typing import Any
+
+import msgspec
+import nats.errors
 
 from events.bus import Bus, Envelope
 from events.subjects import check_id, job_filter
@@ -40,19 +52,45 @@ def new_job_id() -> str:
     return "j-" + secrets.token_hex(5)
 
 
+#: Request subjects of the admission service (orchestrator/admission.py): `<prefix>.<job_id>`.
+ADMISSION_SUBMIT = "corral-submit"
+ADMISSION_CANCEL = "corral-cancel"
+
+
+class AdmissionRefused(Exception):
+    """The admission service said no, or no admission service answered.
+
+    `code`: forbidden (not the team's queue or job), invalid (the spec), exists (the job id is
+    taken), not_found (no such job), bad_request, internal, or unavailable (no answer).
+    """
+
+    def __init__(self, code: str, message: str, job_id: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.job_id = job_id
+
+
 class Client:
-    def __init__(self, bus: Bus, *, user: str = "") -> None:
+    def __init__(self, bus: Bus, *, user: str = "", via_admission: bool = False,
+                 admission_timeout: float = 10.0) -> None:
         self.bus = bus
         self.user = user
+        self.via_admission = via_admission
+        self.admission_timeout = admission_timeout
 
     async def submit(self, spec: JobSpec | Mapping[str, Any], job_id: str | None = None, submitted_by: str = "") -> str:
         """Append JobSubmitted; the job id. Give `job_id` to make a retried submit a no-op.
 
-        A mapping is validated first (InvalidJobSpec lists every problem).
+        A mapping is validated first (InvalidJobSpec lists every problem). Through the
+        admission service the log records the NATS user and account as the submitter
+        (`submitted_by` is ignored: the server, not the caller, says who that is).
         """
         if not isinstance(spec, JobSpec):
             spec = parse_jobspec(spec)
         job_id = check_id(job_id, "job id") if job_id is not None else new_job_id()
+        if self.via_admission:
+            await self._ask(ADMISSION_SUBMIT, job_id, {"spec": msgspec.to_builtins(spec)})
+            return job_id
         await self.bus.append(
             JobSubmitted(event_id=f"submit:{job_id}", occurred_at=time.time(), job_id=job_id, spec=spec,
                          submitted_by=submitted_by or self.user)
@@ -62,10 +100,32 @@ class Client:
     async def cancel(self, job_id: str, reason: str = "", requested_by: str = "") -> int:
         """Append CancelRequested (once per job: asking twice is asking once); its sequence."""
         check_id(job_id, "job id")
+        if self.via_admission:
+            return await self._ask(ADMISSION_CANCEL, job_id, {"reason": reason})
         return await self.bus.append(
             CancelRequested(event_id=f"cancel:{job_id}", occurred_at=time.time(), job_id=job_id, reason=reason,
                             requested_by=requested_by or self.user)
         )
+
+    async def _ask(self, prefix: str, job_id: str, body: dict[str, Any]) -> int:
+        """One request to the admission service; the sequence of the event it appended."""
+        try:
+            msg = await self.bus.nc.request(f"{prefix}.{job_id}", json.dumps(body).encode(),
+                                            timeout=self.admission_timeout)
+        except nats.errors.NoRespondersError:
+            raise AdmissionRefused("unavailable", f"no admission service answers {prefix}.*: is `corral admission` "
+                                   "running, and does this account import it?", job_id) from None
+        except nats.errors.TimeoutError:
+            raise AdmissionRefused("unavailable", f"the admission service did not answer {prefix}.{job_id} in "
+                                   f"{self.admission_timeout:g}s", job_id) from None
+        try:
+            reply = json.loads(msg.data)
+            ok, seq = bool(reply["ok"]), reply.get("seq")
+        except (ValueError, KeyError, TypeError):
+            raise AdmissionRefused("internal", f"unreadable answer from admission: {msg.data[:200]!r}", job_id) from None
+        if not ok:
+            raise AdmissionRefused(str(reply.get("error", "internal")), str(reply.get("message", "")), job_id)
+        return int(seq)
 
     async def define_queue(
         self,

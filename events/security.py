@@ -113,6 +113,12 @@ def creds_user_name(creds: str | os.PathLike[str]) -> str | None:
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a name usable in one subject token
 
 
+def team_account(team: str) -> str:
+    """`vision` -> `TEAM_VISION`: the NATS account of a team's users (deploy/nats/render.py renders it,
+    orchestrator/admission.py reads it from the server's Nats-Request-Info stamp)."""
+    return "TEAM_" + re.sub(r"[^A-Z0-9]", "_", team.upper())
+
+
 def user_inbox_prefix(user: str) -> str:
     """`_INBOX_<user>`: must match deploy.nats.permissions.inbox_prefix (a test checks)."""
     return f"_INBOX_{user}"

@@ -16,6 +16,16 @@ object store; every corral user lives in it):
                 schedulers use the same user: the lease and the epoch in the
                 log, not NATS, decide who leads.
 - ``ops``       reads everything (tail, replay, heartbeats), writes nothing.
+- ``admission`` the admission service (orchestrator/admission.py): answers
+                the requests team accounts send on ``corral-submit.*`` and
+                ``corral-cancel.*``, appends JobSubmitted and CancelRequested
+                for the teams that own the queue.
+
+Team users (``client-<team>``) are not in ``CORRAL``: each team is its own
+account (``TEAM_<TEAM>``) that imports the admission requests and the read
+side of JetStream from ``CORRAL``. A team user may publish nothing on
+``corral.>``; its ``corral-submit.<job>`` requests reach the admission service
+with the server's ``Nats-Request-Info`` stamp saying which account sent them.
 
 Everyone reads: the log, the heartbeats, the lease and the snapshots are facts
 every service folds. What is guarded is *writing*, so a publish permission is
@@ -39,7 +49,10 @@ HEARTBEATS = "corral-heartbeats"
 LEADER = "corral-leader"
 SNAPSHOTS = "corral-snapshots"
 
-ROLES = ("client", "admin", "agent", "scheduler", "ops")
+ROLES = ("client", "admin", "agent", "scheduler", "ops", "admission", "team")
+
+#: The admission service's request subjects (events.sdk.ADMISSION_SUBMIT/CANCEL + ".*").
+ADMISSION_REQUESTS = ("corral-submit.*", "corral-cancel.*")
 
 #: Which role appends which event tag (DESIGN.md, "Lifecycle protocol"). The
 #: scheduler may publish any tag (new decisions need no config change); the
@@ -79,6 +92,8 @@ READ_API = (
     "$JS.ACK.>",
     "$JS.FC.>",
 )
+#: Read API requests answered by a stream of messages, not one (exported with response_type stream).
+STREAMED_READ_API = ("$JS.API.CONSUMER.MSG.NEXT.>",)
 
 
 def inbox_prefix(user: str) -> str:
@@ -137,6 +152,17 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
         ]
     elif role == "ops":
         writes = []
+    elif role == "admission":
+        # It appends for the teams; answering their requests needs allow_responses, which here
+        # lets it answer only what it received: corral-submit/cancel requests and its own inbox.
+        return {
+            "publish": {"allow": _without_covered([*_append("client", "job"), *READ_API])},
+            "subscribe": {"allow": [*ADMISSION_REQUESTS, f"{inbox_prefix(user)}.>"]},
+            "allow_responses": True,
+        }
+    elif role == "team":
+        # In its team's own account: requests to admission and the imported read API, nothing else.
+        writes = list(ADMISSION_REQUESTS)
     else:
         raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
     publish = _without_covered([*writes, *READ_API])

@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from deploy.nats.permissions import role_permissions
+from deploy.nats.permissions import ADMISSION_REQUESTS, READ_API, STREAMED_READ_API, role_permissions
+from events.security import team_account
 
 HERE = Path(__file__).resolve().parent
 DEPLOY = HERE.parent
@@ -75,14 +76,15 @@ def password_env(user: str) -> str:
 
 
 def users(nodes: Iterable[str], teams: Iterable[str] = ()) -> list[tuple[str, str, str | None]]:
-    """(user, role, node) of every corral user: one client per team, one agent per node."""
+    """(user, role, node) of every corral user: one team user per team, one agent per node."""
     out: list[tuple[str, str, str | None]] = [
         ("scheduler", "scheduler", None),
         ("admin", "admin", None),
         ("ops", "ops", None),
         ("client", "client", None),
+        ("admission", "admission", None),
     ]
-    out += [(f"client-{team}", "client", None) for team in teams]
+    out += [(team_user(team), "team", None) for team in teams]
     out += [(f"agent-{node}", "agent", node) for node in nodes]
     envs = [password_env(u) for u, _, _ in out]
     if len(set(envs)) != len(envs):
@@ -90,19 +92,46 @@ def users(nodes: Iterable[str], teams: Iterable[str] = ()) -> list[tuple[str, st
     return out
 
 
+def team_user(team: str) -> str:
+    return f"client-{team}"
+
+
 def accounts(nodes: Iterable[str], teams: Iterable[str] = ()) -> dict[str, Any]:
-    """The auth part of a server config: the CORRAL account with its users, and SYS for server ops."""
-    corral_users = [
-        {"user": user, "password": Env(password_env(user)), "permissions": role_permissions(role, user, node)}
-        for user, role, node in users(nodes, teams)
-    ]
-    return {
-        "system_account": "SYS",
-        "accounts": {
-            "CORRAL": {"jetstream": "enabled", "users": corral_users},
-            "SYS": {"users": [{"user": "sys", "password": Env(password_env("sys"))}]},
-        },
+    """The auth part of a server config: CORRAL with its users, one account per team, SYS for server ops.
+
+    CORRAL exports to the team accounts the admission requests (`share`: the server's
+    Nats-Request-Info stamp then names the user too, not just the account) and JetStream's
+    read API for its streams; a team account imports them and has nothing else.
+    """
+    teams = list(teams)
+    def entry(user: str, role: str, node: str | None) -> dict[str, Any]:
+        return {"user": user, "password": Env(password_env(user)), "permissions": role_permissions(role, user, node)}
+
+    corral: dict[str, Any] = {
+        "jetstream": "enabled",
+        "users": [entry(u, r, n) for u, r, n in users(nodes, teams) if r != "team"],
     }
+    out: dict[str, Any] = {"CORRAL": corral}
+    if teams:
+        team_accounts = [team_account(t) for t in teams]
+        corral["exports"] = [
+            *({"service": s, "accounts": team_accounts} for s in ADMISSION_REQUESTS),
+            *({"service": s, "accounts": team_accounts} for s in _team_read_api()),
+            *({"service": s, "response_type": "stream", "accounts": team_accounts} for s in STREAMED_READ_API),
+        ]
+        for team in teams:
+            imports = [{"service": {"account": "CORRAL", "subject": s}, "share": True} for s in ADMISSION_REQUESTS]
+            imports += [{"service": {"account": "CORRAL", "subject": s}} for s in
+                        [*_team_read_api(), *STREAMED_READ_API]]
+            out[team_account(team)] = {"users": [entry(team_user(team), "team", None)], "imports": imports}
+    out["SYS"] = {"users": [{"user": "sys", "password": Env(password_env("sys"))}]}
+    return {"system_account": "SYS", "accounts": out}
+
+
+def _team_read_api() -> list[str]:
+    """READ_API as the team accounts see it: the CORRAL account's streams, nothing to create there
+    but read consumers (a push consumer's deliveries stay in CORRAL, where no one may subscribe)."""
+    return [s for s in READ_API if s not in STREAMED_READ_API]
 
 
 def password_envs(nodes: Iterable[str], teams: Iterable[str] = ()) -> list[str]:
@@ -361,7 +390,8 @@ def _split(csv: str) -> tuple[str, ...]:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default=",".join(EXAMPLE_NODES), help="comma-separated node ids, one agent user each")
-    ap.add_argument("--teams", default=",".join(EXAMPLE_TEAMS), help="comma-separated teams, one client user each")
+    ap.add_argument("--teams", default=",".join(EXAMPLE_TEAMS),
+                    help="comma-separated teams: one account TEAM_<TEAM> with one user client-<team> each")
     ap.add_argument("--out", type=Path, default=DEPLOY, help="directory to write nats/ and k8s/ under")
     args = ap.parse_args(argv)
     for path in write_examples(args.out, _split(args.nodes), _split(args.teams)):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
+import os
+from collections.abc import Iterator
 
-from events.sdk import FINAL, Client
+from events.bus import Bus
+from events.sdk import FINAL, AdmissionRefused, Client
 from orchestrator.cli.connect import add_connection_args, connected
-from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, TIMEOUT, CliError
+from orchestrator.cli.errors import DENIED, FAILURE, NOT_FOUND, OK, TIMEOUT, UNREACHABLE, USAGE, CliError
 from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import print_json
 from orchestrator.cli.render import line
@@ -25,11 +29,30 @@ def current_user() -> str:
         return ""
 
 
+#: Exit code for each refusal of the admission service (events.sdk.AdmissionRefused.code).
+_REFUSAL_EXIT = {"forbidden": DENIED, "invalid": USAGE, "bad_request": USAGE, "not_found": NOT_FOUND,
+                 "unavailable": UNREACHABLE}
+
+
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    try:
+        yield
+    except AdmissionRefused as e:
+        raise CliError(f"admission refused {e.job_id}: {e} ({e.code})" if e.code != "unavailable" else str(e),
+                       _REFUSAL_EXIT.get(e.code, FAILURE)) from None
+
+
+def _client(bus: Bus, args: argparse.Namespace) -> Client:
+    return Client(bus, user=current_user(), via_admission=args.via_admission)
+
+
 async def submit(args: argparse.Namespace) -> int:
     spec = load_jobspec(args.file)
     async with connected(args) as bus:
-        client = Client(bus, user=current_user())
-        job_id = await client.submit(spec, job_id=args.id)
+        client = _client(bus, args)
+        with _refusals():
+            job_id = await client.submit(spec, job_id=args.id)
         if args.json and not args.wait:
             print_json({"job_id": job_id})
         elif not args.json:
@@ -60,7 +83,8 @@ async def cancel(args: argparse.Namespace) -> int:
             else:
                 print(f"{job_id} is already {job.status}: nothing to cancel")
             return OK
-        seq = await Client(bus, user=current_user()).cancel(job_id, reason=args.reason)
+        with _refusals():
+            seq = await _client(bus, args).cancel(job_id, reason=args.reason)
     print_json({"job_id": job_id, "seq": seq}) if args.json else print(f"cancel requested for {job_id}")
     return OK
 
@@ -75,6 +99,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--wait", action="store_true", help="wait until the job is final; exit 0 only if it completed")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: give up after S seconds")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    _via_admission(p)
     p.set_defaults(handler=submit)
 
     p = sub.add_parser("cancel", help="cancel a job", description="Append CancelRequested; running workers get "
@@ -83,4 +108,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("job", help="job id")
     p.add_argument("--reason", default="", help="recorded in the log")
     p.add_argument("--json", action="store_true")
+    _via_admission(p)
     p.set_defaults(handler=cancel)
+
+
+def _via_admission(p: argparse.ArgumentParser) -> None:
+    env = os.environ.get("CORRAL_VIA_ADMISSION", "").lower() in ("1", "true", "yes")
+    p.add_argument("--via-admission", action="store_true", default=env,
+                   help="ask the admission service (`corral admission`) instead of appending: how users of a team "
+                        "account (client-<team>) submit and cancel; it checks the team owns the queue "
+                        "(env CORRAL_VIA_ADMISSION=1)")

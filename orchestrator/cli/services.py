@@ -139,6 +139,20 @@ async def run_agent(args: argparse.Namespace) -> int:
                 await metrics_server.close()
 
 
+async def run_admission(args: argparse.Namespace) -> int:
+    from orchestrator.admission import Admission, Owners
+
+    configure_logging(args.log_level)
+    try:
+        owners = Owners.parse([*(args.team or []), *os.environ.get("CORRAL_ADMISSION_TEAMS", "").split()])
+    except ValueError as e:
+        raise CliError(str(e), USAGE) from None
+    if not owners.queues:
+        raise CliError("no team: give --team TEAM[=QUEUE,...] (or CORRAL_ADMISSION_TEAMS)", USAGE)
+    async with connected(args, name="corral-admission", forever=True) as bus:
+        return await until_signalled(Admission(bus, owners).run())
+
+
 # --- corral up ---------------------------------------------------------------------
 
 
@@ -264,6 +278,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--checkpoint-root", help="shared checkpoint storage (default DATA_DIR/checkpoints)")
     p.add_argument("--heartbeat", type=float, default=1.0, metavar="S", help="heartbeat interval")
     p.set_defaults(handler=run_agent)
+
+    p = sub.add_parser(
+        "admission", help="run the admission service: team accounts submit and cancel through it",
+        description="Answer corral-submit.<job> and corral-cancel.<job> requests from team accounts "
+                    "(deploy/nats renders TEAM_<TEAM> accounts that import them). The server stamps each request "
+                    "with the caller's account; a team may submit to and cancel in the queues --team gives it "
+                    "(and their sub-queues by QueueDefined parent). Stateless: run two or more, they share the "
+                    "requests (queue group corral-admission). Connect as the `admission` user.")
+    add_connection_args(p, service=True)
+    common(p)
+    p.add_argument("--team", action="append", metavar="TEAM[=QUEUE,...]",
+                   help="team TEAM (account TEAM_<TEAM>) owns these queues; just TEAM: the queue of that name. "
+                        "Repeat per team; env CORRAL_ADMISSION_TEAMS adds space-separated entries")
+    p.set_defaults(handler=run_admission)
 
     p = sub.add_parser("up", help="embedded cluster: NATS + scheduler + simulated nodes in one command",
                        description="Start nats-server (bundled), the scheduler and N simulated node agents "
