@@ -78,18 +78,22 @@ class HeartbeatMonitor:
                 with contextlib.suppress(Exception):
                     await watcher.stop()
 
-    def overdue(self, live_nodes: Iterable[tuple[str, str]]) -> list[tuple[str, str, float]]:
-        """(node_id, incarnation, silent_for_s) of live nodes past the timeout.
+    def silence(self, live_nodes: Iterable[tuple[str, str]]) -> dict[str, float]:
+        """Seconds each live (node_id, incarnation) has been silent, on the monitor's clock.
 
-        A heartbeat from an older incarnation does not count for a newer one.
+        A heartbeat from an older incarnation does not count for a newer one; one
+        not heard from yet counts from the monitor's start.
         """
         now = self._clock()
-        out = []
+        out = {}
         for node_id, incarnation in live_nodes:
             seen = self._seen.get(node_id)
-            last = seen[1] if seen and seen[0] == incarnation else self._started
-            silent = now - last
-            if silent > self.timeout_s:
-                out.append((node_id, incarnation, silent))
+            out[node_id] = now - (seen[1] if seen and seen[0] == incarnation else self._started)
         return out
+
+    def overdue(self, live_nodes: Iterable[tuple[str, str]]) -> list[tuple[str, str, float]]:
+        """(node_id, incarnation, silent_for_s) of live nodes past the timeout."""
+        live = list(live_nodes)
+        silent = self.silence(live)
+        return [(nid, inc, silent[nid]) for nid, inc in live if silent[nid] > self.timeout_s]
 

@@ -187,25 +187,11 @@ class AgentCollector:
 
 
 def scheduler_heartbeat_ages(sched: Scheduler) -> dict[str, float] | None:
-    """Per live node, seconds since the scheduler's monitor received its heartbeat (None before it runs).
-
-    Reads the monitor's receive times (HeartbeatMonitor keeps them private;
-    a public accessor there would be cleaner). An incarnation that has not
-    beaten yet counts from the monitor's start, as the monitor itself judges.
-    """
-    monitor = getattr(sched, "_monitor", None)
+    """Per live node, seconds since the scheduler's monitor received its heartbeat (None before it runs)."""
+    monitor = sched.monitor
     if monitor is None:
         return None
-    seen: dict[str, tuple[str, float]] = dict(getattr(monitor, "_seen", {}))
-    started: float = getattr(monitor, "_started", 0.0)
-    now: float = monitor._clock()
-    out = {}
-    for node in sched.state.nodes.values():
-        if node.failed:
-            continue
-        last = seen.get(node.node_id)
-        out[node.node_id] = now - (last[1] if last and last[0] == node.incarnation else started)
-    return out
+    return monitor.silence((n.node_id, n.incarnation) for n in sched.state.nodes.values() if not n.failed)
 
 
 def registry_for(scheduler: Scheduler | None = None, agents: Sequence[Agent] = ()) -> CollectorRegistry:

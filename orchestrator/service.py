@@ -74,6 +74,11 @@ class Scheduler:
         self._since_snapshot += 1
 
     @property
+    def monitor(self) -> HeartbeatMonitor | None:
+        """The heartbeat monitor, once `run` started it."""
+        return self._monitor
+
+    @property
     def leading(self) -> bool:
         """We lead when the *log* says so: our SchedulerElected is the newest one folded."""
         s = self.state
