@@ -92,6 +92,7 @@ class NatsServer:
         sync_interval: str | None = None,
         server_name: str = "corral",
         start_timeout: float = 20.0,
+        die_with_parent: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.host = host
@@ -101,6 +102,10 @@ class NatsServer:
         self.sync_interval = sync_interval
         self.server_name = server_name
         self.start_timeout = start_timeout
+        #: Linux: the kernel stops the server when the thread that started it dies, even by
+        #: SIGKILL (`corral up`: a killed CLI must not leave a server holding the port and store).
+        #: Only for a server started from a thread that lives as long as the process.
+        self.die_with_parent = die_with_parent
         self.monitor_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -147,6 +152,7 @@ class NatsServer:
                 stdout=err,
                 stderr=err,
                 start_new_session=True,  # a Ctrl-C to the parent is ours to forward, not the server's
+                preexec_fn=_terminate_with_parent if self.die_with_parent and sys.platform == "linux" else None,
             )
         try:
             self._wait_ready()
@@ -256,3 +262,11 @@ class NatsServer:
             with contextlib.suppress(OSError):
                 out += path.read_text(errors="replace").splitlines()
         return "\n".join(out[-lines:]) or "(no log)"
+
+
+def _terminate_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent thread dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import nats
@@ -99,3 +102,37 @@ def test_sync_always_and_kill(tmp_path: Path) -> None:
     assert not server.running
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def _alive(pid: int) -> bool:
+    """Running: not gone, and not a zombie (a container's init may be slow to reap orphans)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="PR_SET_PDEATHSIG and /proc are Linux-only")
+def test_a_server_started_to_die_with_its_parent_does_when_the_parent_is_killed(tmp_path: Path) -> None:
+    """`corral up` starts its server so: SIGKILL of the CLI must not leave a server holding port and store."""
+    script = ("import time; from events.server import NatsServer; "
+              f"s = NatsServer({str(tmp_path)!r}, die_with_parent=True).start(); print(s.pid, flush=True); "
+              "time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert parent.stdout is not None
+        server_pid = int(parent.stdout.readline())
+        assert _alive(server_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 20
+        while _alive(server_pid):
+            if time.monotonic() > deadline:
+                os.kill(server_pid, signal.SIGKILL)
+                raise AssertionError("nats-server outlived its SIGKILLed parent")
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+        parent.wait()
