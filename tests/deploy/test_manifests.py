@@ -132,6 +132,16 @@ def test_compose_runs_a_three_server_cluster() -> None:
         assert f"nats-route://{name}:6222" in conf
 
 
+def test_admission_owns_exactly_the_rendered_teams() -> None:
+    """Compose's admission service names the teams the rendered accounts have, as the admission user."""
+    cmd = _compose()["services"]["admission"]["command"]
+    teams = {cmd[i + 1].split("=")[0] for i, a in enumerate(cmd) if a == "--team"}
+    assert teams == set(EXAMPLE_TEAMS)
+    assert cmd[cmd.index("--user") + 1] == "admission"
+    accounts = (DEPLOY / "nats" / "accounts.conf").read_text()
+    assert all(f"TEAM_{t.upper()} {{" in accounts for t in teams)
+
+
 def test_compose_agents_have_their_own_users() -> None:
     """Each agent logs in as agent-<its node id>, a user accounts.conf defines for that node."""
     accounts = (DEPLOY / "nats" / "accounts.conf").read_text()
@@ -209,9 +219,9 @@ def _substituted(argv: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(("where", "argv"), _commands(), ids=[w for w, _ in _commands()])
 def test_command_parses_with_the_cli(where: str, argv: list[str]) -> None:
-    """`corral scheduler|agent ...` in compose and k8s is accepted by the real argument parser."""
+    """`corral scheduler|agent|admission ...` in compose and k8s is accepted by the real argument parser."""
     cli = pytest.importorskip("orchestrator.cli")
-    assert argv[0] == "corral" and argv[1] in ("scheduler", "agent")
+    assert argv[0] == "corral" and argv[1] in ("scheduler", "agent", "admission")
     args = _substituted(argv[1:])
     try:
         ns = cli.build_parser().parse_args(args)
