@@ -164,9 +164,11 @@ def fake_node_labels(i: int) -> dict[str, str]:
 async def run_up(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     data = Path(args.data_dir).resolve()
-    server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server)
+    server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server, die_with_parent=True)
     try:
-        await asyncio.to_thread(server.start)
+        # On this (the main) thread, not a worker thread: die_with_parent ties the server to the
+        # thread that started it. Nothing else runs yet, so blocking the loop here costs nothing.
+        server.start()
     except NatsServerError as e:
         raise CliError(f"could not start nats-server: {e}", FAILURE) from None
     print(f"corral up: NATS at {server.url} (data in {data}); export CORRAL_NATS_URL={server.url}", flush=True)
