@@ -88,13 +88,15 @@ def test_from_seq_and_since(cluster: Up, preemption: Preemption) -> None:
 
 def test_follow_prints_live_events_and_stops_on_ctrl_c(cluster: Up) -> None:
     env = {**os.environ, "CORRAL_NATS_URL": cluster.url, "CORRAL_LOG_LEVEL": "info"}
-    proc = subprocess.Popen([*CORRAL, "tail", "--job", "tail-live"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
+    # From the next sequence, not "from now": a CLI that takes 2 s to start on a loaded machine
+    # would otherwise miss the submit (tests/test_bus.py covers a tail from now).
+    start = max((env_.seq for env_ in log_of(cluster.url)), default=0) + 1
+    proc = subprocess.Popen([*CORRAL, "tail", "--job", "tail-live", "--from-seq", str(start)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout or ()], daemon=True).start()
     seen: list[str] = []
     try:
-        time.sleep(1.5)  # let it subscribe: without a start it shows only new events
         submit(cluster.url, {"tail-live": job("live", steps=5)})
         deadline = time.monotonic() + 40
         while not any("JobCompleted" in ln for ln in seen):
