@@ -18,7 +18,12 @@ the fair-share order, and keeps it until it starts -- or until it cannot hold
 it any more (over quota, never fits, preempting). Without that the
 reservation went to whichever blocked gang came first in a fair-share order
 that changes at nearly every event, and a big gang of a busy queue could wait
-behind a new holder each time.
+behind a new holder each time. When nobody holds it, it goes to the queue
+head first in `Policies.reservation_order` (by default the longest waiting)
+among those the free GPUs cannot take -- also looked at before the
+fair-share order -- else, as before, to the first gang the loop finds
+blocked. So a heavy queue's big gang, whose turn in the fair-share order
+comes last, still gets the reservation once it is the oldest blocked head.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from orchestrator.core.explain import (
     Outcome,
     capacity_outcome,
 )
-from orchestrator.core.plan import Plan, ends_at
+from orchestrator.core.plan import Hold, Plan, ends_at
 from orchestrator.core.state import Job, LineKey, attained_service
 from orchestrator.core.usage import resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
@@ -133,6 +138,13 @@ class _Admission:
         if p is None and shared:
             self._memo[key] = None
         return p
+
+    def fits_now(self, req: GangRequest) -> bool:
+        key = ("fits", self._shape(req), self.plan.version)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self.c.policies.fits(req, self.plan.index(req.cls))
+        return bool(found)
 
     def fits_through_hold(self, req: GangRequest) -> bool:
         key = ("through hold", self._shape(req), self.plan.version)
@@ -246,15 +258,22 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
     outcomes: dict[str, Outcome] = {}
     # Fair-share order across queues, then the heads' line order (priority, submit time, id).
     # 0. The gang holding the backfill reservation goes first: it starts, or keeps holding.
-    holder = _holder(c, plan)
-    if holder is not None:
-        job, q = holder
+    #    Nobody holds it (any more): the first queue head blocked by capacity in reservation order.
+    first: list[str] = []
+    for pick in (_holder, _first_blocked_head):
+        if plan.hold is not None:
+            break
+        chosen = pick(adm, lines)
+        if chosen is None:
+            continue
+        job, q = chosen
         plan.busy.add(job.job_id)  # its line skips it during this loop
         line = lines.get(q)
         if line is not None and line.head is not None and line.head[1].job_id == job.job_id:
             line.pop()
         outcomes[job.job_id] = _admit_one(adm, job, q)
-    order = [(pol.queue_key(plan.load(q)), line.head[0], q) for q, line in lines.items() if line.head]
+        first.append(job.job_id)
+    order = [(_rank(c, plan, q, line), line.head[0], q) for q, line in lines.items() if line.head]
     heapify(order)
     blocked = dict.fromkeys(lines, 0)
     while order:
@@ -268,19 +287,76 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
             if blocked[q] >= pol.heads_per_queue:
                 continue
         if line.head is not None:
-            heappush(order, (pol.queue_key(plan.load(q)), line.head[0], q))
-    if holder is not None and outcomes[holder[0].job_id].code != PLACED:
-        plan.busy.discard(holder[0].job_id)  # explain tells it why it still waits
+            heappush(order, (_rank(c, plan, q, line), line.head[0], q))
+    for jid in first:
+        if outcomes[jid].code != PLACED:
+            plan.busy.discard(jid)  # explain tells it why it still waits
     return adm.events, outcomes
 
 
-def _holder(c: Cycle, plan: Plan) -> tuple[Job, str] | None:
+def _rank(c: Cycle, plan: Plan, queue: str, line: Line) -> tuple[object, ...]:
+    """A queue's place in this cycle's order: its head's age once it starves, else the fair-share key.
+
+    Aging, as in Slurm's multifactor priority: a head pending longer than
+    `Policies.starving_after_s` goes before every queue in fair-share order,
+    oldest first, so a heavy queue's gang does not wait on light queues'
+    streams of small jobs forever.
+    """
+    assert line.head is not None
+    head = line.head[1]
+    if c.now - head.submitted_at > c.policies.starving_after_s:
+        return (0, head.submitted_at)
+    return (1, c.policies.queue_key(plan.load(queue)))
+
+
+def _first_blocked_head(adm: _Admission, lines: dict[str, Line]) -> tuple[Job, str] | None:
+    """The queue head first in `reservation_order` (the longest waiting) that the free GPUs cannot take now.
+
+    Only heads that are neither preemptors nor over a quota: those wait for
+    something else than GPUs. None when the policies choose in the loop.
+    """
+    pol, plan = adm.c.policies, adm.plan
+    key = pol.reservation_order
+    if key is None:
+        return None
+    best: tuple[JobKey, Job, str] | None = None
+    for q, line in lines.items():
+        if line.head is None:
+            continue
+        job = line.head[1]
+        if job.earmark:
+            continue
+        k = key(job)
+        if best is not None and k >= best[0]:
+            continue
+        req = pol.request(job)
+        if plan.limit_blocker(q, req.gpus) is not None or adm.fits_now(req):
+            continue
+        best = (k, job, q)
+    return None if best is None else (best[1], best[2])
+
+
+def _holder(adm: _Admission, lines: dict[str, Line]) -> tuple[Job, str] | None:
     """The pending gang the fold says holds the reservation, with its queue, if it may be looked at now."""
+    del lines
+    c, plan = adm.c, adm.plan
     jid = c.state.holder
     job = c.state.jobs.get(jid) if jid else None
     if job is None or job.status != "pending" or job.earmark or jid in plan.busy:
         return None
     return job, resolve_queue(c.state, job.spec.queue)
+
+
+def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outcome | None:
+    """Give `job` the backfill reservation, if the backfill policy finds one."""
+    plan = adm.plan
+    hold = _reservation(adm, job, req, base)
+    if hold is None:
+        return None
+    held = sum(len(set(rp.gpus) & set(plan.free.get(rp.node_id, ()))) for rp in hold.ranks)
+    plan.set_hold(hold)
+    when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
+    return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}")
 
 
 def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
@@ -316,15 +392,43 @@ def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
         return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {req.gpus} more")
     # e. Backfill: the first gang blocked by capacity holds what it will start on.
     if plan.hold is None:
-        hold = pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
-        if hold is not None:
-            held = sum(len(set(rp.gpus) & set(plan.free.get(rp.node_id, ()))) for rp in hold.ranks)
-            plan.set_hold(hold)
-            when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
-            return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}")
+        outcome = _hold(adm, job, req, base)
+        if outcome is not None:
+            return outcome
     elif plan.hold.job_id != job.job_id and adm.fits_through_hold(req):
         return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {plan.hold.job_id}")
     return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
+
+
+#: The newest reservation computed on an untouched plan, with what it was computed from.
+_NEWEST_HOLD: list[tuple[tuple[object, ...], Hold | None]] = []
+
+
+def _reservation(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Hold | None:
+    """The backfill policy's reservation for `job`.
+
+    The sticky holder is looked at first in every cycle, on a plan nothing has
+    changed yet, and between most cycles nothing it depends on changes (a
+    worker started, a reason was told): then the previous answer is the
+    answer. It depends on the free GPUs (the kept FreeGpus object, which is
+    replaced whenever an owner or earmark changes), the running gangs and
+    their expected ends (the fold's `ends`, and the watched gangs, the only
+    ones whose stop or preemption can move an end), the request and the
+    policies -- all compared by value or by the identity of immutable objects.
+    """
+    pol, state = adm.c.policies, adm.c.state
+    untouched = None if job.earmark or adm.placed else adm.plan.untouched_base()
+    key: tuple[object, ...] = ()
+    if untouched is not None:
+        key = (untouched, pol, req, tuple(state.ends), tuple(state.jobs[j] for j in state.watch))
+        if _NEWEST_HOLD:
+            (k, hold) = _NEWEST_HOLD[0]
+            if k[0] is key[0] and k[1] is key[1] and k[2:] == key[2:]:
+                return hold
+    hold = pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
+    if untouched is not None:
+        _NEWEST_HOLD[:] = [(key, hold)]
+    return hold
 
 
 def _ends_if_started(adm: _Admission, job: Job) -> float:

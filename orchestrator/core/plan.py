@@ -117,6 +117,12 @@ class Plan:
             self._indexes[(cls, through)] = idx
         return idx
 
+    def untouched_base(self) -> FreeGpus | None:
+        """The kept free-GPU answer (freegpus.py) if this plan still equals it: nothing taken, released or held."""
+        if self.version or self._touched or self.ended or self.victims:
+            return None
+        return self._base
+
     def take(self, ranks: tuple[RankPlacement, ...]) -> None:
         """GPUs now spoken for in this plan (placed, earmarked or held)."""
         self.version += 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.plan import Plan
-from schemas.events import Event, JobCancelled, JobCompleted, JobFailed, JobRequeued, Preempted, entity_of
+from schemas.events import Event, JobCancelled, JobCompleted, JobFailed, JobRequeued, JobRunning, Preempted, entity_of
 
 _ENDS_GANG = (JobCompleted, JobFailed, JobCancelled, JobRequeued, Preempted)
 
@@ -20,7 +20,11 @@ def snapshot(c: Cycle, followups: list[Event]) -> Plan:
         kind, jid = entity_of(e)
         if kind != "job":
             continue
-        plan.busy.add(jid)
+        if not isinstance(e, JobRunning):
+            # (A gang that only goes from reserved to running stays a preemption candidate:
+            # a PreemptionRequested after its JobRunning folds fine, and the next cycle
+            # would preempt it anyway.)
+            plan.busy.add(jid)
         if isinstance(e, _ENDS_GANG) and jid in c.state.active:
             plan.release(c.state.jobs[jid])
     return plan

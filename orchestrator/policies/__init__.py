@@ -14,7 +14,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.facts import ClusterFacts
 from orchestrator.core.plan import Hold, QueueLoad
 from orchestrator.core.state import Job
-from orchestrator.policies.backfill import Ending, earliest_start, may_use_held
+from orchestrator.policies.backfill import Ending, earliest_start, longest_waiting, may_use_held
 from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key, job_order_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
 from orchestrator.policies.reject import unfit_reasons
@@ -51,6 +51,12 @@ class Policies:
     #: Who may preempt whom and in which order victims go (priority and guarantee reclaim by default).
     preemption: PreemptionRule = PRIORITY_AND_RECLAIM
     backfill: BackfillFn = earliest_start
+    #: Who gets the backfill reservation when nobody holds it: the first gang blocked by
+    #: capacity in this order (default: the longest waiting), chosen after the cycle's
+    #: admissions; None: the first blocked in admission order, at once (strict FIFO lines).
+    reservation_order: Callable[[Job], JobKey] | None = longest_waiting
+    #: Aging: a queue head pending longer than this goes before the fair-share order, oldest first.
+    starving_after_s: float = 2 * 3600.0
     may_use_held: Callable[[float, Hold], bool] = may_use_held
     reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
     #: Blocked heads tried per queue per cycle (placements do not count): bounds a cycle's work.

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.plan import Hold
+from orchestrator.core.state import Job
 from orchestrator.core.topology import ROOT
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement
 from schemas.events import RankPlacement
@@ -64,6 +65,11 @@ def earliest_start(
         if p is not None:
             return Hold(job_id=req.job_id, until=until, ranks=p.ranks)
     return None
+
+
+def longest_waiting(job: Job) -> tuple[float, str]:
+    """Reservation order: the gang submitted first (so every gang's turn comes, whatever its queue's share)."""
+    return (job.submitted_at, job.job_id)
 
 
 def may_use_held(ends_at: float, hold: Hold) -> bool:

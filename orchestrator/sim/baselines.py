@@ -81,20 +81,25 @@ def no_reservation(
     return None
 
 
+#: The baselines do not age their queue heads (corral's starvation guard, Policies.starving_after_s).
+NO_AGING = replace(DEFAULT_POLICIES, starving_after_s=math.inf)
+
+
 def policies_for(name: str) -> Policies:
     """The `Policies` record of a policy name (POLICY_NAMES)."""
     if name == "corral":
         return DEFAULT_POLICIES
     if name == "fifo":
         # One blocked head per queue is enough: behind the first, everything is held.
-        return replace(DEFAULT_POLICIES, job_key=submit_order, queue_key=one_line, backfill=hold_everything,
-                       preemption_searches=0, heads_per_queue=1)
+        return replace(NO_AGING, job_key=submit_order, queue_key=one_line, backfill=hold_everything,
+                       reservation_order=None, preemption_searches=0, heads_per_queue=1)
     if name == "fifo-backfill":
-        return replace(DEFAULT_POLICIES, job_key=submit_order, queue_key=one_line, preemption_searches=0)
+        return replace(NO_AGING, job_key=submit_order, queue_key=one_line, reservation_order=None,
+                       preemption_searches=0)
     if name == "drf":
-        return replace(DEFAULT_POLICIES, queue_key=dominant_share, backfill=no_reservation, preemption_searches=0)
+        return replace(NO_AGING, queue_key=dominant_share, backfill=no_reservation, preemption_searches=0)
     if name == "las":
-        return replace(DEFAULT_POLICIES, job_key=least_attained_first, queue_key=one_line,
+        return replace(NO_AGING, job_key=least_attained_first, queue_key=one_line,
                        backfill=no_reservation, preemption=LEAST_ATTAINED_SERVICE)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 

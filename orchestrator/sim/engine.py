@@ -35,7 +35,7 @@ from typing import IO, Any, NamedTuple
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.state import HOLDING, ClusterState, Job
+from orchestrator.core.state import HOLDING, RESERVING, ClusterState, Job
 from orchestrator.sim.agents import checkpointed, workers_exited, workers_started
 from orchestrator.sim.baselines import policies_for
 from orchestrator.sim.cluster import EPOCH
@@ -247,6 +247,8 @@ class Simulation:
                     j = state.jobs.get(e.job_id)
                     if j is not None and j.earmark and e.code != "preempting":
                         inert = False
+                    if e.code == RESERVING and state.holder != e.job_id:
+                        inert = False  # decide reads who holds the backfill reservation
                 elif not isinstance(e, (JobRejected, JobRunning)):
                     inert = False
                 self.append(e)
