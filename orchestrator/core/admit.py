@@ -44,7 +44,7 @@ from orchestrator.core.explain import (
     Outcome,
     capacity_outcome,
 )
-from orchestrator.core.plan import Hold, Plan, ends_at
+from orchestrator.core.plan import Hold, Plan, RunningGangs, ends_at, running_gangs
 from orchestrator.core.state import Job, LineKey, attained_service
 from orchestrator.core.usage import resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
@@ -113,9 +113,8 @@ class _Admission:
         self.events: list[Event] = []
         self.searches = c.policies.preemption_searches
         self._eligible_jobs: list[Job] | None = None
+        self._running: RunningGangs | None = None
         self._candidates: list[Candidate] | None = None
-        #: Queue -> lowest priority among its candidates.
-        self._lowest: dict[str, int] = {}
         self._victims_of: dict[str, list[str]] | None = None
         #: Gangs placed earlier in this cycle: they end too (backfill estimates).
         self.placed: list[Ending] = []
@@ -166,24 +165,21 @@ class _Admission:
     def links_of(self, node: str) -> Links:
         return self.c.state.nodes[node].inventory.links
 
+    def running(self) -> RunningGangs:
+        if self._running is None:
+            self._running = running_gangs(self.c.state)
+        return self._running
+
     def _eligible(self) -> list[Job]:
         """Running preemptible gangs not yet decided on this cycle (rebuilt after each preemption)."""
         if self._eligible_jobs is None:
             state, busy = self.c.state, self.plan.busy
+            jobs = state.jobs
             self._eligible_jobs = [
                 j
-                for jid in state.active
-                if jid not in busy
-                and (j := state.jobs[jid]).status in ("reserved", "running")
-                and j.stop is None
-                and j.spec.preemptible
-                and j.gpus > 0
+                for jid in sorted(self.running().preemptible)
+                if jid not in busy and (j := jobs[jid]).status in ("reserved", "running") and j.stop is None
             ]
-            self._lowest = {}
-            for j in self._eligible_jobs:
-                p = j.spec.priority
-                if p < self._lowest.get(j.queue, p + 1):
-                    self._lowest[j.queue] = p
             self._candidates = None
         return self._eligible_jobs
 
@@ -207,11 +203,14 @@ class _Admission:
         return self._candidates
 
     def could_preempt(self, queue: str, priority: int, owed: bool) -> bool:
-        """Cheap necessary condition for a victim search: someone it may preempt at all."""
-        self._eligible()
-        if self._lowest.get(queue, priority) < priority:
+        """Cheap necessary condition for a victim search: someone it may preempt at all.
+
+        (It counts gangs already decided on this cycle too: a search then finds out.)
+        """
+        lowest = self.running().lowest
+        if lowest.get(queue, priority) < priority:
             return True
-        return owed and any(q != queue for q in self._lowest)
+        return owed and any(q != queue for q in lowest)
 
     def preempted(self) -> None:
         self._eligible_jobs = None

@@ -16,7 +16,7 @@ from zlib import crc32
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import GpuClass
 from orchestrator.core.freegpus import FreeGpus, free_gpus
-from orchestrator.core.state import FREE, ClusterState, Job
+from orchestrator.core.state import FREE, ClusterState, EndKey, Job
 from orchestrator.core.topology import Topology, build_topology
 from orchestrator.core.usage import ancestors, average_gpus, first_over_limit, resolve_queue
 from schemas.events import RankPlacement
@@ -259,13 +259,99 @@ class Plan:
         """Ports of gangs whose rank 0 is on `node`: GPU gangs found through the node's owners."""
         state = self.state
         if self._cpu_gangs is None:
-            self._cpu_gangs = [jid for jid in state.active if state.jobs[jid].gpus == 0]
+            self._cpu_gangs = sorted(running_gangs(state).cpu_only)
         ports: set[int] = set()
         for jid in {*state.owners.get(node, ()), *self._cpu_gangs}:
             j = state.jobs.get(jid)
             if j is not None and j.placement and j.placement[0].node_id == node and jid in state.active:
                 ports.add(j.master_port)
         return ports
+
+
+class RunningGangs:
+    """What admission asks about the gangs holding GPUs, kept up to date between decide calls.
+
+    Per entry of the fold's `ends` (one per reservation: a gang requeued and
+    reserved again is a new entry) the facts fixed while it holds its GPUs:
+    queue, priority, whether it is a preemptible GPU gang or a CPU-only one.
+    A call diffs the entries against the previous call's instead of reading
+    every gang's record: an answer for the same `ends` list object (the same
+    folded state) is updated by the entries added and removed, any other
+    list is read afresh. It answers for the state's values either way.
+    """
+
+    __slots__ = ("counts", "cpu_only", "ends", "facts", "keys", "last", "lowest", "preemptible")
+
+    def __init__(self, state: ClusterState) -> None:
+        self.ends = state.ends
+        self.keys: set[EndKey] = set()
+        #: A copy of the entries last read (equal lists: nothing to do, compared in C).
+        self.last: list[EndKey] = []
+        #: entry -> (queue, priority, kind): kind 1 preemptible GPU gang, 2 CPU-only gang, 0 neither.
+        self.facts: dict[EndKey, tuple[str, int, int]] = {}
+        #: queue -> priority -> preemptible GPU gangs.
+        self.counts: dict[str, dict[int, int]] = {}
+        self.lowest: dict[str, int] = {}
+        self.cpu_only: dict[str, None] = {}
+        self.preemptible: dict[str, None] = {}
+        self.update(state)
+
+    def update(self, state: ClusterState) -> None:
+        if state.ends == self.last:
+            return
+        self.last = list(state.ends)
+        now = set(self.last)
+        gone, new = self.keys - now, now - self.keys
+        if not gone and not new:
+            return
+        touched: set[str] = set()
+        for key in gone:
+            queue, prio, kind = self.facts.pop(key)
+            if kind == 1:
+                c = self.counts[queue]
+                c[prio] -= 1
+                if not c[prio]:
+                    del c[prio]
+                touched.add(queue)
+                self.preemptible.pop(key[2], None)
+            elif kind == 2:
+                self.cpu_only.pop(key[2], None)
+        jobs = state.jobs
+        for key in sorted(new):
+            j = jobs[key[2]]
+            kind = 2 if j.gpus == 0 else 1 if j.spec.preemptible else 0
+            self.facts[key] = (j.queue, j.spec.priority, kind)
+            if kind == 1:
+                c = self.counts.setdefault(j.queue, {})
+                c[j.spec.priority] = c.get(j.spec.priority, 0) + 1
+                touched.add(j.queue)
+                self.preemptible[key[2]] = None
+            elif kind == 2:
+                self.cpu_only[key[2]] = None
+        for queue in touched:
+            c = self.counts[queue]
+            if c:
+                self.lowest[queue] = min(c)
+            else:
+                del self.counts[queue]
+                self.lowest.pop(queue, None)
+        self.keys = now
+
+
+#: The newest answer (at most one).
+_RUNNING: list[RunningGangs] = []
+
+
+def running_gangs(state: ClusterState) -> RunningGangs:
+    """Facts about the active gangs (see RunningGangs). Preemptible ones may be stopping or
+    preempting already: callers check the current record; `lowest` counts them too."""
+    if _RUNNING and _RUNNING[0].ends is state.ends:
+        found = _RUNNING[0]
+        found.update(state)
+    else:
+        found = RunningGangs(state)
+        _RUNNING[:] = [found]
+    return found
 
 
 def ends_at(job: Job, margin_s: float) -> float:

@@ -46,8 +46,20 @@ class GangRequest(NamedTuple):
         return self.ranks * self.gpus_per_rank
 
 
+#: job id -> (the spec it was made from, the request): a job's spec never changes, and a cycle
+#: asks for the requests of the same few heads again and again. Bounded; a memo only.
+_REQUESTS: dict[str, tuple[JobSpec, GangRequest]] = {}
+
+
 def request_of(job: Job) -> GangRequest:
-    return request_for(job.job_id, job.spec)
+    found = _REQUESTS.get(job.job_id)
+    if found is not None and found[0] is job.spec:
+        return found[1]
+    if len(_REQUESTS) >= 50_000:
+        _REQUESTS.clear()
+    req = request_for(job.job_id, job.spec)
+    _REQUESTS[job.job_id] = (job.spec, req)
+    return req
 
 
 def request_for(job_id: str, spec: JobSpec) -> GangRequest:
