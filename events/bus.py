@@ -340,7 +340,7 @@ class Bus:
         """
         return await self._append_raw(*self._message(event))
 
-    async def append_many(self, events: Iterable[Event], *, timeout: float = 30.0) -> list[int]:
+    async def append_many(self, events: Iterable[Event], *, timeout: float = 10.0) -> list[int]:
         """Store events in order, pipelined; their sequences.
 
         Order is kept unless a publish has to be retried (then that event lands
@@ -587,13 +587,19 @@ async def append_reclaiming(bus: Bus, events: Sequence[Event], *, tries: int = 3
     pending = list(events)
     for _ in range(tries):
         try:
-            return await bus.append_many(pending)
+            return await _append_all(bus, pending)
         except IdSquatted as e:
             log.error("event_id_squatted", event_id=e.event_id, seq=e.seq, found=e.found)
             fresh = f"{e.event_id}~{secrets.token_hex(8)}"
             pending = [msgspec.structs.replace(ev, event_id=fresh) if ev.event_id == e.event_id else ev
                        for ev in pending]
-    return await bus.append_many(pending)
+    return await _append_all(bus, pending)
+
+
+async def _append_all(bus: Bus, events: list[Event]) -> list[int]:
+    # One event (an agent's report): `append`, whose short per-try timeout rides out a
+    # reconnect; append_many would wait out its ack window for a publish the old connection lost.
+    return [await bus.append(events[0])] if len(events) == 1 else await bus.append_many(events)
 
 
 # --- direct dispatch ------------------------------------------------------------
