@@ -74,3 +74,36 @@ def test_jobs_away_from_the_held_gpus_still_run() -> None:
     events = s.decide()
     assert [g.job_id for g in of_type(events, GangReserved)] == ["other"]
     assert {r.node_id for r in of_type(events, GangReserved)[0].ranks} == {"n1"}
+
+
+def test_reservation_goes_to_the_longest_waiting_blocked_head_and_stays_until_it_starts() -> None:
+    """Fair share puts queue b first (it holds less), but a's older gang gets the reservation, and keeps it."""
+    s = Sim()
+    s.queue("a")
+    s.queue("b")
+    for n in ("n0", "n1", "n2"):
+        s.node(n)
+    s.submit("a-run", queue="a", gpus_per_rank=8, time_limit_s=100)  # one node until ~t+140
+    s.submit("a-run2", queue="a", gpus_per_rank=8, time_limit_s=1000)
+    s.submit("b-run", queue="b", gpus_per_rank=4, time_limit_s=1000)
+    s.run()
+    assert s.holding("a") == 16 and s.holding("b") == 4
+    s.submit("big-a", queue="a", ranks=2, gpus_per_rank=8)
+    s.tick(1)
+    s.submit("big-b", queue="b", ranks=2, gpus_per_rank=8)
+    events = s.decide()
+    waits = {e.job_id: e for e in of_type(events, JobWaiting)}
+    assert waits["big-a"].code == "backfill_head"  # waited longest, although b goes first by share
+    assert waits["big-b"].code == "capacity"
+    assert s.state.holder == "big-a"
+    # Shares move (b's job ends, so b holds nothing): the reservation stays where it is.
+    s.tick(5)
+    s.finish("b-run")
+    events = s.run()
+    assert s.state.holder == "big-a"
+    assert not [e for e in of_type(events, JobWaiting) if e.code == "backfill_head" and e.job_id != "big-a"]
+    # Once a-run is done, big-a starts on what it held; then big-b may hold.
+    s.finish("a-run")
+    events = s.run()
+    assert [g.job_id for g in of_type(events, GangReserved)] == ["big-a"]
+    assert s.state.holder == "big-b"
