@@ -10,4 +10,7 @@ Import the modules themselves (this package imports nothing, so that
 
 A decide cycle's stages, in order: react.py, snapshot.py (plan.py), reject.py,
 admit.py (queue lines, allocate / preempt / quota / backfill), explain.py.
+What a cycle derives from the state is kept between calls where rebuilding it
+would cost O(nodes) or O(gangs): freegpus.py (free GPUs and capacity indexes)
+and plan.running_gangs (memos of the state's values; one decide at a time).
 """

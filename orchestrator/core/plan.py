@@ -278,6 +278,8 @@ class RunningGangs:
     every gang's record: an answer for the same `ends` list object (the same
     folded state) is updated by the entries added and removed, any other
     list is read afresh. It answers for the state's values either way.
+    Unlike freegpus.FreeGpus it is updated in place: one decide call at a
+    time per process (the scheduler shell and the simulator call it so).
     """
 
     __slots__ = ("counts", "cpu_only", "ends", "facts", "keys", "last", "lowest", "preemptible")
