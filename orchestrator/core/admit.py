@@ -18,12 +18,13 @@ the fair-share order, and keeps it until it starts -- or until it cannot hold
 it any more (over quota, never fits, preempting). Without that the
 reservation went to whichever blocked gang came first in a fair-share order
 that changes at nearly every event, and a big gang of a busy queue could wait
-behind a new holder each time. When nobody holds it, it goes to the queue
-head first in `Policies.reservation_order` (by default the longest waiting)
-among those the free GPUs cannot take -- also looked at before the
-fair-share order -- else, as before, to the first gang the loop finds
-blocked. So a heavy queue's big gang, whose turn in the fair-share order
-comes last, still gets the reservation once it is the oldest blocked head.
+behind a new holder each time. When nobody holds it, it goes to the first
+gang the loop finds blocked (fair-share order), or, with a
+`Policies.reservation_order` (e.g. the longest waiting), to the queue head
+first in that order among those the free GPUs cannot take, looked at before
+the fair-share order -- so a heavy queue's big gang, whose turn comes last,
+still gets it once it is the oldest (at a price in fairness, see
+bench/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ place=my_place)`), and mypy checks the signature.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.facts import ClusterFacts
 from orchestrator.core.plan import Hold, QueueLoad
 from orchestrator.core.state import Job
-from orchestrator.policies.backfill import Ending, earliest_start, longest_waiting, may_use_held
+from orchestrator.policies.backfill import Ending, earliest_start, may_use_held
 from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key, job_order_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
 from orchestrator.policies.reject import unfit_reasons
@@ -51,12 +52,15 @@ class Policies:
     #: Who may preempt whom and in which order victims go (priority and guarantee reclaim by default).
     preemption: PreemptionRule = PRIORITY_AND_RECLAIM
     backfill: BackfillFn = earliest_start
-    #: Who gets the backfill reservation when nobody holds it: the first gang blocked by
-    #: capacity in this order (default: the longest waiting), chosen after the cycle's
-    #: admissions; None: the first blocked in admission order, at once (strict FIFO lines).
-    reservation_order: Callable[[Job], JobKey] | None = longest_waiting
-    #: Aging: a queue head pending longer than this goes before the fair-share order, oldest first.
-    starving_after_s: float = 2 * 3600.0
+    #: Who gets the backfill reservation when nobody holds it. None (default): the first gang
+    #: the admission loop finds blocked by capacity, in fair-share order. A key (e.g.
+    #: `backfill.longest_waiting`): the queue head first in that order among those the free
+    #: GPUs cannot take, before the loop. Measured (bench/RESULTS.md): the longest-waiting
+    #: order shortens big gangs' worst wait but costs fairness, badly under overload.
+    reservation_order: Callable[[Job], JobKey] | None = None
+    #: Aging: a queue head pending longer than this goes before the fair-share order, oldest
+    #: first (off by default: under overload every head starves and the order becomes FIFO).
+    starving_after_s: float = math.inf
     may_use_held: Callable[[float, Hold], bool] = may_use_held
     reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
     #: Blocked heads tried per queue per cycle (placements do not count): bounds a cycle's work.

@@ -77,8 +77,14 @@ def test_jobs_away_from_the_held_gpus_still_run() -> None:
 
 
 def test_reservation_goes_to_the_longest_waiting_blocked_head_and_stays_until_it_starts() -> None:
-    """Fair share puts queue b first (it holds less), but a's older gang gets the reservation, and keeps it."""
-    s = Sim()
+    """With reservation_order=longest_waiting: fair share puts queue b first (it holds less), but a's
+    older gang gets the reservation, and keeps it."""
+    from dataclasses import replace
+
+    from orchestrator.policies import DEFAULT_POLICIES
+    from orchestrator.policies.backfill import longest_waiting
+
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_order=longest_waiting))
     s.queue("a")
     s.queue("b")
     for n in ("n0", "n1", "n2"):
@@ -106,4 +112,27 @@ def test_reservation_goes_to_the_longest_waiting_blocked_head_and_stays_until_it
     s.finish("a-run")
     events = s.run()
     assert [g.job_id for g in of_type(events, GangReserved)] == ["big-a"]
+    assert s.state.holder == "big-b"
+
+
+def test_by_default_the_reservation_is_sticky_once_given_in_fair_share_order() -> None:
+    """Default: b's gang (b holds less) is first blocked in fair-share order and takes it; a later
+    change of shares does not move it."""
+    s = Sim()
+    s.queue("a")
+    s.queue("b")
+    for n in ("n0", "n1", "n2"):
+        s.node(n)
+    s.submit("a-run", queue="a", gpus_per_rank=8, time_limit_s=100)
+    s.submit("a-run2", queue="a", gpus_per_rank=8, time_limit_s=1000)
+    s.submit("b-run", queue="b", gpus_per_rank=4, time_limit_s=1000)
+    s.run()
+    s.submit("big-a", queue="a", ranks=2, gpus_per_rank=8)
+    s.tick(1)
+    s.submit("big-b", queue="b", ranks=2, gpus_per_rank=8)
+    s.decide()
+    assert s.state.holder == "big-b"
+    # b now holds more than a would after a's next start; the holder stays.
+    s.submit("b-more", queue="b", gpus_per_rank=4, time_limit_s=10)
+    s.run()
     assert s.state.holder == "big-b"
