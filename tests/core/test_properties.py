@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
 from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.state import FREE, HOLDING, ClusterState, needs_look, snapshot
+from orchestrator.core.state import FREE, HOLDING, ClusterState, needs_look, restore, snapshot
 from orchestrator.core.usage import ancestors
 from schemas.events import (
     GangReserved,
@@ -288,3 +288,22 @@ def test_quota_and_preemption_in_one_cycle_are_never_void(
     for _ in range(4):  # Sim.decide fails on any void decision
         s.agents(s.decide())
         check_invariants(s.state)
+
+
+@given(cluster=nodes(), qs=queues(), levels=LEVELS, script=st.lists(st.one_of(ops, tight_ops), min_size=10,
+                                                                    max_size=100))
+@PROFILE
+def test_decide_with_memos_kept_from_earlier_calls_matches_a_cold_start(
+    cluster: list[dict[str, Any]], qs: list[dict[str, Any]], levels: tuple[str, ...], script: list[tuple[Any, ...]]
+) -> None:
+    """decide keeps derived views between calls (freegpus.FreeGpus, plan.RunningGangs), updated by
+    identity diffs of the fold's records. Before every op: the answer with those memos warm equals
+    the answer for the same state restored from its snapshot (new objects: every memo cold), as
+    after a scheduler restart."""
+    s = build(cluster, qs, levels)
+    counter = [0]
+    for op in script:
+        warm = decide(s.state, s.now, epoch=s.epoch)
+        cold = decide(restore(snapshot(s.state)), s.now, epoch=s.epoch)
+        assert warm == cold
+        apply_op(s, op, counter)
