@@ -15,7 +15,10 @@ from schemas.inventory import Inventory
 from schemas.jobspec import JobSpec
 
 
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=False):
+    """Base of every event. Frozen and acyclic (no field can lead back to the event), hence
+    gc=False, like every schema record: the cyclic GC need not track them (orchestrator/core/state.py)."""
+
     event_id: str
     #: Publisher wall clock, seconds since the epoch.
     occurred_at: float
@@ -35,7 +38,7 @@ class JobRejected(Event, tag="JobRejected", frozen=True):
     reasons: tuple[str, ...]
 
 
-class RankPlacement(msgspec.Struct, frozen=True, kw_only=True):
+class RankPlacement(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     rank: int
     node_id: str
     gpus: tuple[int, ...]
@@ -257,7 +260,7 @@ EVENT_TAGS: dict[str, type[Event]] = {t.__struct_config__.tag: t for t in EVENT_
 Entity = Literal["job", "node", "queue", "sched"]
 
 
-class Unknown(msgspec.Struct, frozen=True, kw_only=True):
+class Unknown(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What a reader got but could not decode; folds to "no change"."""
 
     raw: bytes

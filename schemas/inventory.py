@@ -25,7 +25,7 @@ def link_score(token: str) -> int:
     return _PCIE.get(token, 0)
 
 
-class Gpu(msgspec.Struct, frozen=True, kw_only=True):
+class Gpu(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     index: int
     uuid: str
     model: str
@@ -36,7 +36,7 @@ class Gpu(msgspec.Struct, frozen=True, kw_only=True):
     nvlink_peers: tuple[str, ...] = ()
 
 
-class Inventory(msgspec.Struct, frozen=True, kw_only=True):
+class Inventory(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A node's GPUs plus topology.
 
     `links[i][j]` is the link score between GPU i and j (see `link_score`);

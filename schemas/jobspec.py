@@ -22,20 +22,20 @@ MAX_GPUS_PER_RANK = 64
 MAX_NAME_LEN = 128
 
 
-class Topology(msgspec.Struct, frozen=True, kw_only=True):
+class Topology(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Keep all ranks inside one domain of `level` (e.g. "node", "leaf")."""
 
     level: str
     mode: TopologyMode = "prefer"
 
 
-class Mount(msgspec.Struct, frozen=True, kw_only=True):
+class Mount(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     source: str
     target: str
     read_only: bool = True
 
 
-class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     name: str
     queue: str = "default"
     priority: int = 0
