@@ -15,15 +15,19 @@ from quiet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import AsyncIterator
 
 from events.bus import Bus
 from events.server import NatsServer
 from schemas import NodeCordoned
 
 
-async def test_idle_tail_keeps_its_consumer(bus: Bus) -> None:
+@contextlib.asynccontextmanager
+async def tailing(bus: Bus) -> AsyncIterator[list[int]]:
+    """A `tail(from_seq=1)` running in a task over a log of one event; the seqs it got (once it has that one)."""
     await bus.append(NodeCordoned(event_id="first", occurred_at=0.0, node_id="n0"))
     got: list[int] = []
 
@@ -35,54 +39,47 @@ async def test_idle_tail_keeps_its_consumer(bus: Bus) -> None:
     try:
         while not got:
             await asyncio.sleep(0.05)
-        before = [c.name async for c in _consumers(bus)]
-        await asyncio.sleep(8.0)
-        after = [c.name async for c in _consumers(bus)]
-        await bus.append(NodeCordoned(event_id="second", occurred_at=0.0, node_id="n0"))
-        async with asyncio.timeout(5):
-            while len(got) < 2:
-                await asyncio.sleep(0.05)
+        yield got
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def append_second(bus: Bus, got: list[int], timeout: float) -> None:
+    """Append the next event and wait until the tail has it."""
+    await bus.append(NodeCordoned(event_id="second", occurred_at=0.0, node_id="n0"))
+    async with asyncio.timeout(timeout):
+        while len(got) < 2:
+            await asyncio.sleep(0.05)
+
+
+async def consumers(bus: Bus) -> list[str]:
+    return [info.name for info in await bus.js.consumers_info(bus.stream)]
+
+
+async def test_idle_tail_keeps_its_consumer(bus: Bus) -> None:
+    async with tailing(bus) as got:
+        before = await consumers(bus)
+        await asyncio.sleep(8.0)
+        after = await consumers(bus)
+        await append_second(bus, got, 5)
     assert got == [1, 2]
     assert len(before) == 1 and after == before, f"the idle reader's consumer was replaced: {before} -> {after}"
-
-
-async def _consumers(bus: Bus):  # type: ignore[no-untyped-def]
-    for info in await bus.js.consumers_info(bus.stream):
-        yield info
 
 
 async def test_a_silent_server_is_still_a_loss(nats_server: NatsServer, bus: Bus) -> None:
     """Fault: nats-server is frozen (SIGSTOP) for 8 s: the connection stays open, nothing arrives,
     not even heartbeats. Check: the watchdog fires, the reader makes a new consumer once the server
     is back, and gets the next event (heartbeats count as life only while they come)."""
-    await bus.append(NodeCordoned(event_id="first", occurred_at=0.0, node_id="n0"))
-    got: list[int] = []
-
-    async def consume() -> None:
-        async for env in bus.tail(from_seq=1):
-            got.append(env.seq)
-
-    task = asyncio.create_task(consume())
     assert nats_server.pid is not None
-    try:
-        while not got:
-            await asyncio.sleep(0.05)
-        before = {c.name async for c in _consumers(bus)}
+    async with tailing(bus) as got:
+        before = set(await consumers(bus))
         os.kill(nats_server.pid, signal.SIGSTOP)
         try:
             await asyncio.sleep(8.0)
         finally:
             os.kill(nats_server.pid, signal.SIGCONT)
-        await bus.append(NodeCordoned(event_id="second", occurred_at=0.0, node_id="n0"))
-        async with asyncio.timeout(15):
-            while len(got) < 2:
-                await asyncio.sleep(0.05)
-        after = {c.name async for c in _consumers(bus)}
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await append_second(bus, got, 15)
+        after = set(await consumers(bus))
     assert got == [1, 2]
     assert after - before, f"the reader kept its consumer through 8 s of silence: {before} -> {after}"
