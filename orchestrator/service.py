@@ -58,20 +58,16 @@ class Scheduler:
         self.follower = Follower(bus)
         self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
-        self._since_snapshot = 0
+        self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded
         self._snapshots = SnapshotStore(bus.js, replicas=bus.replicas)
         self._monitor: HeartbeatMonitor | None = None
         self._lease: Lease | None = None
         self.appended = 0
         self.decide_seconds: list[float] = []
-        self.follower.on_event(self._count)
 
     @property
     def state(self) -> ClusterState:
         return self.follower.state
-
-    def _count(self, _env: object) -> None:
-        self._since_snapshot += 1
 
     @property
     def monitor(self) -> HeartbeatMonitor | None:
@@ -95,6 +91,7 @@ class Scheduler:
         snap = await self._snapshots.load(ClusterState)
         if snap is not None:
             self.follower.state = snap
+            self._snapshot_seq = snap.seq
             log.info("snapshot_loaded", seq=snap.seq)
         await self.follower.catch_up()
         log.info("caught_up", seq=self.state.seq, jobs=len(self.state.jobs), nodes=len(self.state.nodes))
@@ -102,16 +99,17 @@ class Scheduler:
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            if self._since_snapshot >= self.config.snapshot_every:
+            seq = self.state.seq
+            if seq - self._snapshot_seq >= self.config.snapshot_every:
                 try:
                     size = await self._snapshots.save(self.state)
                 except (BusError, nats.errors.Error, OSError, TimeoutError) as e:
                     # The server is away (restart, partition): a snapshot only shortens the next
                     # start's replay, so try again next round rather than stop scheduling.
-                    log.warning("snapshot_failed", seq=self.state.seq, error=repr(e))
+                    log.warning("snapshot_failed", seq=seq, error=repr(e))
                     continue
-                self._since_snapshot = 0
-                log.info("snapshot_saved", seq=self.state.seq, bytes=size)
+                self._snapshot_seq = seq
+                log.info("snapshot_saved", seq=seq, bytes=size)
 
     async def _campaign(self) -> None:
         assert self._lease is not None

@@ -69,11 +69,13 @@ async def test_scheduler_sigkilled_every_few_seconds(nats_server: NatsServer, bu
                 ids = [f"k{i:04d}" for i in range(JOBS)]
 
                 async def submit() -> None:
-                    # A steady stream rather than one burst, so kills land while work keeps arriving.
+                    # A steady stream rather than one burst, so kills land while work keeps arriving:
+                    # 40 chunks 0.6 s apart keep work coming for 24 s or more, long enough for the
+                    # five kills asked for below however fast the scheduler gets through it.
                     for k in range(0, JOBS, 50):
                         await asyncio.gather(*(client.submit(_spec(rng, i), job_id=ids[i])
                                                for i in range(k, min(k + 50, JOBS))))
-                        await asyncio.sleep(0.25)
+                        await asyncio.sleep(0.6)
 
                 submitting = asyncio.create_task(submit())
                 loop = asyncio.get_running_loop()
