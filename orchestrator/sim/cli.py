@@ -43,9 +43,10 @@ corral reader), metrics.json, table.txt and PNG figures.
 """
 
 GEN_HELP = """\
-Generate a synthetic trace: Poisson arrivals with a daily cycle, heavy-tailed durations,
-mostly 1-GPU jobs with most GPU-time in 8-128 GPU gangs, teams with different loads,
-spread to the requested offered load of the cluster. Deterministic for a seed.
+Generate a synthetic trace: Poisson arrivals with a daily cycle, heavy-tailed durations
+(bigger gangs run longer), mostly 1-GPU jobs with most GPU-time in 8-128 GPU gangs, teams
+with different loads, spread so that the cluster carries the requested offered load while
+the jobs arrive. Deterministic for a seed.
 """
 
 

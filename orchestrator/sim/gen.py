@@ -7,12 +7,20 @@ what this generator reproduces:
 * durations are heavy-tailed: most jobs run minutes, a few run days
   (lognormal, clipped);
 * most jobs ask for 1 GPU, yet most GPU-time goes to 8-128 GPU gangs;
+* bigger gangs run longer: single-GPU jobs are mostly short debugging and
+  evaluation runs, 64-128 GPU gangs are training runs of many hours (the
+  median grows as the square root of the gang's GPUs);
 * a few teams (queues) submit most of the work, with different mixes:
   some train big models, some mostly debug on single GPUs;
 * users give time limits, generous ones: a few times the real duration.
 
-The offered load is a parameter: arrivals are spread so that the work asked
-for equals `load` x the cluster's GPUs x the span of the trace.
+The offered load is a parameter, and it is the load the cluster sees while
+the trace runs: arrivals are spread so that the GPU-seconds the jobs would
+run *inside the arrival window* if each started on arrival equal `load` x
+the cluster's GPUs x the window. (Dividing all the work asked for by the
+window instead counts the hours that long jobs run after the last arrival:
+with GPU-time dominated by day-long gangs, a trace "at 90%" then loaded the
+cluster to about 83% on average, and its first day to far less.)
 """
 
 from __future__ import annotations
@@ -41,7 +49,9 @@ class GenConfig(NamedTuple):
     seed: int = 1
     #: Arrival rate swings +-this fraction over a day.
     day_amplitude: float = 0.5
-    median_duration_s: float = 1800.0
+    #: Median duration of a 1-GPU job; a g-GPU gang's median is this x g ** size_exponent.
+    median_duration_s: float = 1200.0
+    size_exponent: float = 0.5
     #: Lognormal sigma of durations (1.8: p99 about 60x the median).
     duration_sigma: float = 1.8
     min_duration_s: float = 60.0
@@ -83,6 +93,32 @@ def _arrivals(rng: random.Random, n: int, span: float, amplitude: float) -> list
     return out
 
 
+def _spread(drafts: list[tuple[str, int, float, int, bool]], cfg: GenConfig, gpus: int) -> list[float]:
+    """Arrival times whose window carries `cfg.load` (module docstring): the span is corrected until it does."""
+    work = sum(g * d for _, g, d, _, _ in drafts)
+    span = work / (cfg.load * gpus)
+    times: list[float] = []
+    for _ in range(20):
+        # The same arrival pattern at every try, only stretched: its own seeded stream.
+        times = _arrivals(random.Random(f"arrivals-{cfg.seed}"), len(drafts), span, cfg.day_amplitude)
+        end = times[-1]
+        inside = sum(g * min(d, end - t) for t, (_, g, d, _, _) in zip(times, drafts, strict=True))
+        ratio = inside / (cfg.load * gpus * end) if end > 0 else 1.0
+        if abs(ratio - 1.0) < 1e-3:
+            break
+        span *= ratio
+    return times
+
+
+def window_load(trace: Trace, gpus: int) -> float:
+    """The load a trace puts on `gpus` GPUs while it arrives, if every job started on arrival."""
+    if not trace.jobs:
+        return 0.0
+    start, end = trace.jobs[0].submit_time, max(j.submit_time for j in trace.jobs)
+    inside = sum(j.num_gpus * min(j.duration, end - j.submit_time) for j in trace.jobs)
+    return inside / (gpus * (end - start)) if end > start else 0.0
+
+
 def generate(cluster: ClusterSpec, cfg: GenConfig | None = None) -> Trace:
     """A trace for `cluster` with the shape described above; equal seeds give equal traces."""
     cfg = cfg if cfg is not None else GenConfig()
@@ -100,13 +136,12 @@ def generate(cluster: ClusterSpec, cfg: GenConfig | None = None) -> Trace:
         team = rng.choices(range(len(queues)), weights=team_weights)[0]
         sizes, probs = tables[team]
         gpus = rng.choices(sizes, weights=probs)[0]
-        duration = min(cfg.max_duration_s, max(cfg.min_duration_s, rng.lognormvariate(mu, cfg.duration_sigma)))
+        median = mu + cfg.size_exponent * math.log(gpus)
+        duration = min(cfg.max_duration_s, max(cfg.min_duration_s, rng.lognormvariate(median, cfg.duration_sigma)))
         priority = 10 if rng.random() < cfg.urgent_share else 0
         preemptible = rng.random() >= cfg.pinned_share
         drafts.append((queues[team], gpus, round(duration, 1), priority, preemptible))
-    work = sum(g * d for _, g, d, _, _ in drafts)
-    span = work / (cfg.load * cluster.total_gpus)
-    times = _arrivals(rng, cfg.jobs, span, cfg.day_amplitude)
+    times = _spread(drafts, cfg, cluster.total_gpus)
     jobs = tuple(
         TraceJob(job_id=f"j{i:06d}", submit_time=t, duration=d, num_gpus=g, queue=q, priority=p, preemptible=pre,
                  time_limit=_time_limit(rng, d))
