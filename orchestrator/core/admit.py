@@ -7,24 +7,26 @@ For one head, in this order:
      also on the GPUs held for it);
   c. preempt / reclaim: a minimal victim set, whose GPUs are earmarked;
   d. a queue at its limit waits ("quota");
-  e. backfill: the first gang blocked by capacity holds the GPUs it will
-     start on; later ones are told why they wait.
+  e. backfill: a gang blocked by capacity, while fewer than
+     `Policies.reservations` gangs hold GPUs, holds the GPUs it will start on
+     (planned around the earlier holders' GPUs); later ones are told why
+     they wait.
 A placement re-ranks its queue (its share grew); a blocked head does not, and
 after `heads_per_queue` blocked heads a queue is done for this cycle.
 
-The backfill reservation is sticky: the gang that holds it (the fold's
-`holder`, named by its JobWaiting) is looked at first in every cycle, before
-the fair-share order, and keeps it until it starts -- or until it cannot hold
-it any more (over quota, never fits, preempting). Without that the
+Reservations are sticky: the gangs that hold them (the fold's `holders`,
+each named by its JobWaiting) are looked at first in every cycle, before the
+fair-share order, and keep them until they start -- or until they cannot
+hold them any more (over quota, never fits, preempting). Without that a
 reservation went to whichever blocked gang came first in a fair-share order
 that changes at nearly every event, and a big gang of a busy queue could wait
-behind a new holder each time. When nobody holds it, it goes to the first
-gang the loop finds blocked (fair-share order), or, with a
-`Policies.reservation_order` (e.g. the longest waiting), to the queue head
-first in that order among those the free GPUs cannot take, looked at before
-the fair-share order -- so a heavy queue's big gang, whose turn comes last,
-still gets it once it is the oldest (at a price in fairness, see
-bench/RESULTS.md).
+behind a new holder each time. A free reservation goes, with a
+`Policies.reservation_order` (default: the longest waiting), to the queue
+head first in that order among those the free GPUs cannot take, looked at
+before the fair-share order -- so a heavy queue's big gang, whose turn comes
+last, still gets one once it is among the oldest; without an order, to the
+first gang the loop finds blocked (fair-share order). Measured in
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from orchestrator.policies import Candidate, Ending, PreemptionAsk
 from orchestrator.policies.fairshare import JobKey, job_order_key
 from orchestrator.policies.links import Links
 from orchestrator.policies.placement import GangRequest, Placement
-from schemas.events import Event, GangReserved, PreemptionRequested
+from schemas.events import Event, GangReserved, PreemptionRequested, RankPlacement
 
 
 class Line:
@@ -246,10 +248,28 @@ class _Admission:
                     yield Ending(jid, ends_at(j, margin), started, j.placement)
 
         placed = sorted(self.placed, key=_BY_END)
-        return merge(running(), placed, key=_BY_END)
+        out = merge(running(), placed, key=_BY_END)
+        if not plan.holds:
+            return out
+        # A later reservation is planned around the earlier ones: GPUs they will start on
+        # never come free for it.
+        held = plan.held_gpus()
+        return (_without(e, held) for e in out)
 
 
 _BY_END = attrgetter("ends_at", "started_at", "job_id")
+
+
+def _without(e: Ending, held: dict[str, set[int]]) -> Ending:
+    if not any(rp.node_id in held for rp in e.placement):
+        return e
+    ranks = tuple(
+        RankPlacement(rank=rp.rank, node_id=rp.node_id, gpus=tuple(g for g in rp.gpus if g not in held[rp.node_id]))
+        if rp.node_id in held
+        else rp
+        for rp in e.placement
+    )
+    return e._replace(placement=ranks)
 
 
 def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], dict[str, Outcome]]:
@@ -260,19 +280,26 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
     # 0. The gang holding the backfill reservation goes first: it starts, or keeps holding.
     #    Nobody holds it (any more): the first queue head blocked by capacity in reservation order.
     first: list[str] = []
-    for pick in (_holder, _first_blocked_head):
-        if plan.hold is not None:
-            break
-        chosen = pick(adm, lines)
-        if chosen is None:
-            continue
-        job, q = chosen
+
+    def look_first(job: Job, q: str) -> None:
         plan.busy.add(job.job_id)  # its line skips it during this loop
         line = lines.get(q)
         if line is not None and line.head is not None and line.head[1].job_id == job.job_id:
             line.pop()
         outcomes[job.job_id] = _admit_one(adm, job, q)
         first.append(job.job_id)
+
+    for job, q in _holders(adm):
+        if len(plan.holds) >= pol.reservations:
+            break
+        look_first(job, q)
+    tries = pol.reservations + len(lines)  # each try takes a head off its line: bounded anyway
+    while len(plan.holds) < pol.reservations and tries > 0:
+        tries -= 1
+        chosen = _first_blocked_head(adm, lines)
+        if chosen is None:
+            break
+        look_first(*chosen)
     order = [(_rank(c, plan, q, line), line.head[0], q) for q, line in lines.items() if line.head]
     heapify(order)
     blocked = dict.fromkeys(lines, 0)
@@ -336,15 +363,14 @@ def _first_blocked_head(adm: _Admission, lines: dict[str, Line]) -> tuple[Job, s
     return None if best is None else (best[1], best[2])
 
 
-def _holder(adm: _Admission, lines: dict[str, Line]) -> tuple[Job, str] | None:
-    """The pending gang the fold says holds the reservation, with its queue, if it may be looked at now."""
-    del lines
+def _holders(adm: _Admission) -> Iterator[tuple[Job, str]]:
+    """The pending gangs the fold says hold reservations, oldest reservation first, with their queues."""
     c, plan = adm.c, adm.plan
-    jid = c.state.holder
-    job = c.state.jobs.get(jid) if jid else None
-    if job is None or job.status != "pending" or job.earmark or jid in plan.busy:
-        return None
-    return job, resolve_queue(c.state, job.spec.queue)
+    for jid in list(c.state.holders):
+        job = c.state.jobs.get(jid)
+        if job is None or job.status != "pending" or job.earmark or jid in plan.busy:
+            continue
+        yield job, resolve_queue(c.state, job.spec.queue)
 
 
 def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outcome | None:
@@ -354,7 +380,7 @@ def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outco
     if hold is None:
         return None
     held = sum(len(set(rp.gpus) & set(plan.free.get(rp.node_id, ()))) for rp in hold.ranks)
-    plan.set_hold(hold)
+    plan.add_hold(hold)
     when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
     return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}")
 
@@ -376,7 +402,7 @@ def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
     # b. Allocate.
     if over is None:
         p = adm.place(req, base, shared=not job.earmark)
-        if p is None and plan.hold is not None and pol.may_use_held(_ends_if_started(adm, job), plan.hold):
+        if p is None and plan.holds and _may_use_held(adm, job):
             p = adm.place(req, plan.index(req.cls, through_hold=True), shared=False)
         if p is not None:
             _reserve(adm, job, queue, p)
@@ -391,44 +417,56 @@ def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
         name, limit, used = over
         return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {req.gpus} more")
     # e. Backfill: the first gang blocked by capacity holds what it will start on.
-    if plan.hold is None:
+    if len(plan.holds) < pol.reservations:
         outcome = _hold(adm, job, req, base)
         if outcome is not None:
             return outcome
-    elif plan.hold.job_id != job.job_id and adm.fits_through_hold(req):
-        return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {plan.hold.job_id}")
+    if plan.holds and adm.fits_through_hold(req):
+        ids = [h.job_id for h in plan.holds]
+        more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
+        return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {ids[0]}{more}")
     return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
 
 
-#: The newest reservation computed on an untouched plan, with what it was computed from.
-_NEWEST_HOLD: list[tuple[tuple[object, ...], Hold | None]] = []
+#: The newest reservations computed on a plan untouched but for earlier holds, by position,
+#: with what each was computed from.
+_NEWEST_HOLDS: list[tuple[tuple[object, ...], Hold | None]] = []
 
 
 def _reservation(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Hold | None:
     """The backfill policy's reservation for `job`.
 
-    The sticky holder is looked at first in every cycle, on a plan nothing has
-    changed yet, and between most cycles nothing it depends on changes (a
-    worker started, a reason was told): then the previous answer is the
-    answer. It depends on the free GPUs (the kept FreeGpus object, which is
-    replaced whenever an owner or earmark changes), the running gangs and
-    their expected ends (the fold's `ends`, and the watched gangs, the only
-    ones whose stop or preemption can move an end), the request and the
-    policies -- all compared by value or by the identity of immutable objects.
+    The sticky holders are looked at first in every cycle, on a plan nothing
+    but their own holds has changed yet, and between most cycles nothing a
+    reservation depends on changes (a worker started, a reason was told):
+    then the previous answer at the same position is the answer. It depends
+    on the free GPUs (the kept FreeGpus object, which is replaced whenever an
+    owner or earmark changes), the earlier holds, the running gangs and their
+    expected ends (the fold's `ends`, and the watched gangs, the only ones
+    whose stop or preemption can move an end), the request and the policies
+    -- all compared by value or by the identity of immutable objects.
     """
-    pol, state = adm.c.policies, adm.c.state
-    untouched = None if job.earmark or adm.placed else adm.plan.untouched_base()
+    pol, state, plan = adm.c.policies, adm.c.state, adm.plan
+    untouched = None if job.earmark or adm.placed else plan.untouched_base()
     key: tuple[object, ...] = ()
+    pos = len(plan.holds)
     if untouched is not None:
-        key = (untouched, pol, req, tuple(state.ends), tuple(state.jobs[j] for j in state.watch))
-        if _NEWEST_HOLD:
-            (k, hold) = _NEWEST_HOLD[0]
+        key = (untouched, pol, req, tuple(plan.holds), tuple(state.ends), tuple(state.jobs[j] for j in state.watch))
+        if pos < len(_NEWEST_HOLDS):
+            (k, hold) = _NEWEST_HOLDS[pos]
             if k[0] is key[0] and k[1] is key[1] and k[2:] == key[2:]:
                 return hold
     hold = pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
     if untouched is not None:
-        _NEWEST_HOLD[:] = [(key, hold)]
+        del _NEWEST_HOLDS[pos:]
+        _NEWEST_HOLDS.append((key, hold))
     return hold
+
+
+def _may_use_held(adm: _Admission, job: Job) -> bool:
+    """A job may run on held GPUs only if it ends before every reservation of this cycle starts."""
+    ends, rule = _ends_if_started(adm, job), adm.c.policies.may_use_held
+    return all(rule(ends, h) for h in adm.plan.holds)
 
 
 def _ends_if_started(adm: _Admission, job: Job) -> float:

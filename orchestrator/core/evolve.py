@@ -180,8 +180,8 @@ def _enqueue(state: ClusterState, job: Job) -> None:
 def _dequeue(state: ClusterState, job: Job) -> None:
     if state.pending.pop(job.job_id, None) is None:
         return
-    if state.holder == job.job_id:
-        state.holder = ""
+    if job.job_id in state.holders:
+        state.holders.remove(job.job_id)
     state.unexplained.pop(job.job_id, None)
     line = state.lines[job.spec.queue]
     key = job.line_key
@@ -307,9 +307,10 @@ def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
         state.unexplained.pop(e.job_id, None)
     state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at))
     if e.code == RESERVING:
-        state.holder = e.job_id
-    elif state.holder == e.job_id:
-        state.holder = ""
+        if e.job_id not in state.holders:
+            state.holders.append(e.job_id)
+    elif e.job_id in state.holders:
+        state.holders.remove(e.job_id)
 
 
 def _active(state: ClusterState, job_id: str, attempt: int) -> Job | None:

@@ -76,7 +76,7 @@ def explain(c: Cycle, plan: Plan, fresh: list[Job], outcomes: dict[str, Outcome]
             continue
         job = state.jobs[jid]
         # A new holder of the backfill reservation is always told: the fold remembers it by that event.
-        if _due(job, o, c.now, settle_at, jid in state.unexplained) or (o.code == BACKFILL_HEAD and state.holder != jid):
+        if _due(job, o, c.now, settle_at, jid in state.unexplained) or (o.code == BACKFILL_HEAD and jid not in state.holders):
             out.append(_waiting(c, job, o))
     for job in fresh:
         if job.job_id in outcomes or job.job_id in plan.busy:

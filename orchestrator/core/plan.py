@@ -52,6 +52,7 @@ class Plan:
     __slots__ = (
         "_base",
         "_cpu_gangs",
+        "_hold_bumps",
         "_indexes",
         "_ports",
         "_touched",
@@ -60,7 +61,7 @@ class Plan:
         "ended",
         "free",
         "gpus",
-        "hold",
+        "holds",
         "now",
         "state",
         "topo",
@@ -80,7 +81,9 @@ class Plan:
         #: Nodes whose free GPUs this plan changed (an index built later starts from the base).
         self._touched: set[str] = set()
         self._indexes: dict[tuple[GpuClass, bool], FreeIndex] = {}
-        self.hold: Hold | None = None
+        #: Backfill reservations of this cycle, in the order they were made.
+        self.holds: list[Hold] = []
+        self._hold_bumps = 0
         #: Per queue, tentative: GPUs it holds (for guarantees), GPUs its subtree holds
         #: (for limits), GPUs it gained since the fold (for the fair-share order).
         self.gpus: dict[str, int] = {q: u.gpus for q, u in state.usage.items()}
@@ -104,22 +107,23 @@ class Plan:
         return self._base.eligible(cls)
 
     def index(self, cls: GpuClass, *, through_hold: bool = False) -> FreeIndex:
-        """Free GPUs of `cls`; without `through_hold`, minus those held by the backfill reservation."""
-        through = through_hold and self.hold is not None
+        """Free GPUs of `cls`; without `through_hold`, minus those held by backfill reservations."""
+        through = through_hold and bool(self.holds)
         idx = self._indexes.get((cls, through))
         if idx is None:
             idx = self._base.index(cls).copy()
             for n in self._touched:
                 idx.reset(n, self.free[n])
-            if not through and self.hold is not None:
-                for rp in self.hold.ranks:
-                    idx.take(rp.node_id, rp.gpus)
+            if not through:
+                for hold in self.holds:
+                    for rp in hold.ranks:
+                        idx.take(rp.node_id, rp.gpus)
             self._indexes[(cls, through)] = idx
         return idx
 
     def untouched_base(self) -> FreeGpus | None:
-        """The kept free-GPU answer (freegpus.py) if this plan still equals it: nothing taken, released or held."""
-        if self.version or self._touched or self.ended or self.victims:
+        """The kept free-GPU answer (freegpus.py) if this plan still equals it but for its holds: nothing taken or released."""
+        if self.version != self._hold_bumps or self._touched or self.ended or self.victims:
             return None
         return self._base
 
@@ -159,15 +163,25 @@ class Plan:
             self.charge(job.queue, -job.gpus)
         self.ended.add(job.job_id)
 
-    def set_hold(self, hold: Hold) -> None:
-        """Hold GPUs for the backfill head: hidden from the plain indexes, kept in the through-hold ones."""
-        self.hold = hold
+    def add_hold(self, hold: Hold) -> None:
+        """Hold GPUs for a blocked gang: hidden from the plain indexes, kept in the through-hold ones."""
+        self.holds.append(hold)
         self.version += 1
+        self._hold_bumps += 1
         for (cls, through), idx in list(self._indexes.items()):
             if not through:
-                self._indexes[(cls, True)] = idx.copy()
+                if len(self.holds) == 1:  # until now the plain index was the through-hold one too
+                    self._indexes[(cls, True)] = idx.copy()
                 for rp in hold.ranks:
                     idx.take(rp.node_id, rp.gpus)
+
+    def held_gpus(self) -> dict[str, set[int]]:
+        """Node -> GPUs some reservation of this cycle plans to start on (free now or not)."""
+        held: dict[str, set[int]] = {}
+        for hold in self.holds:
+            for rp in hold.ranks:
+                held.setdefault(rp.node_id, set()).update(rp.gpus)
+        return held
 
     def earmark_view(self, job: Job, cls: GpuClass) -> FreeIndex:
         """What a preemptor may use: the free GPUs plus those earmarked for it that are free now."""

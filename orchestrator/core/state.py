@@ -54,7 +54,7 @@ LineKey = tuple[int, float, str]
 #: An active gang's place in `ClusterState.ends`: (reserved_at + time limit, or inf; reserved_at; job id).
 EndKey = tuple[float, float, str]
 
-#: JobWaiting code of the pending gang that holds the backfill reservation (see `ClusterState.holder`).
+#: JobWaiting code of the pending gang that holds the backfill reservation (see `ClusterState.holders`).
 RESERVING = "backfill_head"
 
 
@@ -246,10 +246,11 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: Every active gang's `end_key`, sorted: expired time limits are a prefix, and backfill
     #: releases gangs in this order without sorting them every cycle.
     ends: list[EndKey] = msgspec.field(default_factory=list)
-    #: The pending job holding the backfill reservation: the newest JobWaiting with code
-    #: RESERVING names it, until it leaves the line. The log remembers the reservation, so
-    #: it stays with one gang until that gang starts (every decide, every standby agrees).
-    holder: str = ""
+    #: The pending jobs holding backfill reservations, oldest reservation first: a JobWaiting
+    #: with code RESERVING names one, until it is told another reason or leaves the line. The
+    #: log remembers the reservations, so each stays with its gang until that gang starts
+    #: (every decide, every standby agrees).
+    holders: list[str] = msgspec.field(default_factory=list)
     #: When the newest node first registered (capacity verdicts wait until it settled).
     newest_node_at: float = 0.0
     #: Finished jobs still kept in `jobs`, oldest first (value: the seq they finished at).
@@ -302,7 +303,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             stopping=dict(self.stopping),
             watch=dict(self.watch),
             ends=list(self.ends),
-            holder=self.holder,
+            holders=list(self.holders),
             newest_node_at=self.newest_node_at,
             finished=dict(self.finished),
             ranks={k: dict(v) for k, v in self.ranks.items()},

@@ -15,7 +15,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.facts import ClusterFacts
 from orchestrator.core.plan import Hold, QueueLoad
 from orchestrator.core.state import Job
-from orchestrator.policies.backfill import Ending, earliest_start, may_use_held
+from orchestrator.policies.backfill import Ending, earliest_start, longest_waiting, may_use_held
 from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key, job_order_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
 from orchestrator.policies.reject import unfit_reasons
@@ -52,12 +52,16 @@ class Policies:
     #: Who may preempt whom and in which order victims go (priority and guarantee reclaim by default).
     preemption: PreemptionRule = PRIORITY_AND_RECLAIM
     backfill: BackfillFn = earliest_start
-    #: Who gets the backfill reservation when nobody holds it. None (default): the first gang
-    #: the admission loop finds blocked by capacity, in fair-share order. A key (e.g.
-    #: `backfill.longest_waiting`): the queue head first in that order among those the free
-    #: GPUs cannot take, before the loop. Measured (bench/RESULTS.md): the longest-waiting
-    #: order shortens big gangs' worst wait but costs fairness, badly under overload.
-    reservation_order: Callable[[Job], JobKey] | None = None
+    #: Who gets a free backfill reservation. A key (default `backfill.longest_waiting`): the
+    #: queue head first in that order among those the free GPUs cannot take, looked at before
+    #: the fair-share loop. None: the first gang the loop finds blocked by capacity, in
+    #: fair-share order -- which, measured (bench/RESULTS.md), lets a heavy team's big gang
+    #: wait three times longer than under FIFO with backfill: its queue's turn comes last.
+    reservation_order: Callable[[Job], JobKey] | None = longest_waiting
+    #: Blocked gangs that hold a backfill reservation at once (Slurm's backfill plans many;
+    #: EASY backfill is 1). Each later one is planned around the earlier ones' GPUs; a job
+    #: uses held GPUs only if it ends before every reservation starts.
+    reservations: int = 2
     #: Aging: a queue head pending longer than this goes before the fair-share order, oldest
     #: first (off by default: under overload every head starves and the order becomes FIFO).
     starving_after_s: float = math.inf

@@ -1,15 +1,18 @@
-"""Backfill: the head gang that cannot start holds the GPUs it will start on.
+"""Backfill: a blocked gang holds the GPUs it will start on.
 
-The head (the first gang in fair-share order that is blocked by capacity, not
-by quota; then the same gang until it starts, see admit.py) gets a reservation
+A holder (a queue head blocked by capacity, not by quota, chosen as admit.py
+says and kept until it starts; `Policies.reservations` of them) gets a reservation
 at the earliest time enough GPUs free up: running gangs are released in order
 of their expected end (start + time limit; gangs without a limit never end in
 this estimate, so they come last, oldest first) until the head fits
 topology-feasibly; the placement it would get then is the reservation, and
-its time the latest expected end among the gangs released. Its GPUs that are free now are held: later jobs may use them only
-if their own time limit ends before the reservation. Every other GPU stays
-open to everyone. So a 64-GPU gang accumulates the GPUs it waits for instead
-of losing each freed one to a stream of small jobs.
+its time the latest expected end among the gangs released. Its GPUs that are
+free now are held: later jobs may use them only if their own time limit ends
+before the reservation (before every reservation, when there are several).
+Every other GPU stays open to everyone. So a 64-GPU gang accumulates the GPUs
+it waits for instead of losing each freed one to a stream of small jobs. A
+second holder is planned the same way, except that GPUs the first will start
+on never come free for it (admit.py filters them out of the running gangs).
 """
 
 from __future__ import annotations

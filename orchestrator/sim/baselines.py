@@ -6,9 +6,9 @@ results is a difference of policy, not of implementation:
 
 * corral        -- DEFAULT_POLICIES: weighted fair share across queues (owed
                    guarantees first), priority then submit order inside one,
-                   gang/topology best fit, a backfill reservation for the
-                   first blocked gang, preemption for priority and for
-                   reclaiming guarantees.
+                   gang/topology best fit, backfill reservations for the
+                   two longest-waiting blocked queue heads, preemption for
+                   priority and for reclaiming guarantees.
 * fifo          -- one line across all queues in submit order (priority
                    ignored); the first gang that does not fit holds every
                    free GPU, so nothing behind it starts (no backfill, no
@@ -81,8 +81,9 @@ def no_reservation(
     return None
 
 
-#: The baselines do not age their queue heads (corral's starvation guard, Policies.starving_after_s).
-NO_AGING = replace(DEFAULT_POLICIES, starving_after_s=math.inf)
+#: What the baselines share: no aging of queue heads, one reservation (if any) for the first
+#: blocked gang in the policy's own order -- not corral's longest-waiting pair.
+BASELINE = replace(DEFAULT_POLICIES, starving_after_s=math.inf, reservation_order=None, reservations=1)
 
 
 def policies_for(name: str) -> Policies:
@@ -91,15 +92,14 @@ def policies_for(name: str) -> Policies:
         return DEFAULT_POLICIES
     if name == "fifo":
         # One blocked head per queue is enough: behind the first, everything is held.
-        return replace(NO_AGING, job_key=submit_order, queue_key=one_line, backfill=hold_everything,
-                       reservation_order=None, preemption_searches=0, heads_per_queue=1)
+        return replace(BASELINE, job_key=submit_order, queue_key=one_line, backfill=hold_everything,
+                       preemption_searches=0, heads_per_queue=1)
     if name == "fifo-backfill":
-        return replace(NO_AGING, job_key=submit_order, queue_key=one_line, reservation_order=None,
-                       preemption_searches=0)
+        return replace(BASELINE, job_key=submit_order, queue_key=one_line, preemption_searches=0)
     if name == "drf":
-        return replace(NO_AGING, queue_key=dominant_share, backfill=no_reservation, preemption_searches=0)
+        return replace(BASELINE, queue_key=dominant_share, backfill=no_reservation, preemption_searches=0)
     if name == "las":
-        return replace(NO_AGING, job_key=least_attained_first, queue_key=one_line,
+        return replace(BASELINE, job_key=least_attained_first, queue_key=one_line,
                        backfill=no_reservation, preemption=LEAST_ATTAINED_SERVICE)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 

@@ -247,7 +247,7 @@ class Simulation:
                     j = state.jobs.get(e.job_id)
                     if j is not None and j.earmark and e.code != "preempting":
                         inert = False
-                    if e.code == RESERVING and state.holder != e.job_id:
+                    if e.code == RESERVING and e.job_id not in state.holders:
                         inert = False  # decide reads who holds the backfill reservation
                 elif not isinstance(e, (JobRejected, JobRunning)):
                     inert = False

@@ -77,14 +77,14 @@ def test_jobs_away_from_the_held_gpus_still_run() -> None:
 
 
 def test_reservation_goes_to_the_longest_waiting_blocked_head_and_stays_until_it_starts() -> None:
-    """With reservation_order=longest_waiting: fair share puts queue b first (it holds less), but a's
-    older gang gets the reservation, and keeps it."""
+    """With reservation_order=longest_waiting (the default) and one reservation: fair share puts queue b
+    first (it holds less), but a's older gang gets the reservation, and keeps it."""
     from dataclasses import replace
 
     from orchestrator.policies import DEFAULT_POLICIES
     from orchestrator.policies.backfill import longest_waiting
 
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_order=longest_waiting))
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_order=longest_waiting, reservations=1))
     s.queue("a")
     s.queue("b")
     for n in ("n0", "n1", "n2"):
@@ -101,24 +101,28 @@ def test_reservation_goes_to_the_longest_waiting_blocked_head_and_stays_until_it
     waits = {e.job_id: e for e in of_type(events, JobWaiting)}
     assert waits["big-a"].code == "backfill_head"  # waited longest, although b goes first by share
     assert waits["big-b"].code == "capacity"
-    assert s.state.holder == "big-a"
+    assert s.state.holders == ["big-a"]
     # Shares move (b's job ends, so b holds nothing): the reservation stays where it is.
     s.tick(5)
     s.finish("b-run")
     events = s.run()
-    assert s.state.holder == "big-a"
+    assert s.state.holders == ["big-a"]
     assert not [e for e in of_type(events, JobWaiting) if e.code == "backfill_head" and e.job_id != "big-a"]
     # Once a-run is done, big-a starts on what it held; then big-b may hold.
     s.finish("a-run")
     events = s.run()
     assert [g.job_id for g in of_type(events, GangReserved)] == ["big-a"]
-    assert s.state.holder == "big-b"
+    assert s.state.holders == ["big-b"]
 
 
-def test_by_default_the_reservation_is_sticky_once_given_in_fair_share_order() -> None:
-    """Default: b's gang (b holds less) is first blocked in fair-share order and takes it; a later
-    change of shares does not move it."""
-    s = Sim()
+def test_without_a_reservation_order_it_goes_in_fair_share_order_and_is_sticky() -> None:
+    """reservation_order=None: b's gang (b holds less) is first blocked in fair-share order and takes
+    it; a later change of shares does not move it."""
+    from dataclasses import replace
+
+    from orchestrator.policies import DEFAULT_POLICIES
+
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_order=None, reservations=1))
     s.queue("a")
     s.queue("b")
     for n in ("n0", "n1", "n2"):
@@ -131,8 +135,48 @@ def test_by_default_the_reservation_is_sticky_once_given_in_fair_share_order() -
     s.tick(1)
     s.submit("big-b", queue="b", ranks=2, gpus_per_rank=8)
     s.decide()
-    assert s.state.holder == "big-b"
+    assert s.state.holders == ["big-b"]
     # b now holds more than a would after a's next start; the holder stays.
     s.submit("b-more", queue="b", gpus_per_rank=4, time_limit_s=10)
     s.run()
-    assert s.state.holder == "big-b"
+    assert s.state.holders == ["big-b"]
+
+
+def test_two_reservations_the_second_planned_around_the_first() -> None:
+    """With reservations=2 two blocked gangs hold GPUs at once: the second is planned on GPUs the
+    first will not start on, and a job that would outlast either reservation uses neither's GPUs."""
+    from dataclasses import replace
+
+    from orchestrator.policies import DEFAULT_POLICIES
+
+    def scenario(reservations: int) -> tuple[Sim, dict[str, JobWaiting], list[str]]:
+        s = Sim(policies=replace(DEFAULT_POLICIES, reservations=reservations))
+        for n in ("n0", "n1", "n2", "n3"):
+            s.node(n)
+        s.submit("r0", gpus_per_rank=8, time_limit_s=100)  # a node until ~t+140
+        s.submit("r1", gpus_per_rank=8, time_limit_s=1000)  # a node until ~t+1040
+        s.submit("r2", gpus_per_rank=4, time_limit_s=2000)  # half a node until ~t+2040
+        s.run()
+        s.submit("big1", ranks=2, gpus_per_rank=8)
+        s.tick(1)
+        s.submit("big2", ranks=2, gpus_per_rank=8)
+        s.tick(1)
+        s.submit("medium", gpus_per_rank=4, time_limit_s=500)
+        events = s.decide()
+        waits = {e.job_id: e for e in of_type(events, JobWaiting)}
+        return s, waits, [g.job_id for g in of_type(events, GangReserved)]
+
+    s, waits, started = scenario(2)
+    assert waits["big1"].code == waits["big2"].code == "backfill_head"
+    assert s.state.holders == ["big1", "big2"]
+    assert "holding 8 free" in waits["big1"].message  # the free node; r0's node follows
+    assert "holding 4 free" in waits["big2"].message  # not r0's node: big1 starts there
+    assert started == []
+    assert waits["medium"].message == "free GPUs are reserved by backfill for job big1 and 1 more"
+    s.tick(1)
+    s.submit("short", gpus_per_rank=4, time_limit_s=50)  # ends before either reservation starts
+    assert [g.job_id for g in of_type(s.decide(), GangReserved)] == ["short"]
+
+    s, waits, started = scenario(1)  # EASY: only big1 holds, so medium takes the half node
+    assert s.state.holders == ["big1"]
+    assert started == ["medium"]

@@ -75,7 +75,7 @@ def check_invariants(state: ClusterState) -> None:
     # react's watch list and the sorted expected ends cover exactly the gangs they claim to
     assert set(state.watch) == {j for j in state.active if needs_look(state.jobs[j])}
     assert state.ends == sorted(state.jobs[j].end_key for j in state.active)
-    assert state.holder == "" or state.jobs[state.holder].status == "pending"
+    assert all(state.jobs[h].status == "pending" for h in state.holders)
     # usage bookkeeping matches the gangs
     for q, u in state.usage.items():
         assert u.gpus == per_queue.get(q, 0), q
