@@ -124,6 +124,8 @@ class _Admission:
         self._memo: dict[tuple[object, ...], object] = {}
         #: Victim searches that found nothing: shape/queue -> highest priority that failed.
         self.hopeless: dict[tuple[object, ...], float] = {}
+        #: Victim searches that spent the budget without a `hopeless` entry (the next alike head searches too).
+        self.unremembered_searches = 0
 
     # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
     # their preemptor), so a gang shape that found no room in the plan's shared index finds
@@ -300,7 +302,8 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
         if chosen is None:
             break
         look_first(*chosen)
-    order = [(_rank(c, plan, q, line), line.head[0], q) for q, line in lines.items() if line.head]
+    ranks: dict[tuple[str, int], tuple[object, ...]] = {}
+    order = [(_rank(c, plan, q, line, ranks), line.head[0], q) for q, line in lines.items() if line.head]
     heapify(order)
     blocked = dict.fromkeys(lines, 0)
     while order:
@@ -314,14 +317,14 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
             if blocked[q] >= pol.heads_per_queue:
                 continue
         if line.head is not None:
-            heappush(order, (_rank(c, plan, q, line), line.head[0], q))
+            heappush(order, (_rank(c, plan, q, line, ranks), line.head[0], q))
     for jid in first:
         if outcomes[jid].code != PLACED:
             plan.busy.discard(jid)  # explain tells it why it still waits
     return adm.events, outcomes
 
 
-def _rank(c: Cycle, plan: Plan, queue: str, line: Line) -> tuple[object, ...]:
+def _rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: dict[tuple[str, int], tuple[object, ...]]) -> tuple[object, ...]:
     """A queue's place in this cycle's order: its head's age once it starves, else the fair-share key.
 
     Aging, as in Slurm's multifactor priority: a head pending longer than
@@ -333,7 +336,12 @@ def _rank(c: Cycle, plan: Plan, queue: str, line: Line) -> tuple[object, ...]:
     head = line.head[1]
     if c.now - head.submitted_at > c.policies.starving_after_s:
         return (0, head.submitted_at)
-    return (1, c.policies.queue_key(plan.load(queue)))
+    # A queue's load changes only with a charge: its key is kept until then.
+    key = (queue, plan.charges)
+    found = ranks.get(key)
+    if found is None:
+        found = ranks[key] = (1, c.policies.queue_key(plan.load(queue)))
+    return found
 
 
 def _first_blocked_head(adm: _Admission, lines: dict[str, Line]) -> tuple[Job, str] | None:
@@ -386,8 +394,33 @@ def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outco
 
 
 def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
+    """`_judge`, remembering a blocked head's outcome for the next head alike until the plan changes.
+
+    At a busy moment a cycle looks at hundreds of blocked heads, most of them
+    alike (1-GPU jobs of one queue): for a head without an earmark the answer
+    depends only on its shape, GPU model, queue, priority and whether it may
+    use held GPUs -- and on the plan, which `version` and `charges` track. An
+    outcome that changed nothing (no GPUs taken, nothing charged, no events,
+    no victim search left unremembered) is the answer for the next such head.
+    """
     plan, pol = adm.plan, adm.c.policies
     req = pol.request(job)
+    if job.earmark or not pol.preemption.priority_or_reclaim_only:
+        return _judge(adm, job, queue, req)
+    key = ("outcome", adm._shape(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
+           _may_use_held(adm, job), plan.version, plan.charges)
+    found = adm._memo.get(key)
+    if isinstance(found, Outcome):
+        return found
+    before = (plan.version, plan.charges, len(adm.events), adm.unremembered_searches)
+    outcome = _judge(adm, job, queue, req)
+    if (plan.version, plan.charges, len(adm.events), adm.unremembered_searches) == before:
+        adm._memo[key] = outcome
+    return outcome
+
+
+def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
+    plan, pol = adm.plan, adm.c.policies
     # a. A preemptor waits for its victims; afterwards it may use its earmarked GPUs.
     if job.earmark:
         waiting_on = adm.victims_of(job.job_id)
@@ -465,8 +498,13 @@ def _reservation(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -
 
 def _may_use_held(adm: _Admission, job: Job) -> bool:
     """A job may run on held GPUs only if it ends before every reservation of this cycle starts."""
-    ends, rule = _ends_if_started(adm, job), adm.c.policies.may_use_held
-    return all(rule(ends, h) for h in adm.plan.holds)
+    ends = _ends_if_started(adm, job)
+    key = ("may use held", ends, len(adm.plan.holds))
+    found = adm._memo.get(key)
+    if found is None:
+        rule = adm.c.policies.may_use_held
+        found = adm._memo[key] = all(rule(ends, h) for h in adm.plan.holds)
+    return bool(found)
 
 
 def _ends_if_started(adm: _Admission, job: Job) -> float:
@@ -542,6 +580,8 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
     if not victims:
         if memo:  # (an earmark view is not the shared index)
             adm.hopeless[hopeless] = max(ask.priority, adm.hopeless.get(hopeless, -math.inf))
+        else:
+            adm.unremembered_searches += 1
         return None
     after = base.copy()
     for v in victims:
@@ -549,6 +589,7 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
             after.give(rp.node_id, rp.gpus)
     p = pol.place(req, after, adm.links_of)
     if p is None:
+        adm.unremembered_searches += 1
         return None
     for v in victims:
         victim = c.state.jobs[v.job_id]

@@ -58,6 +58,7 @@ class Plan:
         "_touched",
         "added",
         "busy",
+        "charges",
         "ended",
         "free",
         "gpus",
@@ -89,6 +90,8 @@ class Plan:
         self.gpus: dict[str, int] = {q: u.gpus for q, u in state.usage.items()}
         self.tree: dict[str, int] = {q: u.tree_gpus for q, u in state.usage.items()}
         self.added: dict[str, int] = {}
+        #: Bumped by every charge: a queue's load (and so its fair-share rank) is unchanged without one.
+        self.charges = 0
         self._count_preemptions()
         #: Jobs already decided on this cycle (placed, victims, rejected, follow-ups): not again.
         self.busy: set[str] = set()
@@ -219,6 +222,7 @@ class Plan:
                 self.charge(resolve_queue(state, claimant.spec.queue), claimant.spec.total_gpus)
 
     def charge(self, queue: str, delta: int, *, tree: bool = True) -> None:
+        self.charges += 1
         self.gpus[queue] = self.gpus.get(queue, 0) + delta
         self.added[queue] = self.added.get(queue, 0) + delta
         if tree:
