@@ -59,13 +59,17 @@ class GangReserved(Event, tag="GangReserved", frozen=True):
     reason: str = ""
 
 
-class JobWaiting(Event, tag="JobWaiting", frozen=True):
+class JobWaiting(Event, tag="JobWaiting", frozen=True, omit_defaults=True):
     """Why a job is still pending; appended only when the reason changes."""
 
     job_id: str
     code: str
     message: str
     epoch: int = 0
+    #: Code "backfill_head": the GPUs held for the gang and when it is expected to start there.
+    #: The log keeps the reservation, so every scheduler (a restarted one too) plans around it.
+    hold_ranks: tuple[RankPlacement, ...] = ()
+    hold_until: float = 0.0
 
 
 class WorkerStarted(Event, tag="WorkerStarted", frozen=True):

@@ -44,11 +44,12 @@ from orchestrator.core.explain import (
     PLACED,
     PREEMPTING,
     QUOTA,
+    REFRESH_S,
     Outcome,
     capacity_outcome,
 )
 from orchestrator.core.plan import Hold, Plan, RunningGangs, ends_at, running_gangs
-from orchestrator.core.state import Job, LineKey, attained_service
+from orchestrator.core.state import RESERVING, Job, LineKey, attained_service
 from orchestrator.core.usage import resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
 from orchestrator.policies.fairshare import JobKey, job_order_key
@@ -390,7 +391,8 @@ def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outco
     held = sum(len(set(rp.gpus) & set(plan.free.get(rp.node_id, ()))) for rp in hold.ranks)
     plan.add_hold(hold)
     when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
-    return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}")
+    return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}",
+                   hold if math.isfinite(hold.until) else None)
 
 
 def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
@@ -480,6 +482,9 @@ def _reservation(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -
     -- all compared by value or by the identity of immutable objects.
     """
     pol, state, plan = adm.c.policies, adm.c.state, adm.plan
+    kept = _told_hold(adm, job)
+    if kept is not None:
+        return kept
     untouched = None if job.earmark or adm.placed else plan.untouched_base()
     key: tuple[object, ...] = ()
     pos = len(plan.holds)
@@ -494,6 +499,38 @@ def _reservation(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -
         del _NEWEST_HOLDS[pos:]
         _NEWEST_HOLDS.append((key, hold))
     return hold
+
+
+def _told_hold(adm: _Admission, job: Job) -> Hold | None:
+    """The reservation the log last told for `job`, if younger than REFRESH_S and still good.
+
+    Like Slurm's backfill, which plans every bf_interval rather than at every
+    event: between refreshes a holder keeps the GPUs it was told, as long as
+    each is free now or held by a gang expected to end by the reservation's
+    start, is on a schedulable node, and is not held for an earlier holder.
+    Read from the log, so a restarted scheduler keeps it too.
+    """
+    w, c, plan = job.waiting, adm.c, adm.plan
+    if w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or c.now - w.at >= REFRESH_S:
+        return None
+    state, margin = c.state, c.policies.stop_margin_s
+    held = plan.held_gpus() if plan.holds else {}
+    for rp in w.hold_ranks:
+        node = state.nodes.get(rp.node_id)
+        if node is None or not node.schedulable:
+            return None
+        owners, free = state.owners[rp.node_id], plan.free.get(rp.node_id, ())
+        taken = held.get(rp.node_id, ())
+        for g in rp.gpus:
+            if g >= len(owners) or g in taken:
+                return None
+            if g in free:
+                continue
+            owner = state.jobs.get(owners[g])
+            if (owner is None or owner.status == "preempting" or owner.job_id in plan.ended
+                    or owner.job_id in plan.victims or ends_at(owner, margin) > w.hold_until):
+                return None  # (a GPU taken earlier in this cycle has no owner yet: plan again)
+    return Hold(job_id=job.job_id, until=w.hold_until, ranks=w.hold_ranks)
 
 
 def _may_use_held(adm: _Admission, job: Job) -> bool:

@@ -305,7 +305,8 @@ def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
         # Explained while nodes were still joining: stay "fresh" so the reject stage judges
         # capacity once more when the cluster has settled (facts.SETTLE_S).
         state.unexplained.pop(e.job_id, None)
-    state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at))
+    state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at,
+                                                            hold_ranks=e.hold_ranks, hold_until=e.hold_until))
     if e.code == RESERVING:
         if e.job_id not in state.holders:
             state.holders.append(e.job_id)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.plan import Plan
+from orchestrator.core.plan import Hold, Plan
 from orchestrator.core.state import RESERVING, Job
 from orchestrator.core.topology import NODE
 from orchestrator.core.usage import resolve_queue
@@ -45,6 +45,8 @@ appear, go to the head's backfill reservation, are taken)."""
 class Outcome(NamedTuple):
     code: str
     message: str
+    #: BACKFILL_HEAD: the reservation, told with the reason so the log keeps it.
+    hold: Hold | None = None
 
 
 def capacity_outcome(req: GangRequest, index: FreeIndex, model: str | None) -> Outcome:
@@ -100,6 +102,10 @@ def _due(job: Job, o: Outcome, now: float, settle_at: float, unexplained: bool) 
         return True
     if unexplained and w.at < settle_at <= now:
         return True
+    if o.hold is not None and w.code == o.code:
+        # A reservation is kept from the log while it is younger than REFRESH_S (admit.py):
+        # tell a new one, and the same one again once it is that old.
+        return (o.hold.ranks, o.hold.until) != (w.hold_ranks, w.hold_until) or now - w.at >= REFRESH_S
     if w.code == o.code and w.message == o.message:
         return False
     if w.code != o.code and not (w.code in _TURN and o.code in _TURN):
@@ -115,4 +121,6 @@ def _waiting(c: Cycle, job: Job, o: Outcome) -> JobWaiting:
         code=o.code,
         message=o.message,
         epoch=c.epoch,
+        hold_ranks=o.hold.ranks if o.hold is not None else (),
+        hold_until=o.hold.until if o.hold is not None else 0.0,
     )

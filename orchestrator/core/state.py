@@ -134,6 +134,9 @@ class Waiting(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     code: str
     message: str
     at: float = 0.0
+    #: A backfill reservation told with the reason (JobWaiting.hold_ranks / hold_until).
+    hold_ranks: tuple[RankPlacement, ...] = ()
+    hold_until: float = 0.0
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):

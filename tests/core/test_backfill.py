@@ -180,3 +180,39 @@ def test_two_reservations_the_second_planned_around_the_first() -> None:
     s, waits, started = scenario(1)  # EASY: only big1 holds, so medium takes the half node
     assert s.state.holders == ["big1"]
     assert started == ["medium"]
+
+
+def test_a_told_reservation_is_kept_from_the_log_until_it_is_refreshed() -> None:
+    """The holder's JobWaiting carries its reservation; decide keeps that one (a restarted scheduler
+    too) while it is younger than REFRESH_S and still good, then plans afresh and tells the new one."""
+    from dataclasses import replace
+
+    from orchestrator.core.explain import REFRESH_S
+    from orchestrator.policies import DEFAULT_POLICIES
+
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1))
+    for n in ("n0", "n1", "n2", "n3"):
+        s.node(n)
+    for jid, limit in (("r0", 1000), ("r1", 2000), ("r2", 3000)):
+        s.submit(jid, gpus_per_rank=8, time_limit_s=limit)
+    s.submit("r3", gpus_per_rank=4, time_limit_s=3000)
+    s.run()
+    node = {j: s.state.jobs[j].placement[0].node_id for j in ("r0", "r1", "r2")}
+    s.submit("big", ranks=2, gpus_per_rank=8)
+    told = {e.job_id: e for e in of_type(s.decide(), JobWaiting)}["big"]
+    assert told.code == "backfill_head"
+    assert {rp.node_id for rp in told.hold_ranks} == {node["r0"], node["r1"]}  # r0, then r1 ends
+    assert told.hold_until == s.state.jobs["r1"].reserved_at + 2000 + 30 + 10  # limit, grace, margin
+    assert s.state.jobs["big"].waiting is not None and s.state.jobs["big"].waiting.hold_ranks == told.hold_ranks
+
+    # r2 ends early: planning afresh would now pair r0's node with r2's, sooner. The told
+    # reservation is still good (every GPU of it frees by its start), so it is kept.
+    s.tick(10)
+    s.finish("r2")
+    assert not [e for e in of_type(s.run(), JobWaiting) if e.job_id == "big"]
+    # Once it is REFRESH_S old, decide plans afresh and tells the better one.
+    s.tick(REFRESH_S)
+    new = [e for e in of_type(s.run(), JobWaiting) if e.job_id == "big"]
+    assert len(new) == 1 and new[0].code == "backfill_head"
+    assert {rp.node_id for rp in new[0].hold_ranks} == {node["r0"], node["r2"]}
+    assert new[0].hold_until < told.hold_until
