@@ -52,6 +52,7 @@ from orchestrator.core.plan import Hold, Plan, RunningGangs, ends_at, running_ga
 from orchestrator.core.state import RESERVING, Job, LineKey, attained_service
 from orchestrator.core.usage import resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
+from orchestrator.policies.backfill import may_use_held
 from orchestrator.policies.fairshare import JobKey, job_order_key
 from orchestrator.policies.links import Links
 from orchestrator.policies.placement import GangRequest, Placement
@@ -127,6 +128,8 @@ class _Admission:
         self.hopeless: dict[tuple[object, ...], float] = {}
         #: Victim searches that spent the budget without a `hopeless` entry (the next alike head searches too).
         self.unremembered_searches = 0
+        #: (holds counted, the earliest start among them): the default may_use_held rule's bound.
+        self.held_until: tuple[int, float] = (0, math.inf)
 
     # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
     # their preemptor), so a gang shape that found no room in the plan's shared index finds
@@ -513,35 +516,38 @@ def _told_hold(adm: _Admission, job: Job) -> Hold | None:
     w, c, plan = job.waiting, adm.c, adm.plan
     if w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or c.now - w.at >= REFRESH_S:
         return None
-    state, margin = c.state, c.policies.stop_margin_s
+    state = c.state
     held = plan.held_gpus() if plan.holds else {}
+    busy: set[str] = set()
     for rp in w.hold_ranks:
         node = state.nodes.get(rp.node_id)
         if node is None or not node.schedulable:
             return None
         owners, free = state.owners[rp.node_id], plan.free.get(rp.node_id, ())
-        taken = held.get(rp.node_id, ())
+        taken = held.get(rp.node_id)
         for g in rp.gpus:
-            if g >= len(owners) or g in taken:
+            if g >= len(owners) or (taken is not None and g in taken):
                 return None
-            if g in free:
-                continue
-            owner = state.jobs.get(owners[g])
-            if (owner is None or owner.status == "preempting" or owner.job_id in plan.ended
-                    or owner.job_id in plan.victims or ends_at(owner, margin) > w.hold_until):
-                return None  # (a GPU taken earlier in this cycle has no owner yet: plan again)
+            if g not in free:
+                busy.add(owners[g])
+    margin = c.policies.stop_margin_s
+    for jid in busy:
+        owner = state.jobs.get(jid)
+        if (owner is None or owner.status == "preempting" or jid in plan.ended or jid in plan.victims
+                or ends_at(owner, margin) > w.hold_until):
+            return None  # (a GPU taken earlier in this cycle has no owner yet: plan again)
     return Hold(job_id=job.job_id, until=w.hold_until, ranks=w.hold_ranks)
 
 
 def _may_use_held(adm: _Admission, job: Job) -> bool:
     """A job may run on held GPUs only if it ends before every reservation of this cycle starts."""
-    ends = _ends_if_started(adm, job)
-    key = ("may use held", ends, len(adm.plan.holds))
-    found = adm._memo.get(key)
-    if found is None:
-        rule = adm.c.policies.may_use_held
-        found = adm._memo[key] = all(rule(ends, h) for h in adm.plan.holds)
-    return bool(found)
+    ends, holds, rule = _ends_if_started(adm, job), adm.plan.holds, adm.c.policies.may_use_held
+    if rule is may_use_held:  # the default rule: ends before the earliest reservation starts
+        if adm.held_until[0] != len(holds):
+            untils = [h.until for h in holds]
+            adm.held_until = (len(holds), min(untils) if all(map(math.isfinite, untils)) else -math.inf)
+        return ends <= adm.held_until[1]
+    return all(rule(ends, h) for h in holds)
 
 
 def _ends_if_started(adm: _Admission, job: Job) -> float:
