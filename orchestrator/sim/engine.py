@@ -17,10 +17,13 @@ and is written in the real log format, so the file folds with the normal
 `evolve` to the simulation's final state.
 
 Settling stops early when a decide round only produced JobWaiting,
-JobRejected or JobRunning (without releasing an earmark): folding those
-changes nothing decide reads besides the waiting reasons it just wrote, so
-another round would return nothing. Strict mode checks that claim -- and the
-safety invariants -- after every instant.
+JobRejected or JobRunning (without releasing an earmark), or the end of a
+gang nobody waits on (JobCompleted, JobFailed, JobCancelled of a gang not
+being preempted): folding those changes nothing decide reads besides the
+waiting reasons it just wrote -- an ended gang's GPUs were already free in
+that round's plan (core/snapshot.py) -- so another round would return
+nothing. Strict mode checks that claim -- and the safety invariants -- after
+every instant.
 """
 
 from __future__ import annotations
@@ -50,7 +53,9 @@ from schemas.events import (
     Event,
     GangReserved,
     GangRestarted,
+    JobCancelled,
     JobCompleted,
+    JobFailed,
     JobRejected,
     JobRunning,
     JobSubmitted,
@@ -62,6 +67,9 @@ from schemas.events import (
 
 # Heap entry kinds; at one instant they are handled in this order.
 _FINISH, _FAIL, _REPAIR, _SUBMIT, _WAKE = range(5)
+
+#: Follow-ups that end a gang; decide already planned with its GPUs free (see the module docstring).
+_ENDED = (JobCompleted, JobFailed, JobCancelled)
 
 #: Decide rounds at one instant before the simulator calls it a livelock.
 MAX_ROUNDS = 64
@@ -249,6 +257,10 @@ class Simulation:
                         inert = False
                     if e.code == RESERVING and e.job_id not in state.holders:
                         inert = False  # decide reads who holds the backfill reservation
+                elif isinstance(e, _ENDED):
+                    j = state.jobs.get(e.job_id)
+                    if j is not None and j.status == "preempting":
+                        inert = False  # its preemptor stops waiting for it
                 elif not isinstance(e, (JobRejected, JobRunning)):
                     inert = False
                 self.append(e)
