@@ -147,6 +147,16 @@ class _Admission:
             self._memo[key] = None
         return p
 
+    def place_through_hold(self, req: GangRequest) -> Placement | None:
+        """Place on free and held GPUs (held ones only shrink too, so a shape that found no room finds none later)."""
+        key = ("no room through hold", self._shape(req))
+        if key in self._memo:
+            return None
+        p = self.c.policies.place(req, self.plan.index(req.cls, through_hold=True), self.links_of)
+        if p is None:
+            self._memo[key] = None
+        return p
+
     def fits_now(self, req: GangRequest) -> bool:
         key = ("fits", self._shape(req), self.plan.version)
         found = self._memo.get(key)
@@ -441,7 +451,7 @@ def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
     if over is None:
         p = adm.place(req, base, shared=not job.earmark)
         if p is None and plan.holds and _may_use_held(adm, job):
-            p = adm.place(req, plan.index(req.cls, through_hold=True), shared=False)
+            p = adm.place_through_hold(req)
         if p is not None:
             _reserve(adm, job, queue, p)
             return Outcome(PLACED, p.reason)
