@@ -515,16 +515,19 @@ def _reservation(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -
 
 
 def _told_hold(adm: _Admission, job: Job) -> Hold | None:
-    """The reservation the log last told for `job`, if younger than REFRESH_S and still good.
+    """The reservation the log last told for `job`, while it is still the one to plan.
 
-    Like Slurm's backfill, which plans every bf_interval rather than at every
-    event: between refreshes a holder keeps the GPUs it was told, as long as
-    each is free now or held by a gang expected to end by the reservation's
-    start, is on a schedulable node, and is not held for an earlier holder.
-    Read from the log, so a restarted scheduler keeps it too.
+    It is: if no GPU came back and no gang's end moved earlier since it was
+    told (`ClusterState.freed_seq`) -- gangs that started since only take
+    GPUs away, so no earlier start exists -- and each of its GPUs is free now
+    or held by a gang expected to end by its start, on a schedulable node,
+    not held for an earlier holder; and it is younger than REFRESH_S (then
+    planned afresh, and told again). Most decide calls follow a start, not an
+    end, so most keep it. Read from the log: a restarted scheduler keeps it too.
     """
     w, c, plan = job.waiting, adm.c, adm.plan
-    if w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or c.now - w.at >= REFRESH_S:
+    if (w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or c.now - w.at >= REFRESH_S
+            or c.state.freed_seq > w.seq):
         return None
     state = c.state
     held = plan.held_gpus() if plan.holds else {}

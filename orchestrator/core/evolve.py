@@ -306,7 +306,8 @@ def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
         # capacity once more when the cluster has settled (facts.SETTLE_S).
         state.unexplained.pop(e.job_id, None)
     state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at,
-                                                            hold_ranks=e.hold_ranks, hold_until=e.hold_until))
+                                                            hold_ranks=e.hold_ranks, hold_until=e.hold_until,
+                                                            seq=state.seq))
     if e.code == RESERVING:
         if e.job_id not in state.holders:
             state.holders.append(e.job_id)
@@ -532,6 +533,7 @@ def _cancel_requested(state: ClusterState, e: CancelRequested) -> None:
     )
     state.stopping[e.job_id] = job.submit_seq
     state.jobs[e.job_id] = replace(job, stop=stop)
+    state.freed_seq = state.seq  # it ends sooner than its time limit said
 
 
 def _job_cancelled(state: ClusterState, e: JobCancelled) -> None:
@@ -557,6 +559,7 @@ def _release(state: ClusterState, job: Job, at: float) -> None:
     """Free the job's GPUs (only those it still owns) and uncharge its queue."""
     if job.job_id not in state.active:
         return
+    state.freed_seq = state.seq
     for rp in job.placement:
         current = state.owners.get(rp.node_id)
         if current is None or not rp.gpus:
@@ -588,6 +591,8 @@ def _set_earmark(state: ClusterState, ranks: tuple[RankPlacement, ...], job_id: 
 
 
 def _clear_earmark(state: ClusterState, job: Job) -> None:
+    if job.earmark:
+        state.freed_seq = state.seq
     for rp in job.earmark:
         marks = state.earmarks.get(rp.node_id)
         if marks is None:
@@ -603,6 +608,7 @@ def _clear_earmark(state: ClusterState, job: Job) -> None:
 
 
 def _node_registered(state: ClusterState, e: NodeRegistered) -> None:
+    state.freed_seq = state.seq
     size = e.inventory.gpu_count
     old = state.nodes.get(e.node_id)
     if old is None:
@@ -644,6 +650,7 @@ def _node_recovered(state: ClusterState, e: NodeRecovered) -> None:
     node = state.nodes.get(e.node_id)
     if node is None or not node.failed:
         return
+    state.freed_seq = state.seq
     state.nodes[e.node_id] = replace(node, failed=False, incarnation=e.incarnation or node.incarnation)
 
 
@@ -651,6 +658,8 @@ def _node_cordon(state: ClusterState, node_id: str, cordoned: bool) -> None:
     node = state.nodes.get(node_id)
     if node is not None and node.cordoned != cordoned:
         state.nodes[node_id] = replace(node, cordoned=cordoned)
+        if not cordoned:
+            state.freed_seq = state.seq
 
 
 def _queue_defined(state: ClusterState, e: QueueDefined) -> None:

@@ -137,6 +137,8 @@ class Waiting(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: A backfill reservation told with the reason (JobWaiting.hold_ranks / hold_until).
     hold_ranks: tuple[RankPlacement, ...] = ()
     hold_until: float = 0.0
+    #: Log position of the JobWaiting.
+    seq: int = 0
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -254,6 +256,10 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: log remembers the reservations, so each stays with its gang until that gang starts
     #: (every decide, every standby agrees).
     holders: list[str] = msgspec.field(default_factory=list)
+    #: Log position of the newest event that gave GPUs back or moved a gang's end earlier (a gang
+    #: ended, an earmark cleared, a stop asked for, a node joined, recovered or was uncordoned).
+    #: A backfill reservation told after it is still the earliest one (admit.py).
+    freed_seq: int = 0
     #: When the newest node first registered (capacity verdicts wait until it settled).
     newest_node_at: float = 0.0
     #: Finished jobs still kept in `jobs`, oldest first (value: the seq they finished at).
@@ -307,6 +313,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             watch=dict(self.watch),
             ends=list(self.ends),
             holders=list(self.holders),
+            freed_seq=self.freed_seq,
             newest_node_at=self.newest_node_at,
             finished=dict(self.finished),
             ranks={k: dict(v) for k, v in self.ranks.items()},

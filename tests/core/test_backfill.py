@@ -182,12 +182,12 @@ def test_two_reservations_the_second_planned_around_the_first() -> None:
     assert started == ["medium"]
 
 
-def test_a_told_reservation_is_kept_from_the_log_until_it_is_refreshed() -> None:
-    """The holder's JobWaiting carries its reservation; decide keeps that one (a restarted scheduler
-    too) while it is younger than REFRESH_S and still good, then plans afresh and tells the new one."""
+def test_a_told_reservation_is_kept_from_the_log_until_gpus_come_back() -> None:
+    """The holder's JobWaiting carries its reservation. Decide keeps that one (a restarted scheduler
+    too) while gangs only start -- no earlier start can exist then -- and plans afresh, telling the
+    new one, as soon as a gang ends."""
     from dataclasses import replace
 
-    from orchestrator.core.explain import REFRESH_S
     from orchestrator.policies import DEFAULT_POLICIES
 
     s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1))
@@ -205,13 +205,16 @@ def test_a_told_reservation_is_kept_from_the_log_until_it_is_refreshed() -> None
     assert told.hold_until == s.state.jobs["r1"].reserved_at + 2000 + 30 + 10  # limit, grace, margin
     assert s.state.jobs["big"].waiting is not None and s.state.jobs["big"].waiting.hold_ranks == told.hold_ranks
 
-    # r2 ends early: planning afresh would now pair r0's node with r2's, sooner. The told
-    # reservation is still good (every GPU of it frees by its start), so it is kept.
+    # A job starts on the free half node (it would outlast the reservation: not on held GPUs).
+    # GPUs only went away, so the told reservation is kept: big is not told anything new.
+    s.tick(10)
+    s.submit("late", gpus_per_rank=4, time_limit_s=3000)
+    events = s.run()
+    assert [g.job_id for g in of_type(events, GangReserved)] == ["late"]
+    assert not [e for e in of_type(events, JobWaiting) if e.job_id == "big"]
+    # r2 ends early: r0's node and r2's are sooner. Planned afresh at once, and told.
     s.tick(10)
     s.finish("r2")
-    assert not [e for e in of_type(s.run(), JobWaiting) if e.job_id == "big"]
-    # Once it is REFRESH_S old, decide plans afresh and tells the better one.
-    s.tick(REFRESH_S)
     new = [e for e in of_type(s.run(), JobWaiting) if e.job_id == "big"]
     assert len(new) == 1 and new[0].code == "backfill_head"
     assert {rp.node_id for rp in new[0].hold_ranks} == {node["r0"], node["r2"]}
