@@ -293,8 +293,8 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
     adm = _Admission(c, plan)
     outcomes: dict[str, Outcome] = {}
     # Fair-share order across queues, then the heads' line order (priority, submit time, id).
-    # 0. The gang holding the backfill reservation goes first: it starts, or keeps holding.
-    #    Nobody holds it (any more): the first queue head blocked by capacity in reservation order.
+    # 0. The gangs holding backfill reservations go first: each starts, or keeps holding.
+    #    Free reservations: the queue heads blocked by capacity first in reservation order.
     first: list[str] = []
 
     def look_first(job: Job, q: str) -> None:
