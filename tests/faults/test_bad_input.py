@@ -133,7 +133,7 @@ UNRUNNABLE = st.one_of(
     st.builds(JobSpec, name=st.just("queue"), queue=st.text(min_size=1, max_size=8).filter(
         lambda q: q not in ("prod", "research"))),
     st.builds(JobSpec, name=st.just("level"), queue=st.just("prod"), topology=st.builds(
-        Topology, level=st.text(max_size=8).filter(lambda v: v not in ("node", "leaf", "block")),
+        Topology, level=st.text(max_size=8).filter(lambda v: v not in ("node", "leaf", "block", "cluster")),
         mode=st.sampled_from(["require", "prefer"]))),
     st.builds(JobSpec, name=st.just("model"), queue=st.just("prod"), gpu_model=st.sampled_from(["B200", "A100"])),
     st.builds(JobSpec, name=st.just("memory"), queue=st.just("prod"), min_gpu_memory_mib=st.integers(81921, 2**40)),
