@@ -38,11 +38,12 @@ class HeartbeatMonitor:
         self._kv = kv
         self.timeout_s = timeout_s
         self._clock = clock
-        self._started = clock()
         #: node_id -> (incarnation, receive time)
         self._seen: dict[str, tuple[str, float]] = {}
         #: KV key -> newest revision observed (a re-created watch replays old ones)
         self._revisions: dict[str, int] = {}
+        #: (node_id, incarnation) not heard from yet -> when `silence` was first asked about it
+        self._waiting: dict[tuple[str, str], float] = {}
 
     def observe(self, raw: bytes, key: str = "", revision: int | None = None) -> None:
         if revision is not None:
@@ -82,13 +83,20 @@ class HeartbeatMonitor:
         """Seconds each live (node_id, incarnation) has been silent, on the monitor's clock.
 
         A heartbeat from an older incarnation does not count for a newer one; one
-        not heard from yet counts from the monitor's start.
+        not heard from yet counts from when it was first asked about. Counting a
+        node that re-registered from the monitor's start failed it the moment the
+        log showed its new incarnation, before its first heartbeat could arrive
+        (seen in test_agent_kill.py).
         """
         now = self._clock()
         out = {}
         for node_id, incarnation in live_nodes:
             seen = self._seen.get(node_id)
-            out[node_id] = now - (seen[1] if seen and seen[0] == incarnation else self._started)
+            if seen and seen[0] == incarnation:
+                self._waiting.pop((node_id, incarnation), None)
+                out[node_id] = now - seen[1]
+            else:
+                out[node_id] = now - self._waiting.setdefault((node_id, incarnation), now)
         return out
 
     def overdue(self, live_nodes: Iterable[tuple[str, str]]) -> list[tuple[str, str, float]]:

@@ -61,3 +61,23 @@ async def test_watch_survives_server_restart(nats_server: NatsServer, bus: Bus) 
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_a_rejoined_incarnation_gets_a_full_timeout_for_its_first_heartbeat() -> None:
+    """Fault: a node's agent is killed and restarted; the log shows its new incarnation before the
+    first heartbeat of it arrives. Check: the new incarnation is not overdue until a whole timeout
+    after the monitor first saw it, though the node was silent far longer (seen as a second NodeFailed
+    in test_agent_kill.py); the old incarnation's silence still counts."""
+    now = [0.0]
+    monitor = HeartbeatMonitor(kv=None, timeout_s=TIMEOUT_S, clock=lambda: now[0])  # type: ignore[arg-type]
+    monitor.observe(msgspec.json.encode(Heartbeat(node_id="n1", incarnation="old", sent_at=0.0)))
+    now[0] = 100.0  # the old agent died long ago
+    assert [n for n, _, _ in monitor.overdue([("n1", "old")])] == ["n1"]
+    assert monitor.overdue([("n1", "new")]) == []  # just re-registered: first asked now
+    now[0] = 100.0 + TIMEOUT_S - 0.1
+    assert monitor.overdue([("n1", "new")]) == []
+    monitor.observe(msgspec.json.encode(Heartbeat(node_id="n1", incarnation="new", sent_at=now[0])))
+    now[0] += TIMEOUT_S - 0.1
+    assert monitor.overdue([("n1", "new")]) == []
+    now[0] += 0.2
+    assert [n for n, _, _ in monitor.overdue([("n1", "new")])] == ["n1"]
