@@ -476,42 +476,13 @@ def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
     return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
 
 
-#: The newest reservations computed on a plan untouched but for earlier holds, by position,
-#: with what each was computed from.
-_NEWEST_HOLDS: list[tuple[tuple[object, ...], Hold | None]] = []
-
-
 def _reservation(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Hold | None:
-    """The backfill policy's reservation for `job`.
-
-    The sticky holders are looked at first in every cycle, on a plan nothing
-    but their own holds has changed yet, and between most cycles nothing a
-    reservation depends on changes (a worker started, a reason was told):
-    then the previous answer at the same position is the answer. It depends
-    on the free GPUs (the kept FreeGpus object, which is replaced whenever an
-    owner or earmark changes), the earlier holds, the running gangs and their
-    expected ends (the fold's `ends`, and the watched gangs, the only ones
-    whose stop or preemption can move an end), the request and the policies
-    -- all compared by value or by the identity of immutable objects.
-    """
-    pol, state, plan = adm.c.policies, adm.c.state, adm.plan
+    """The backfill policy's reservation for `job`: the one told in the log while it holds (`_told_hold`)."""
+    pol = adm.c.policies
     kept = _told_hold(adm, job)
     if kept is not None:
         return kept
-    untouched = None if job.earmark or adm.placed else plan.untouched_base()
-    key: tuple[object, ...] = ()
-    pos = len(plan.holds)
-    if untouched is not None:
-        key = (untouched, pol, req, tuple(plan.holds), tuple(state.ends), tuple(state.jobs[j] for j in state.watch))
-        if pos < len(_NEWEST_HOLDS):
-            (k, hold) = _NEWEST_HOLDS[pos]
-            if k[0] is key[0] and k[1] is key[1] and k[2:] == key[2:]:
-                return hold
-    hold = pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
-    if untouched is not None:
-        del _NEWEST_HOLDS[pos:]
-        _NEWEST_HOLDS.append((key, hold))
-    return hold
+    return pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
 
 
 def _told_hold(adm: _Admission, job: Job) -> Hold | None:

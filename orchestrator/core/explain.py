@@ -103,8 +103,8 @@ def _due(job: Job, o: Outcome, now: float, settle_at: float, unexplained: bool) 
     if unexplained and w.at < settle_at <= now:
         return True
     if o.hold is not None and w.code == o.code:
-        # A reservation is kept from the log while it is younger than REFRESH_S (admit.py):
-        # tell a new one, and the same one again once it is that old.
+        # A told reservation is kept from the log while it holds (admit._told_hold, at most
+        # REFRESH_S): tell a new one, and the same one again once it is that old.
         return (o.hold.ranks, o.hold.until) != (w.hold_ranks, w.hold_until) or now - w.at >= REFRESH_S
     if w.code == o.code and w.message == o.message:
         return False

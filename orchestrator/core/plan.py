@@ -52,7 +52,6 @@ class Plan:
     __slots__ = (
         "_base",
         "_cpu_gangs",
-        "_hold_bumps",
         "_indexes",
         "_ports",
         "_touched",
@@ -84,7 +83,6 @@ class Plan:
         self._indexes: dict[tuple[GpuClass, bool], FreeIndex] = {}
         #: Backfill reservations of this cycle, in the order they were made.
         self.holds: list[Hold] = []
-        self._hold_bumps = 0
         #: Per queue, tentative: GPUs it holds (for guarantees), GPUs its subtree holds
         #: (for limits), GPUs it gained since the fold (for the fair-share order).
         self.gpus: dict[str, int] = {q: u.gpus for q, u in state.usage.items()}
@@ -123,12 +121,6 @@ class Plan:
                         idx.take(rp.node_id, rp.gpus)
             self._indexes[(cls, through)] = idx
         return idx
-
-    def untouched_base(self) -> FreeGpus | None:
-        """The kept free-GPU answer (freegpus.py) if this plan still equals it but for its holds: nothing taken or released."""
-        if self.version != self._hold_bumps or self._touched or self.ended or self.victims:
-            return None
-        return self._base
 
     def take(self, ranks: tuple[RankPlacement, ...]) -> None:
         """GPUs now spoken for in this plan (placed, earmarked or held)."""
@@ -170,7 +162,6 @@ class Plan:
         """Hold GPUs for a blocked gang: hidden from the plain indexes, kept in the through-hold ones."""
         self.holds.append(hold)
         self.version += 1
-        self._hold_bumps += 1
         for (cls, through), idx in list(self._indexes.items()):
             if not through:
                 if len(self.holds) == 1:  # until now the plain index was the through-hold one too
