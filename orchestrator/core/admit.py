@@ -397,15 +397,18 @@ def _holders(adm: _Admission) -> Iterator[tuple[Job, str]]:
 
 def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outcome | None:
     """Give `job` the backfill reservation, if the backfill policy finds one."""
-    plan = adm.plan
-    hold = _reservation(adm, job, req, base)
+    plan, pol = adm.plan, adm.c.policies
+    hold = _told_hold(adm, job)
+    replanned = hold is None and _came_back(adm, job)
     if hold is None:
-        return None
+        hold = pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
+        if hold is None:
+            return None
     held = sum(len(set(rp.gpus) & set(plan.free.get(rp.node_id, ()))) for rp in hold.ranks)
     plan.add_hold(hold)
     when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
     return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}",
-                   hold if math.isfinite(hold.until) else None)
+                   hold if math.isfinite(hold.until) else None, replanned)
 
 
 def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:
@@ -476,20 +479,11 @@ def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
     return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
 
 
-def _reservation(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Hold | None:
-    """The backfill policy's reservation for `job`: the one told in the log while it holds (`_told_hold`)."""
-    pol = adm.c.policies
-    kept = _told_hold(adm, job)
-    if kept is not None:
-        return kept
-    return pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
-
-
 def _told_hold(adm: _Admission, job: Job) -> Hold | None:
     """The reservation the log last told for `job`, while it is still the one to plan.
 
     It is: if no GPU came back and no gang's end moved earlier since it was
-    told (`ClusterState.freed_seq`) -- gangs that started since only take
+    told (`_came_back`) -- gangs that started since only take
     GPUs away, so no earlier start exists -- and each of its GPUs is free now
     or held by a gang expected to end by its start, on a schedulable node,
     not held for an earlier holder; and it is younger than REFRESH_S (then
@@ -498,7 +492,7 @@ def _told_hold(adm: _Admission, job: Job) -> Hold | None:
     """
     w, c, plan = job.waiting, adm.c, adm.plan
     if (w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or c.now - w.at >= REFRESH_S
-            or c.state.freed_seq > w.seq):
+            or _came_back(adm, job)):
         return None
     state = c.state
     held = plan.held_gpus() if plan.holds else {}
@@ -521,6 +515,12 @@ def _told_hold(adm: _Admission, job: Job) -> Hold | None:
                 or ends_at(owner, margin) > w.hold_until):
             return None  # (a GPU taken earlier in this cycle has no owner yet: plan again)
     return Hold(job_id=job.job_id, until=w.hold_until, ranks=w.hold_ranks)
+
+
+def _came_back(adm: _Admission, job: Job) -> bool:
+    """GPUs came back since `job`'s reservation was told: in the log, or with a gang ending in this cycle."""
+    w = job.waiting
+    return w is not None and (adm.c.state.freed_seq > w.seq or bool(adm.plan.ended))
 
 
 def _may_use_held(adm: _Admission, job: Job) -> bool:

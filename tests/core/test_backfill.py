@@ -219,3 +219,46 @@ def test_a_told_reservation_is_kept_from_the_log_until_gpus_come_back() -> None:
     assert len(new) == 1 and new[0].code == "backfill_head"
     assert {rp.node_id for rp in new[0].hold_ranks} == {node["r0"], node["r2"]}
     assert new[0].hold_until < told.hold_until
+
+
+def test_a_reservation_planned_afresh_is_told_again_and_then_kept() -> None:
+    """GPUs came back (a gang ended) but not where the holder can use them: the plan comes out the
+    same. It is told again all the same, so the cycles after it keep it from the log instead of
+    planning it once more each."""
+    from dataclasses import replace
+
+    from orchestrator.policies import DEFAULT_POLICIES
+    from orchestrator.policies.backfill import earliest_start
+
+    plans: list[str] = []
+
+    def counted(req, *args):  # type: ignore[no-untyped-def]
+        plans.append(req.job_id)
+        return earliest_start(req, *args)
+
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1, backfill=counted))
+    for n in ("n0", "n1", "n2", "n3"):
+        s.node(n)
+    for jid, limit in (("r0", 1000), ("r1", 2000), ("r2", 3000)):
+        s.submit(jid, gpus_per_rank=8, time_limit_s=limit)
+    s.submit("r3", gpus_per_rank=4, time_limit_s=3000)
+    s.submit("tiny", gpus_per_rank=1, time_limit_s=3000)  # n3 too
+    s.run()
+    s.submit("big", ranks=2, gpus_per_rank=8)
+    told = {e.job_id: e for e in of_type(s.run(), JobWaiting)}["big"]
+    assert told.code == "backfill_head" and plans == ["big"]
+
+    # tiny ends: one GPU comes back on n3, where r3 still holds half. The same reservation is
+    # planned, and told again although nothing in it changed.
+    s.tick(10)
+    s.finish("tiny")
+    again = [e for e in of_type(s.run(), JobWaiting) if e.job_id == "big"]
+    assert plans == ["big", "big"]
+    assert len(again) == 1 and (again[0].hold_ranks, again[0].hold_until) == (told.hold_ranks, told.hold_until)
+    # A job starts: GPUs only went away since, so the cycles keep the told reservation.
+    s.tick(10)
+    s.submit("late", gpus_per_rank=4, time_limit_s=3000)
+    events = s.run()
+    assert [g.job_id for g in of_type(events, GangReserved)] == ["late"]
+    assert not [e for e in of_type(events, JobWaiting) if e.job_id == "big"]
+    assert plans == ["big", "big"]
