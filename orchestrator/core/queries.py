@@ -7,11 +7,12 @@ with what to do about it (nodeagent.rank_env builds each rank's environment).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from orchestrator.core.plan import QueueLoad
-from orchestrator.core.state import FREE, ClusterState, Waiting
-from orchestrator.core.usage import average_gpus
+from orchestrator.core.state import FREE, ClusterState, Job, Waiting
+from orchestrator.core.usage import average_gpus, resolve_queue
 
 #: run: keep it running (start it if missing); checkpoint: preemption asked for
 #: a checkpoint, then exit within the grace period; stop: cancel/time limit.
@@ -82,3 +83,50 @@ def queue_loads(state: ClusterState, now: float) -> list[QueueLoad]:
             )
         )
     return out
+
+
+def preemption_threat(state: ClusterState) -> Callable[[Job], bool]:
+    """Whether a job pending now could preempt a gang, once it ran long enough, by priority or reclaim.
+
+    The necessary conditions of the default rule (policies/victims.py,
+    `why_preemptible`, with the GPUs decide's plan counts per queue): a pending
+    job of higher priority in the gang's queue, or the gang's queue holds more
+    than its guarantee while a queue with pending jobs holds less than its own
+    (a job asks for a GPU at least: a CPU-only gang needs no victims). Counts
+    are bounded the way that says True more often: GPUs of gangs being
+    preempted may leave a queue, preemptors' claims may join it. Sizes,
+    topology and quota are not looked at, so True may still find no victims;
+    False is certain until the state changes. The simulator asks it before
+    waking up for a gang that becomes preemptible.
+    """
+    low = {q: u.gpus for q, u in state.usage.items()}  # fewest GPUs decide may count for a queue
+    high = dict(low)  # most
+    for jid in state.watch:  # every preempting gang is watched
+        j = state.jobs[jid]
+        if j.status == "preempting":
+            low[j.queue] = low.get(j.queue, 0) - j.gpus
+    claimants = {m for marks in state.earmarks.values() for m in marks if m != FREE}
+    for jid in claimants:
+        c = state.jobs.get(jid)
+        if c is not None and c.status == "pending" and c.earmark:
+            q = resolve_queue(state, c.spec.queue)
+            high[q] = high.get(q, 0) + c.spec.total_gpus
+    top: dict[str, int] = {}
+    owed = False
+    for name, keys in state.lines.items():
+        if not keys:
+            continue
+        q = resolve_queue(state, name)
+        top[q] = max(top.get(q, -(2**63)), -keys[0][0])  # LineKey: (-priority, submitted_at, job_id)
+        queue = state.queues.get(q)
+        owed = owed or (queue is not None and low.get(q, 0) < queue.guaranteed_gpus)
+
+    def threatened(job: Job) -> bool:
+        if not job.spec.preemptible:
+            return False
+        if top.get(job.queue, -(2**63)) > job.spec.priority:
+            return True
+        queue = state.queues.get(job.queue)
+        return owed and high.get(job.queue, 0) > (queue.guaranteed_gpus if queue is not None else 0)
+
+    return threatened

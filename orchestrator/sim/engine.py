@@ -38,6 +38,7 @@ from typing import IO, Any, NamedTuple
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.facts import SETTLE_S
+from orchestrator.core.queries import preemption_threat
 from orchestrator.core.state import HOLDING, RESERVING, ClusterState, Job
 from orchestrator.sim.agents import checkpointed, workers_exited, workers_started
 from orchestrator.sim.baselines import policies_for
@@ -352,15 +353,30 @@ class Simulation:
             self._push(at, _WAKE, None)
 
     def _wake_for_preemption(self) -> None:
-        """If jobs wait and a gang becomes preemptible before anything else happens, decide again then."""
+        """If jobs wait and a gang becomes preemptible before anything else happens, decide again then.
+
+        With the default preemption rule only for a gang some pending job could
+        preempt at all (`preemption_threat`): most wake-ups were for gangs nobody
+        could preempt, and decided nothing. The waiting jobs change only at
+        instants that decide anyway, and a wake-up is looked for again after each.
+        """
         m = self._maturing
         while m and m[0][0] <= self.now:
             m.popleft()
         if not m or not self.state.pending:
             return
-        at = m[0][0]
-        if not self._heap or self._heap[0][0] > at:
-            self._wake(at)
+        nxt = self._heap[0][0] if self._heap else math.inf
+        if m[0][0] >= nxt:
+            return
+        threat = preemption_threat(self.state) if self.policies.preemption.priority_or_reclaim_only else None
+        jobs = self.state.jobs
+        for at, jid in m:
+            if at >= nxt:
+                return
+            j = jobs[jid]
+            if threat is None or (j.status in ("reserved", "running") and j.stop is None and threat(j)):
+                self._wake(at)
+                return
 
     def _check(self) -> None:
         bad = violations(self.state)

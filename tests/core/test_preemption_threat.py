@@ -1,0 +1,66 @@
+"""`queries.preemption_threat`: whether anyone waiting could preempt a gang -- False must be certain.
+
+The simulator skips the wake-up for a gang becoming preemptible when it says
+False, so a False where decide would have preempted would lose a preemption.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.core.evolve import evolve
+from orchestrator.core.queries import preemption_threat
+from orchestrator.core.state import ClusterState
+from orchestrator.sim.cluster import setup_events
+from orchestrator.sim.engine import Scenario, SimConfig, simulate
+from orchestrator.sim.gen import GenConfig, generate, standard_cluster
+from orchestrator.sim.replay import read_log
+from orchestrator.sim.specs import sim_jobs
+from schemas.events import PreemptionRequested
+from tests.core.harness import Sim
+
+
+def test_a_higher_priority_job_waiting_in_the_queue_threatens_a_gang() -> None:
+    s = Sim()
+    s.node("n0")
+    s.submit("low", gpus_per_rank=8, queue="a")
+    s.run()
+    assert not preemption_threat(s.state)(s.job("low"))  # nobody waits
+    s.submit("same", gpus_per_rank=8, queue="a")
+    assert not preemption_threat(s.state)(s.job("low"))  # same priority: it waits its turn
+    s.submit("other", gpus_per_rank=8, queue="b", priority=10)
+    assert not preemption_threat(s.state)(s.job("low"))  # another queue, no guarantees: no reclaim
+    s.submit("urgent", gpus_per_rank=8, queue="a", priority=10)
+    assert preemption_threat(s.state)(s.job("low"))
+
+
+def test_a_borrowing_queue_is_threatened_by_a_queue_below_its_guarantee() -> None:
+    s = Sim()
+    s.node("n0")
+    s.node("n1")
+    s.queue("a", guaranteed_gpus=8)
+    s.queue("b", guaranteed_gpus=8)
+    s.submit("b1", gpus_per_rank=8, queue="b")
+    s.submit("b2", gpus_per_rank=8, queue="b", preemptible=False)
+    s.run()
+    assert not preemption_threat(s.state)(s.job("b1"))  # nobody waits
+    s.submit("a1", gpus_per_rank=8, queue="a")
+    assert preemption_threat(s.state)(s.job("b1"))  # b holds 16 > 8, a holds 0 < 8 and waits
+    assert not preemption_threat(s.state)(s.job("b2"))  # not preemptible at all
+
+
+def test_every_preemption_of_a_simulated_run_was_foreseen(tmp_path: Path) -> None:
+    cluster = standard_cluster(nodes=8, queues=4, leaf_nodes=2, block_leaves=2)
+    trace = generate(cluster, GenConfig(jobs=1000, seed=5, urgent_share=0.3, load=1.2))
+    path = tmp_path / "events.jsonl"
+    with path.open("wb") as f:
+        simulate(Scenario(tuple(setup_events(cluster)), tuple(sim_jobs(trace.jobs, cluster))), "corral",
+                 SimConfig(), log=f)
+    state = ClusterState()
+    reasons: set[str] = set()
+    for e in read_log(path):
+        if isinstance(e, PreemptionRequested):
+            reasons.add("reclaim" if "reclaims" in e.reason else "priority")
+            assert preemption_threat(state)(state.jobs[e.job_id]), f"{e.job_id} preempted unforeseen: {e.reason}"
+        evolve(state, e)  # type: ignore[arg-type]
+    assert reasons == {"priority", "reclaim"}, "the trace should exercise both kinds of preemption"
