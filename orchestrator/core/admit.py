@@ -44,7 +44,6 @@ from orchestrator.core.explain import (
     PLACED,
     PREEMPTING,
     QUOTA,
-    REFRESH_S,
     Outcome,
     capacity_outcome,
 )
@@ -483,16 +482,15 @@ def _told_hold(adm: _Admission, job: Job) -> Hold | None:
     """The reservation the log last told for `job`, while it is still the one to plan.
 
     It is: if no GPU came back and no gang's end moved earlier since it was
-    told (`_came_back`) -- gangs that started since only take
-    GPUs away, so no earlier start exists -- and each of its GPUs is free now
-    or held by a gang expected to end by its start, on a schedulable node,
-    not held for an earlier holder; and it is younger than REFRESH_S (then
-    planned afresh, and told again). Most decide calls follow a start, not an
-    end, so most keep it. Read from the log: a restarted scheduler keeps it too.
+    told (`_came_back`) -- gangs that started since only take GPUs away, so
+    no earlier start exists, however long ago it was told -- and each of its
+    GPUs is free now or held by a gang expected to end by its start, on a
+    schedulable node, not held for an earlier holder. Most decide calls follow
+    a start, not an end, so most keep it. Read from the log: a restarted
+    scheduler keeps it too.
     """
     w, c, plan = job.waiting, adm.c, adm.plan
-    if (w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or c.now - w.at >= REFRESH_S
-            or _came_back(adm, job)):
+    if w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or _came_back(adm, job):
         return None
     state = c.state
     held = plan.held_gpus() if plan.holds else {}
