@@ -6,7 +6,10 @@ False, so a False where decide would have preempted would lose a preemption.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
 
 from orchestrator.core.evolve import evolve
 from orchestrator.core.queries import preemption_threat
@@ -16,8 +19,12 @@ from orchestrator.sim.engine import Scenario, SimConfig, simulate
 from orchestrator.sim.gen import GenConfig, generate, standard_cluster
 from orchestrator.sim.replay import read_log
 from orchestrator.sim.specs import sim_jobs
+from orchestrator.sim.trace import Outage, TraceJob
+from schemas.codec import decode
 from schemas.events import PreemptionRequested
 from tests.core.harness import Sim
+from tests.sim.conftest import scenario, tiny_cluster
+from tests.sim.test_properties import GPUS_PER_NODE, workloads
 
 
 def test_a_higher_priority_job_waiting_in_the_queue_threatens_a_gang() -> None:
@@ -64,3 +71,19 @@ def test_every_preemption_of_a_simulated_run_was_foreseen(tmp_path: Path) -> Non
             assert preemption_threat(state)(state.jobs[e.job_id]), f"{e.job_id} preempted unforeseen: {e.reason}"
         evolve(state, e)  # type: ignore[arg-type]
     assert reasons == {"priority", "reclaim"}, "the trace should exercise both kinds of preemption"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(w=workloads())
+def test_every_preemption_on_small_random_clusters_was_foreseen(
+        w: tuple[int, list[dict[str, object]], list[TraceJob], list[Outage]]) -> None:
+    nodes, queues, jobs, outages = w
+    cluster = tiny_cluster(nodes=nodes, gpus_per_node=GPUS_PER_NODE, queues=queues)
+    log = io.BytesIO()
+    simulate(scenario(cluster, jobs, outages), "corral", SimConfig(restart_overhead_s=15), log=log)
+    state = ClusterState()
+    for line in log.getvalue().splitlines():
+        e = decode(line)
+        if isinstance(e, PreemptionRequested):
+            assert preemption_threat(state)(state.jobs[e.job_id]), f"{e.job_id} preempted unforeseen: {e.reason}"
+        evolve(state, e)  # type: ignore[arg-type]
