@@ -7,7 +7,6 @@ False, so a False where decide would have preempted would lose a preemption.
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
@@ -17,7 +16,6 @@ from orchestrator.core.state import ClusterState
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate
 from orchestrator.sim.gen import GenConfig, generate, standard_cluster
-from orchestrator.sim.replay import read_log
 from orchestrator.sim.specs import sim_jobs
 from orchestrator.sim.trace import Outage, TraceJob
 from schemas.codec import decode
@@ -56,21 +54,26 @@ def test_a_borrowing_queue_is_threatened_by_a_queue_below_its_guarantee() -> Non
     assert not preemption_threat(s.state)(s.job("b2"))  # not preemptible at all
 
 
-def test_every_preemption_of_a_simulated_run_was_foreseen(tmp_path: Path) -> None:
-    cluster = standard_cluster(nodes=8, queues=4, leaf_nodes=2, block_leaves=2)
-    trace = generate(cluster, GenConfig(jobs=1000, seed=5, urgent_share=0.3, load=1.2))
-    path = tmp_path / "events.jsonl"
-    with path.open("wb") as f:
-        simulate(Scenario(tuple(setup_events(cluster)), tuple(sim_jobs(trace.jobs, cluster))), "corral",
-                 SimConfig(), log=f)
+def _run_and_check(scn: Scenario) -> set[str]:
+    """Simulate under corral, fold the log, and check each preemption was foreseen just before it; its kinds."""
+    log = io.BytesIO()
+    simulate(scn, "corral", SimConfig(restart_overhead_s=15), log=log)
     state = ClusterState()
-    reasons: set[str] = set()
-    for e in read_log(path):
+    kinds: set[str] = set()
+    for line in log.getvalue().splitlines():
+        e = decode(line)
         if isinstance(e, PreemptionRequested):
-            reasons.add("reclaim" if "reclaims" in e.reason else "priority")
+            kinds.add("reclaim" if "reclaims" in e.reason else "priority")
             assert preemption_threat(state)(state.jobs[e.job_id]), f"{e.job_id} preempted unforeseen: {e.reason}"
         evolve(state, e)  # type: ignore[arg-type]
-    assert reasons == {"priority", "reclaim"}, "the trace should exercise both kinds of preemption"
+    return kinds
+
+
+def test_every_preemption_of_a_simulated_run_was_foreseen() -> None:
+    cluster = standard_cluster(nodes=8, queues=4, leaf_nodes=2, block_leaves=2)
+    trace = generate(cluster, GenConfig(jobs=1000, seed=5, urgent_share=0.3, load=1.2))
+    kinds = _run_and_check(Scenario(tuple(setup_events(cluster)), tuple(sim_jobs(trace.jobs, cluster))))
+    assert kinds == {"priority", "reclaim"}, "the trace should exercise both kinds of preemption"
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -78,12 +81,4 @@ def test_every_preemption_of_a_simulated_run_was_foreseen(tmp_path: Path) -> Non
 def test_every_preemption_on_small_random_clusters_was_foreseen(
         w: tuple[int, list[dict[str, object]], list[TraceJob], list[Outage]]) -> None:
     nodes, queues, jobs, outages = w
-    cluster = tiny_cluster(nodes=nodes, gpus_per_node=GPUS_PER_NODE, queues=queues)
-    log = io.BytesIO()
-    simulate(scenario(cluster, jobs, outages), "corral", SimConfig(restart_overhead_s=15), log=log)
-    state = ClusterState()
-    for line in log.getvalue().splitlines():
-        e = decode(line)
-        if isinstance(e, PreemptionRequested):
-            assert preemption_threat(state)(state.jobs[e.job_id]), f"{e.job_id} preempted unforeseen: {e.reason}"
-        evolve(state, e)  # type: ignore[arg-type]
+    _run_and_check(scenario(tiny_cluster(nodes=nodes, gpus_per_node=GPUS_PER_NODE, queues=queues), jobs, outages))
