@@ -199,18 +199,11 @@ class Plan:
         victim queue below its guarantee twice. Limits keep counting the victims
         until they are gone: the fold checks limits against what is held.
         """
-        state = self.state
-        for jid in state.watch:  # every preempting gang is watched (state.needs_look)
-            j = state.jobs[jid]
-            if j.status == "preempting":
-                self.charge(j.queue, -j.gpus, tree=False)
-        claimants: dict[str, None] = {}
-        for marks in state.earmarks.values():
-            claimants.update(dict.fromkeys(m for m in marks if m != FREE))
-        for jid in claimants:
-            claimant = state.jobs.get(jid)
-            if claimant is not None and claimant.status == "pending" and claimant.earmark:
-                self.charge(resolve_queue(state, claimant.spec.queue), claimant.spec.total_gpus)
+        victims, preemptors = preemptions_in_flight(self.state)
+        for j in victims:
+            self.charge(j.queue, -j.gpus, tree=False)
+        for p in preemptors:
+            self.charge(resolve_queue(self.state, p.spec.queue), p.spec.total_gpus)
 
     def charge(self, queue: str, delta: int, *, tree: bool = True) -> None:
         self.charges += 1
@@ -347,6 +340,17 @@ class RunningGangs:
                 del self.counts[queue]
                 self.lowest.pop(queue, None)
         self.keys = now
+
+
+def preemptions_in_flight(state: ClusterState) -> tuple[list[Job], list[Job]]:
+    """The gangs being preempted, and the pending preemptors whose earmarks claim GPUs for them."""
+    victims = [j for jid in state.watch if (j := state.jobs[jid]).status == "preempting"]  # all are watched
+    claimants: dict[str, None] = {}
+    for marks in state.earmarks.values():
+        claimants.update(dict.fromkeys(m for m in marks if m != FREE))
+    preemptors = [p for jid in claimants
+                  if (p := state.jobs.get(jid)) is not None and p.status == "pending" and p.earmark]
+    return victims, preemptors
 
 
 #: The newest answer (at most one).

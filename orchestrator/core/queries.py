@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from orchestrator.core.plan import QueueLoad
+from orchestrator.core.plan import QueueLoad, preemptions_in_flight
 from orchestrator.core.state import FREE, ClusterState, Job, Waiting
 from orchestrator.core.usage import average_gpus, resolve_queue
 
@@ -101,16 +101,12 @@ def preemption_threat(state: ClusterState) -> Callable[[Job], bool]:
     """
     low = {q: u.gpus for q, u in state.usage.items()}  # fewest GPUs decide may count for a queue
     high = dict(low)  # most
-    for jid in state.watch:  # every preempting gang is watched
-        j = state.jobs[jid]
-        if j.status == "preempting":
-            low[j.queue] = low.get(j.queue, 0) - j.gpus
-    claimants = {m for marks in state.earmarks.values() for m in marks if m != FREE}
-    for jid in claimants:
-        c = state.jobs.get(jid)
-        if c is not None and c.status == "pending" and c.earmark:
-            q = resolve_queue(state, c.spec.queue)
-            high[q] = high.get(q, 0) + c.spec.total_gpus
+    victims, preemptors = preemptions_in_flight(state)  # what Plan counts on top of the fold
+    for j in victims:
+        low[j.queue] = low.get(j.queue, 0) - j.gpus
+    for p in preemptors:
+        q = resolve_queue(state, p.spec.queue)
+        high[q] = high.get(q, 0) + p.spec.total_gpus
     top: dict[str, int] = {}
     owed = False
     for name, keys in state.lines.items():
