@@ -48,7 +48,7 @@ from orchestrator.core.explain import (
     capacity_outcome,
 )
 from orchestrator.core.plan import Hold, Plan, RunningGangs, ends_at, running_gangs
-from orchestrator.core.state import RESERVING, Job, LineKey, attained_service
+from orchestrator.core.state import RESERVING, Job, LineKey, Waiting, attained_service
 from orchestrator.core.usage import resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
 from orchestrator.policies.backfill import may_use_held
@@ -129,6 +129,8 @@ class _Admission:
         self.unremembered_searches = 0
         #: (holds counted, the earliest start among them): the default may_use_held rule's bound.
         self.held_until: tuple[int, float] = (0, math.inf)
+        #: A reservation of this cycle was planned afresh: a later holder cannot keep its told one past returns.
+        self.replanned = False
 
     # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
     # their preemptor), so a gang shape that found no room in the plan's shared index finds
@@ -398,8 +400,9 @@ def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outco
     """Give `job` the backfill reservation, if the backfill policy finds one."""
     plan, pol = adm.plan, adm.c.policies
     hold = _told_hold(adm, job)
-    replanned = hold is None and _came_back(adm, job)
+    replanned = _came_back(adm, job)  # told again: planned afresh, or confirmed (see _told_hold)
     if hold is None:
+        adm.replanned = True
         hold = pol.backfill(req, base, adm.endings(), pol.fits, pol.place, adm.links_of)
         if hold is None:
             return None
@@ -481,16 +484,15 @@ def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
 def _told_hold(adm: _Admission, job: Job) -> Hold | None:
     """The reservation the log last told for `job`, while it is still the one to plan.
 
-    It is: if no GPU came back and no gang's end moved earlier since it was
-    told (`_came_back`) -- gangs that started since only take GPUs away, so
-    no earlier start exists, however long ago it was told -- and each of its
-    GPUs is free now or held by a gang expected to end by its start, on a
-    schedulable node, not held for an earlier holder. Most decide calls follow
-    a start, not an end, so most keep it. Read from the log: a restarted
-    scheduler keeps it too.
+    It is: if no GPU came back earlier than expected (`_back_early`) -- gangs
+    that started since only take GPUs away, so no earlier start exists,
+    however long ago it was told -- and each of its GPUs is free now or held
+    by a gang expected to end by its start, on a schedulable node, not held
+    for an earlier holder. Most decide calls follow a start, not an end, so
+    most keep it. Read from the log: a restarted scheduler keeps it too.
     """
     w, c, plan = job.waiting, adm.c, adm.plan
-    if w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or _came_back(adm, job):
+    if w is None or w.code != RESERVING or not w.hold_ranks or job.earmark or _back_early(adm, w):
         return None
     state = c.state
     held = plan.held_gpus() if plan.holds else {}
@@ -519,6 +521,29 @@ def _came_back(adm: _Admission, job: Job) -> bool:
     """GPUs came back since `job`'s reservation was told: in the log, or with a gang ending in this cycle."""
     w = job.waiting
     return w is not None and (adm.c.state.freed_seq > w.seq or bool(adm.plan.ended))
+
+
+def _back_early(adm: _Admission, w: Waiting) -> bool:
+    """GPUs came back since the reservation `w` was told that may start it before its told start.
+
+    In the log (or an end moved earlier) since `w`: any. In this cycle: a gang
+    ending now whose expected end was before the told start does not -- the
+    plan released its GPUs by then, so at each earlier moment the free GPUs
+    are still a subset of what the plan had by some moment before the start,
+    where the gang did not fit (free GPUs only grow with time, and fitting
+    only gets easier with more) -- unless an earlier reservation of this
+    cycle was planned afresh and may have let go of GPUs. The reservation is
+    then told again (`_hold`), so the next cycle knows these are accounted for.
+    """
+    c, plan = adm.c, adm.plan
+    if c.state.freed_seq > w.seq:
+        return True
+    if not plan.ended:
+        return False
+    if adm.replanned:
+        return True
+    jobs, margin, start = c.state.jobs, c.policies.stop_margin_s, w.hold_until
+    return any((j := jobs[jid]).status == "preempting" or ends_at(j, margin) >= start for jid in plan.ended)
 
 
 def _may_use_held(adm: _Admission, job: Job) -> bool:

@@ -262,3 +262,49 @@ def test_a_reservation_planned_afresh_is_told_again_and_then_kept() -> None:
     assert [g.job_id for g in of_type(events, GangReserved)] == ["late"]
     assert not [e for e in of_type(events, JobWaiting) if e.job_id == "big"]
     assert plans == ["big", "big"]
+
+
+def test_a_gang_ending_before_the_told_start_leaves_the_reservation_as_told() -> None:
+    """A gang expected to end before the told start ends early: the plan had its GPUs back by then, so
+    no earlier start exists. The told reservation is confirmed without planning, and told again so
+    the next cycles know that end is accounted for. A gang expected to end at or after the start, ending
+    early, may start the holder sooner: that one is planned afresh."""
+    from dataclasses import replace
+
+    from orchestrator.policies import DEFAULT_POLICIES
+    from orchestrator.policies.backfill import earliest_start
+
+    plans: list[str] = []
+
+    def counted(req, *args):  # type: ignore[no-untyped-def]
+        plans.append(req.job_id)
+        return earliest_start(req, *args)
+
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1, backfill=counted))
+    for n in ("n0", "n1", "n2", "n3"):
+        s.node(n)
+    for jid, limit in (("r0", 1000), ("r1", 2000), ("r2", 3000)):
+        s.submit(jid, gpus_per_rank=8, time_limit_s=limit)
+    s.submit("r3", gpus_per_rank=4, time_limit_s=3000)
+    s.submit("short", gpus_per_rank=1, time_limit_s=500)  # n3, expected back long before big starts
+    s.submit("long", gpus_per_rank=1, time_limit_s=5000)  # n3, expected back after big starts
+    s.run()
+    s.submit("big", ranks=2, gpus_per_rank=8)
+    told = {e.job_id: e for e in of_type(s.run(), JobWaiting)}["big"]
+    assert told.code == "backfill_head" and plans == ["big"]
+    assert told.hold_until == s.state.jobs["r1"].reserved_at + 2000 + 30 + 10
+
+    s.tick(10)
+    s.finish("short")
+    again = [e for e in of_type(s.run(), JobWaiting) if e.job_id == "big"]
+    assert plans == ["big"]  # not planned
+    assert len(again) == 1 and (again[0].hold_ranks, again[0].hold_until) == (told.hold_ranks, told.hold_until)
+    s.tick(10)
+    s.submit("late", gpus_per_rank=1, time_limit_s=3000)
+    assert [g.job_id for g in of_type(s.run(), GangReserved)] == ["late"]
+    assert plans == ["big"]  # the told-again reservation is kept from the log
+
+    s.tick(10)
+    s.finish("long")
+    s.run()
+    assert plans == ["big", "big"]
