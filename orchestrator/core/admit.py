@@ -35,6 +35,7 @@ import math
 from collections.abc import Iterator, Sequence
 from heapq import heapify, heappop, heappush, merge
 from operator import attrgetter
+from typing import NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
@@ -131,6 +132,11 @@ class _Admission:
         self.held_until: tuple[int, float] = (0, math.inf)
         #: A reservation of this cycle was planned afresh: a later holder cannot keep its told one past returns.
         self.replanned = False
+        # What `Admitted.complete` is judged on: the plan's (version, charges) after the first
+        # blocked verdict, a placement on held GPUs, a victim search the budget refused.
+        self.first_blocked: tuple[int, int] | None = None
+        self.through_hold = False
+        self.out_of_searches = False
 
     # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
     # their preemptor), so a gang shape that found no room in the plan's shared index finds
@@ -156,6 +162,8 @@ class _Admission:
         p = self.c.policies.place(req, self.plan.index(req.cls, through_hold=True), self.links_of)
         if p is None:
             self._memo[key] = None
+        else:
+            self.through_hold = True
         return p
 
     def fits_now(self, req: GangRequest) -> bool:
@@ -289,10 +297,24 @@ def _without(e: Ending, held: dict[str, set[int]]) -> Ending:
     return e._replace(placement=ranks)
 
 
-def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], dict[str, Outcome]]:
+class Admitted(NamedTuple):
+    events: list[Event]
+    outcomes: dict[str, Outcome]
+    #: Admitting again, once these events and the workers' WorkerStarted answers are folded, at the
+    #: same `now` with nothing else changed, decides nothing: see `_complete`.
+    complete: bool
+
+
+def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
     pol = c.policies
     adm = _Admission(c, plan)
     outcomes: dict[str, Outcome] = {}
+
+    def judged(job: Job, q: str) -> Outcome:
+        o = outcomes[job.job_id] = _admit_one(adm, job, q)
+        if adm.first_blocked is None and o.code not in _UNMOVED:
+            adm.first_blocked = (plan.version, plan.charges)
+        return o
     # Fair-share order across queues, then the heads' line order (priority, submit time, id).
     # 0. The gangs holding backfill reservations go first: each starts, or keeps holding.
     #    Free reservations: the queue heads blocked by capacity first in reservation order.
@@ -303,7 +325,7 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
         line = lines.get(q)
         if line is not None and line.head is not None and line.head[1].job_id == job.job_id:
             line.pop()
-        outcomes[job.job_id] = _admit_one(adm, job, q)
+        judged(job, q)
         first.append(job.job_id)
 
     for job, q in _holders(adm):
@@ -325,8 +347,7 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
         _, _, q = heappop(order)
         line = lines[q]
         job = line.pop()
-        outcome = _admit_one(adm, job, q)
-        outcomes[job.job_id] = outcome
+        outcome = judged(job, q)
         if outcome.code != PLACED:
             blocked[q] += 1
             if blocked[q] >= pol.heads_per_queue:
@@ -336,7 +357,47 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> tuple[list[Event], di
     for jid in first:
         if outcomes[jid].code != PLACED:
             plan.busy.discard(jid)  # explain tells it why it still waits
-    return adm.events, outcomes
+    return Admitted(adm.events, outcomes, _complete(adm, outcomes, first))
+
+
+#: Verdicts that later changes of the plan in the same cycle leave as they are: a placement, a
+#: preemptor's (its victims are named in the state), a holder's (its reservation is told, and
+#: placements take held GPUs only through `place_through_hold`, which `_complete` checks).
+_UNMOVED = (PLACED, PREEMPTING, BACKFILL_HEAD)
+
+
+def _complete(adm: _Admission, outcomes: dict[str, Outcome], first: list[str]) -> bool:
+    """Whether admitting again after this cycle's events are folded (same `now`) would decide nothing.
+
+    The next cycle's plan starts where this one ends: the fold takes the GPUs
+    placed and earmarked, the plan counts preemptions in flight, and the told
+    reservations are kept (no GPU came back). Each head judged again gets the
+    verdict it got here if it was judged on that final plan -- no placement,
+    hold or charge after the first blocked verdict -- and with the same
+    budget: no victim search refused for want of one. More ways to differ:
+    gangs placed now may be victims next time (not while min_runtime_s
+    keeps them), a placement on held GPUs changes a holder's count of them,
+    a preemption or a preemptor's start moves `freed_seq` (its reservations
+    are planned again), and a free reservation goes to a head blocked by
+    capacity (none left over, or reservations chosen in the loop, where this
+    cycle gave them). And the heads looked at first must be the next
+    cycle's holders -- each placed or holding, and no reservation given in
+    the loop -- or a queue's count of blocked heads differs. Strict mode in
+    the simulator checks every use of it.
+    """
+    c, plan = adm.c, adm.plan
+    if adm.first_blocked not in (None, (plan.version, plan.charges)):
+        return False
+    if adm.out_of_searches or adm.through_hold or (adm.placed and c.state.config.min_runtime_s <= 0):
+        return False
+    if plan.victims or any(c.state.jobs[p.job_id].earmark for p in adm.placed):
+        return False  # folded, these move freed_seq: told reservations are planned again
+    looked_first = set(first)
+    if any((o.code == BACKFILL_HEAD) != (jid in looked_first) for jid, o in outcomes.items() if o.code != PLACED):
+        return False
+    pol = c.policies
+    return (len(plan.holds) >= pol.reservations or pol.reservation_order is None
+            or all(o.code in (PLACED, QUOTA, PREEMPTING) for o in outcomes.values()))
 
 
 def _rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: dict[tuple[str, int], tuple[object, ...]]) -> tuple[object, ...]:
@@ -461,10 +522,9 @@ def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
             _reserve(adm, job, queue, p)
             return Outcome(PLACED, p.reason)
     # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
-    if adm.searches > 0:
-        outcome = _preempt(adm, job, queue, req, base)
-        if outcome is not None:
-            return outcome
+    outcome = _preempt(adm, job, queue, req, base)
+    if outcome is not None:
+        return outcome
     # d. Quota.
     if over is not None:
         name, limit, used = over
@@ -593,6 +653,8 @@ def _waiting_for(victims: list[str]) -> str:
 
 def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
     c, plan, pol = adm.c, adm.plan, adm.c.policies
+    if pol.preemption_searches <= 0:
+        return None
     priority = job.spec.priority
     q = c.state.queues.get(queue)
     guaranteed = q.guaranteed_gpus if q is not None else 0
@@ -606,6 +668,9 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
     hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, queue, owed)
     memo = rule.priority_or_reclaim_only and not job.earmark
     if memo and priority <= adm.hopeless.get(hopeless, -math.inf):
+        return None
+    if adm.searches <= 0:
+        adm.out_of_searches = True  # the next cycle may search: admission is not complete
         return None
     adm.searches -= 1
     ask = PreemptionAsk(

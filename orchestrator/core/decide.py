@@ -9,6 +9,8 @@ follow-ups before it are folded).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from orchestrator.core.admit import admit, queue_lines
 from orchestrator.core.backlog import Backlog
 from orchestrator.core.cycle import Cycle
@@ -20,18 +22,40 @@ from orchestrator.core.snapshot import snapshot
 from orchestrator.core.state import ClusterState
 from orchestrator.core.topology import build_topology
 from orchestrator.policies import DEFAULT_POLICIES, Policies
-from schemas.events import Event
+from schemas.events import Event, JobRunning
+
+
+class Decision(NamedTuple):
+    events: list[Event]
+    #: Admission ran and is complete (admit.Admitted): folding `events` and the workers' WorkerStarted
+    #: answers, a call at the same `now` may pass `after_complete` and skip it.
+    complete: bool
 
 
 def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES) -> list[Event]:
+    return decide_cycle(state, now, epoch=epoch, policies=policies).events
+
+
+def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES,
+                 after_complete: bool = False) -> Decision:
+    """`decide`, telling whether its admission was complete.
+
+    `after_complete` is the caller's word that `state` is the state of a call at this same
+    `now` that returned `complete`, with that call's events and the WorkerStarted answers to
+    them folded, and nothing else. Admission is then skipped unless the follow-ups do more
+    than mark gangs running or new jobs wait for a first verdict: the answer is the same
+    (the simulator calls it so after each placement; its strict mode compares).
+    """
     if epoch < state.epoch:
-        return []  # a deposed leader decides nothing; its events would be void anyway
+        return Decision([], False)  # a deposed leader decides nothing; its events would be void anyway
     topo = build_topology(state.nodes.values(), state.config.topology_levels)
     c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo)
     backlog = Backlog.of(state)
     # 1. React: follow-ups the log already implies (running, completed, restarted,
     #    requeued, preempted, stopped, cancelled).
     followups = react(c, backlog.stopping)
+    if after_complete and not backlog.fresh and all(isinstance(e, JobRunning) for e in followups):
+        return Decision(followups, True)  # stages 2-6 would decide nothing more (admit._complete)
     # 2. Snapshot: the tentative plan -- free GPUs per node and domain, queue usage --
     #    with the GPUs the follow-ups release already free.
     plan: Plan = snapshot(c, followups)
@@ -41,7 +65,7 @@ def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = 
     lines = queue_lines(c, plan)
     # 5. Admit in fair-share order: allocate, else preempt / reclaim, else wait
     #    for quota, else hold a backfill reservation for the first blocked gang.
-    admitted, outcomes = admit(c, plan, lines)
+    admitted = admit(c, plan, lines)
     # 6. Explain: a JobWaiting for each job left pending whose reason changed.
-    waiting = explain(c, plan, backlog.fresh, outcomes)
-    return [*followups, *rejections, *admitted, *waiting]
+    waiting = explain(c, plan, backlog.fresh, admitted.outcomes)
+    return Decision([*followups, *rejections, *admitted.events, *waiting], admitted.complete)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
 from typing import IO, Any, NamedTuple
 
-from orchestrator.core.decide import decide
+from orchestrator.core.decide import decide, decide_cycle
 from orchestrator.core.evolve import evolve
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.queries import preemption_threat
@@ -64,6 +64,7 @@ from schemas.events import (
     NodeFailed,
     NodeRegistered,
     PreemptionRequested,
+    WorkerStarted,
 )
 
 # Heap entry kinds; at one instant they are handled in this order.
@@ -244,9 +245,14 @@ class Simulation:
 
     def _settle(self) -> None:
         state = self.state
+        complete = False  # the last round's admission was complete, and only WorkerStarted answered it
         for _ in range(MAX_ROUNDS):
-            out = decide(state, self.now, epoch=EPOCH, policies=self.policies)
+            out, done = decide_cycle(state, self.now, epoch=EPOCH, policies=self.policies, after_complete=complete)
             self.decides += 1
+            if complete and self.config.strict:
+                full = decide(state, self.now, epoch=EPOCH, policies=self.policies)
+                if full != out:
+                    raise SimulationError(f"t={self.now}: a complete admission decided more: {full[len(out):]}")
             if not out:
                 return
             inert = True
@@ -272,6 +278,7 @@ class Simulation:
                 self.append(e)
             if inert and not answers:
                 return
+            complete = done and all(isinstance(e, WorkerStarted) for e in answers)
         raise SimulationError(f"t={self.now}: decide did not settle after {MAX_ROUNDS} rounds")
 
     # --- the agents' answers --------------------------------------------------------------
