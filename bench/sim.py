@@ -124,7 +124,8 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
     s = result.stats
     rate = args.jobs / s.wall_s
     print(f"{args.jobs} jobs, {NODES * GPUS_PER_NODE} GPUs, policy {args.policy}: {s.wall_s:.1f} s "
-          f"({rate:.0f} jobs/s; {s.events} events, {s.decides} decide calls, "
+          f"({rate:.0f} jobs/s; {s.events} events, {s.decides} decide calls, {s.admission_skips} of them "
+          f"after a complete admission, "
           f"{1000 * s.wall_s / max(s.decides, 1):.2f} ms per decide incl. folding); trace made in {prepared:.1f} s; "
           f"log {log_mb:.0f} MB")
     print(f"target: under {SPEED_TARGET_S:.0f} s: {'MET' if s.wall_s < SPEED_TARGET_S else 'NOT MET'}")
@@ -134,7 +135,7 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
         print(buf.getvalue())
     return {"mode": "speed", "jobs": args.jobs, "gpus": NODES * GPUS_PER_NODE, "policy": args.policy,
             "wall_s": round(s.wall_s, 1), "jobs_per_s": round(rate, 1), "events": s.events, "decides": s.decides,
-            "ms_per_decide": round(1000 * s.wall_s / max(s.decides, 1), 3), "log_mb": round(log_mb, 1),
+            "admission_skips": s.admission_skips, "ms_per_decide": round(1000 * s.wall_s / max(s.decides, 1), 3), "log_mb": round(log_mb, 1),
             "unfinished": s.unfinished, "target_met": s.wall_s < SPEED_TARGET_S, "machine": machine()}
 
 

@@ -47,7 +47,9 @@ from orchestrator.core.explain import (
     QUOTA,
     Outcome,
     capacity_outcome,
+    due,
 )
+from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.plan import Hold, Plan, RunningGangs, ends_at, running_gangs
 from orchestrator.core.state import RESERVING, Job, LineKey, Waiting, attained_service
 from orchestrator.core.usage import resolve_queue
@@ -132,9 +134,9 @@ class _Admission:
         self.held_until: tuple[int, float] = (0, math.inf)
         #: A reservation of this cycle was planned afresh: a later holder cannot keep its told one past returns.
         self.replanned = False
-        # What `Admitted.complete` is judged on: the plan's (version, charges) after the first
-        # blocked verdict, a placement on held GPUs, a victim search the budget refused.
-        self.first_blocked: tuple[int, int] | None = None
+        # What `Admitted.complete` is judged on: each blocked verdict with the plan's (version,
+        # charges) it was reached at, a placement on held GPUs, a victim search the budget refused.
+        self.blocked: list[tuple[int, int, Job, str, Outcome]] = []
         self.through_hold = False
         self.out_of_searches = False
 
@@ -312,8 +314,8 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
 
     def judged(job: Job, q: str) -> Outcome:
         o = outcomes[job.job_id] = _admit_one(adm, job, q)
-        if adm.first_blocked is None and o.code not in _UNMOVED:
-            adm.first_blocked = (plan.version, plan.charges)
+        if o.code not in _UNMOVED:
+            adm.blocked.append((plan.version, plan.charges, job, q, o))
         return o
     # Fair-share order across queues, then the heads' line order (priority, submit time, id).
     # 0. The gangs holding backfill reservations go first: each starts, or keeps holding.
@@ -386,8 +388,6 @@ def _complete(adm: _Admission, outcomes: dict[str, Outcome], first: list[str]) -
     the simulator checks every use of it.
     """
     c, plan = adm.c, adm.plan
-    if adm.first_blocked not in (None, (plan.version, plan.charges)):
-        return False
     if adm.out_of_searches or adm.through_hold or (adm.placed and c.state.config.min_runtime_s <= 0):
         return False
     if plan.victims or any(c.state.jobs[p.job_id].earmark for p in adm.placed):
@@ -396,8 +396,40 @@ def _complete(adm: _Admission, outcomes: dict[str, Outcome], first: list[str]) -
     if any((o.code == BACKFILL_HEAD) != (jid in looked_first) for jid, o in outcomes.items() if o.code != PLACED):
         return False
     pol = c.policies
-    return (len(plan.holds) >= pol.reservations or pol.reservation_order is None
-            or all(o.code in (PLACED, QUOTA, PREEMPTING) for o in outcomes.values()))
+    if not (len(plan.holds) >= pol.reservations or pol.reservation_order is None
+            or all(o.code in (PLACED, QUOTA, PREEMPTING) for o in outcomes.values())):
+        return False
+    final = (plan.version, plan.charges)
+    stale = [(job, q, o) for version, charges, job, q, o in adm.blocked if (version, charges) != final]
+    return not stale or (len(plan.holds) >= pol.reservations and all(_told_alike(adm, *s) for s in stale))
+
+
+def _told_alike(adm: _Admission, job: Job, queue: str, told: Outcome) -> bool:
+    """A head judged before a later change of the plan would be told nothing new on the final plan.
+
+    Fewer GPUs are free now (the plan only takes them), so it still does not
+    fit; victims are the same gangs with less room, so none appear -- unless
+    its queue is owed its guarantee and a placement made another queue a
+    borrower. With the reservations all given, what is left of its verdict
+    is the quota, backfill or capacity reason, reached here as `_judge`
+    reaches it. If that differs, its JobWaiting must not be due on top of
+    what this cycle tells it (`explain.due`).
+    """
+    c, plan, pol = adm.c, adm.plan, adm.c.policies
+    if job.earmark:
+        return False
+    req = pol.request(job)
+    q = c.state.queues.get(queue)
+    if plan.gpus.get(queue, 0) + req.gpus <= (q.guaranteed_gpus if q is not None else 0):
+        return False
+    now = _blocked_verdict(adm, job, req, plan.index(req.cls), plan.limit_blocker(queue, req.gpus))
+    if now == told:
+        return True
+    settle_at = c.state.newest_node_at + SETTLE_S
+    unexplained = job.job_id in c.state.unexplained
+    if due(job, told, c.now, settle_at, unexplained):  # told this cycle: again only for another kind
+        return now.code == told.code
+    return not due(job, now, c.now, settle_at, unexplained)
 
 
 def _rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: dict[tuple[str, int], tuple[object, ...]]) -> tuple[object, ...]:
@@ -525,15 +557,22 @@ def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
     outcome = _preempt(adm, job, queue, req, base)
     if outcome is not None:
         return outcome
+    # e. Backfill: the first gang blocked by capacity holds what it will start on.
+    if over is None and len(plan.holds) < pol.reservations:
+        outcome = _hold(adm, job, req, base)
+        if outcome is not None:
+            return outcome
+    return _blocked_verdict(adm, job, req, base, over)
+
+
+def _blocked_verdict(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex,
+                     over: tuple[str, int, int] | None) -> Outcome:
+    """Why a head that was not placed, is not preempting and holds no reservation waits."""
+    plan = adm.plan
     # d. Quota.
     if over is not None:
         name, limit, used = over
         return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {req.gpus} more")
-    # e. Backfill: the first gang blocked by capacity holds what it will start on.
-    if len(plan.holds) < pol.reservations:
-        outcome = _hold(adm, job, req, base)
-        if outcome is not None:
-            return outcome
     if plan.holds and adm.fits_through_hold(req):
         ids = [h.job_id for h in plan.holds]
         more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""

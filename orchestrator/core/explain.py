@@ -71,7 +71,7 @@ def capacity_outcome(req: GangRequest, index: FreeIndex, model: str | None) -> O
 
 
 def explain(c: Cycle, plan: Plan, fresh: list[Job], outcomes: dict[str, Outcome]) -> list[JobWaiting]:
-    """JobWaiting for the jobs looked at whose reason is due (see `_due`), and a first reason for new jobs."""
+    """JobWaiting for the jobs looked at whose reason is due (see `due`), and a first reason for new jobs."""
     out: list[JobWaiting] = []
     state = c.state
     settle_at = state.newest_node_at + SETTLE_S
@@ -80,18 +80,18 @@ def explain(c: Cycle, plan: Plan, fresh: list[Job], outcomes: dict[str, Outcome]
             continue
         job = state.jobs[jid]
         # A new holder of the backfill reservation is always told: the fold remembers it by that event.
-        if _due(job, o, c.now, settle_at, jid in state.unexplained) or (o.code == BACKFILL_HEAD and jid not in state.holders):
+        if due(job, o, c.now, settle_at, jid in state.unexplained) or (o.code == BACKFILL_HEAD and jid not in state.holders):
             out.append(_waiting(c, job, o))
     for job in fresh:
         if job.job_id in outcomes or job.job_id in plan.busy:
             continue
         o = Outcome(QUEUED, f"in queue {resolve_queue(state, job.spec.queue)} behind jobs that go first")
-        if _due(job, o, c.now, settle_at, True):
+        if due(job, o, c.now, settle_at, True):
             out.append(_waiting(c, job, o))
     return out
 
 
-def _due(job: Job, o: Outcome, now: float, settle_at: float, unexplained: bool) -> bool:
+def due(job: Job, o: Outcome, now: float, settle_at: float, unexplained: bool) -> bool:
     """Whether `o` is worth a JobWaiting: a reason of another kind, stale numbers, or admission owed a verdict.
 
     A job explained before the cluster settled stays unexplained (the fold

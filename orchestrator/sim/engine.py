@@ -84,6 +84,9 @@ class SimConfig(NamedTuple):
     restart_overhead_s: float = 120.0
     #: Check the invariants and the settle shortcut at every instant (slow; for tests).
     strict: bool = False
+    #: Skip admission in a round that only marks placed gangs running, when the placing round's
+    #: admission was complete (core/decide.decide_cycle); False admits in every round (for tests).
+    skip_complete: bool = True
 
 
 class Scenario(NamedTuple):
@@ -97,6 +100,8 @@ class Scenario(NamedTuple):
 class RunStats(NamedTuple):
     events: int
     decides: int
+    #: Decide calls that skipped admission after a complete one (SimConfig.skip_complete).
+    admission_skips: int
     wall_s: float
     voids: int
     time_limit_kills: int
@@ -146,6 +151,7 @@ class Simulation:
         self.now = 0.0
         self.events = 0
         self.decides = 0
+        self.skips = 0
         self.kills = 0
         self._log = _LogWriter(log) if log is not None else None
         self._on_instant = on_instant
@@ -216,7 +222,7 @@ class Simulation:
         if self._log is not None:
             self._log.flush()
         unfinished = sum(1 for j in self.state.jobs.values() if j.status not in ("completed", "failed", "cancelled", "rejected"))
-        stats = RunStats(events=self.events, decides=self.decides, wall_s=time.perf_counter() - started,
+        stats = RunStats(events=self.events, decides=self.decides, admission_skips=self.skips, wall_s=time.perf_counter() - started,
                          voids=self.state.voids, time_limit_kills=self.kills, unfinished=unfinished)
         return SimResult(self.policy, self.state, self.timeline, self.work, stats)
 
@@ -249,6 +255,7 @@ class Simulation:
         for _ in range(MAX_ROUNDS):
             out, done = decide_cycle(state, self.now, epoch=EPOCH, policies=self.policies, after_complete=complete)
             self.decides += 1
+            self.skips += complete
             if complete and self.config.strict:
                 full = decide(state, self.now, epoch=EPOCH, policies=self.policies)
                 if full != out:
@@ -278,7 +285,7 @@ class Simulation:
                 self.append(e)
             if inert and not answers:
                 return
-            complete = done and all(isinstance(e, WorkerStarted) for e in answers)
+            complete = self.config.skip_complete and done and all(isinstance(e, WorkerStarted) for e in answers)
         raise SimulationError(f"t={self.now}: decide did not settle after {MAX_ROUNDS} rounds")
 
     # --- the agents' answers --------------------------------------------------------------

@@ -169,6 +169,7 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
         "sim": {
             "events": stats.events,
             "decides": stats.decides,
+            "admission_skips": stats.admission_skips,
             "wall_s": stats.wall_s,
             "jobs_per_s": len(submits) / stats.wall_s if stats.wall_s > 0 else math.nan,
             "voids": stats.voids,
