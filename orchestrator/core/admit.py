@@ -139,6 +139,10 @@ class _Admission:
         self.blocked: list[tuple[int, int, Job, str, Outcome]] = []
         self.through_hold = False
         self.out_of_searches = False
+        #: A head looked at first is not holding (or one holding was not looked at first).
+        self.holders_differ = False
+        #: A head waits for GPUs (not placed, preempting or over quota).
+        self.capacity_blocked = False
 
     # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
     # their preemptor), so a gang shape that found no room in the plan's shared index finds
@@ -312,10 +316,15 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
     adm = _Admission(c, plan)
     outcomes: dict[str, Outcome] = {}
 
-    def judged(job: Job, q: str) -> Outcome:
+    def judged(job: Job, q: str, *, looked_first: bool = False) -> Outcome:
         o = outcomes[job.job_id] = _admit_one(adm, job, q)
-        if o.code not in _UNMOVED:
+        code = o.code
+        if code not in _UNMOVED:
             adm.blocked.append((plan.version, plan.charges, job, q, o))
+        if code != PLACED and (code == BACKFILL_HEAD) != looked_first:
+            adm.holders_differ = True  # the next cycle looks at other heads first
+        if code not in (PLACED, QUOTA, PREEMPTING):
+            adm.capacity_blocked = True
         return o
     # Fair-share order across queues, then the heads' line order (priority, submit time, id).
     # 0. The gangs holding backfill reservations go first: each starts, or keeps holding.
@@ -327,7 +336,7 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
         line = lines.get(q)
         if line is not None and line.head is not None and line.head[1].job_id == job.job_id:
             line.pop()
-        judged(job, q)
+        judged(job, q, looked_first=True)
         first.append(job.job_id)
 
     for job, q in _holders(adm):
@@ -359,7 +368,7 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
     for jid in first:
         if outcomes[jid].code != PLACED:
             plan.busy.discard(jid)  # explain tells it why it still waits
-    return Admitted(adm.events, outcomes, _complete(adm, outcomes, first))
+    return Admitted(adm.events, outcomes, _complete(adm))
 
 
 #: Verdicts that later changes of the plan in the same cycle leave as they are: a placement, a
@@ -368,7 +377,7 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
 _UNMOVED = (PLACED, PREEMPTING, BACKFILL_HEAD)
 
 
-def _complete(adm: _Admission, outcomes: dict[str, Outcome], first: list[str]) -> bool:
+def _complete(adm: _Admission) -> bool:
     """Whether admitting again after this cycle's events are folded (same `now`) would decide nothing.
 
     The next cycle's plan starts where this one ends: the fold takes the GPUs
@@ -392,12 +401,10 @@ def _complete(adm: _Admission, outcomes: dict[str, Outcome], first: list[str]) -
         return False
     if plan.victims or any(c.state.jobs[p.job_id].earmark for p in adm.placed):
         return False  # folded, these move freed_seq: told reservations are planned again
-    looked_first = set(first)
-    if any((o.code == BACKFILL_HEAD) != (jid in looked_first) for jid, o in outcomes.items() if o.code != PLACED):
+    if adm.holders_differ:
         return False
     pol = c.policies
-    if not (len(plan.holds) >= pol.reservations or pol.reservation_order is None
-            or all(o.code in (PLACED, QUOTA, PREEMPTING) for o in outcomes.values())):
+    if not (len(plan.holds) >= pol.reservations or pol.reservation_order is None or not adm.capacity_blocked):
         return False
     final = (plan.version, plan.charges)
     stale = [(job, q, o) for version, charges, job, q, o in adm.blocked if (version, charges) != final]

@@ -20,7 +20,7 @@ from orchestrator.core.react import react
 from orchestrator.core.reject import reject_unfit
 from orchestrator.core.snapshot import snapshot
 from orchestrator.core.state import ClusterState
-from orchestrator.core.topology import build_topology
+from orchestrator.core.topology import topology_of
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event, JobRunning
 
@@ -48,7 +48,7 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     """
     if epoch < state.epoch:
         return Decision([], False)  # a deposed leader decides nothing; its events would be void anyway
-    topo = build_topology(state.nodes.values(), state.config.topology_levels)
+    topo = topology_of(state)
     c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo)
     backlog = Backlog.of(state)
     # 1. React: follow-ups the log already implies (running, completed, restarted,

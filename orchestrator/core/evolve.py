@@ -73,10 +73,20 @@ from schemas.events import (
     WorkerStarted,
 )
 
+#: Events whose fold never changes node records, GPU owners, earmarks or `ends`: every other one
+#: moves `ClusterState.alloc_rev` (node events `nodes_rev` too), which decide's per-call memos
+#: trust. tests/core/test_memos.py checks both lists against every event of simulated logs.
+_ALLOCATION_UNTOUCHED = (
+    WorkerStarted, WorkerExited, JobSubmitted, JobRunning, JobWaiting, Checkpointed,
+    QueueDefined, SchedulerElected, ClusterConfigured, Unknown,
+)
+_NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUncordoned)
+
 
 def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> ClusterState:
     """Apply `event` (at stream position `seq`, or the next one) in place and return the state."""
     state.seq = seq if seq > 0 else state.seq + 1
+    voids = state.voids
     # Ordered by frequency in a busy log: worker events dominate.
     match event:
         case WorkerStarted():
@@ -138,6 +148,10 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> Clus
             state.unknown_events += 1
         case _:
             assert_never(event)
+    if not isinstance(event, _ALLOCATION_UNTOUCHED) and state.voids == voids:  # (a void one changes nothing)
+        state.alloc_rev += 1
+        if isinstance(event, _NODE_EVENTS):
+            state.nodes_rev += 1
     jid = getattr(event, "job_id", None)
     if jid is not None:
         _track(state, jid)

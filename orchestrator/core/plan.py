@@ -284,7 +284,7 @@ class RunningGangs:
     time per process (the scheduler shell and the simulator call it so).
     """
 
-    __slots__ = ("counts", "cpu_only", "ends", "facts", "keys", "last", "lowest", "preemptible")
+    __slots__ = ("counts", "cpu_only", "ends", "facts", "keys", "last", "lowest", "preemptible", "rev")
 
     def __init__(self, state: ClusterState) -> None:
         self.ends = state.ends
@@ -301,6 +301,7 @@ class RunningGangs:
         self.update(state)
 
     def update(self, state: ClusterState) -> None:
+        self.rev = state.alloc_rev
         if state.ends == self.last:
             return
         self.last = list(state.ends)
@@ -362,7 +363,8 @@ def running_gangs(state: ClusterState) -> RunningGangs:
     preempting already: callers check the current record; `lowest` counts them too."""
     if _RUNNING and _RUNNING[0].ends is state.ends:
         found = _RUNNING[0]
-        found.update(state)
+        if found.rev != state.alloc_rev:  # (the fold bumps it whenever `ends` changes)
+            found.update(state)
     else:
         found = RunningGangs(state)
         _RUNNING[:] = [found]

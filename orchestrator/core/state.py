@@ -262,6 +262,11 @@ class ClusterState(msgspec.Struct, kw_only=True):
     freed_seq: int = 0
     #: When the newest node first registered (capacity verdicts wait until it settled).
     newest_node_at: float = 0.0
+    #: Bumped by the fold whenever a node record changes, and whenever GPU owners, earmarks or
+    #: `ends` may have: decide's per-call answers (topology, free GPUs, running gangs) are
+    #: reused in O(1) for the same state object while these stand still.
+    nodes_rev: int = 0
+    alloc_rev: int = 0
     #: Finished jobs still kept in `jobs`, oldest first (value: the seq they finished at).
     finished: dict[str, int] = msgspec.field(default_factory=dict)
     #: job -> rank -> state, for the current attempt of active jobs.
@@ -315,6 +320,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             holders=list(self.holders),
             freed_seq=self.freed_seq,
             newest_node_at=self.newest_node_at,
+            nodes_rev=self.nodes_rev,
+            alloc_rev=self.alloc_rev,
             finished=dict(self.finished),
             ranks={k: dict(v) for k, v in self.ranks.items()},
             checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},

@@ -296,8 +296,10 @@ def test_quota_and_preemption_in_one_cycle_are_never_void(
 def test_decide_with_memos_kept_from_earlier_calls_matches_a_cold_start(
     cluster: list[dict[str, Any]], qs: list[dict[str, Any]], levels: tuple[str, ...], script: list[tuple[Any, ...]]
 ) -> None:
-    """decide keeps derived views between calls (freegpus.FreeGpus, plan.RunningGangs), updated by
-    identity diffs of the fold's records. Before every op: the answer with those memos warm equals
+    """decide keeps derived views between calls (topology.topology_of, freegpus.FreeGpus,
+    plan.RunningGangs), reused in O(1) for the same state object while the fold's revision counters
+    stand still and updated by identity diffs of its records otherwise. Before every op: the answer
+    with those memos warm -- last computed for this state object before the previous op -- equals
     the answer for the same state restored from its snapshot (new objects: every memo cold), as
     after a scheduler restart."""
     s = build(cluster, qs, levels)
@@ -306,4 +308,5 @@ def test_decide_with_memos_kept_from_earlier_calls_matches_a_cold_start(
         warm = decide(s.state, s.now, epoch=s.epoch)
         cold = decide(restore(snapshot(s.state)), s.now, epoch=s.epoch)
         assert warm == cold
+        decide(s.state, s.now, epoch=s.epoch)  # the memos are this state's again for the next op
         apply_op(s, op, counter)
