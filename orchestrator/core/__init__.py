@@ -6,11 +6,14 @@ Import the modules themselves (this package imports nothing, so that
     orchestrator.core.state    ClusterState (+ snapshot/restore), Job, Node, Queue, ...
     orchestrator.core.evolve   evolve(state, event, seq=0) -> state (in place), fold(events)
     orchestrator.core.decide   decide(state, now, *, epoch, policies=DEFAULT_POLICIES) -> list[Event]
+                               decide_cycle(...) -> Decision(events, complete) (the simulator's)
     orchestrator.core.queries  node_work, why_pending, gpu_owners, queue_loads, ...
 
 A decide cycle's stages, in order: react.py, snapshot.py (plan.py), reject.py,
 admit.py (queue lines, allocate / preempt / quota / backfill), explain.py.
 What a cycle derives from the state is kept between calls where rebuilding it
-would cost O(nodes) or O(gangs): freegpus.py (free GPUs and capacity indexes)
-and plan.running_gangs (memos of the state's values; one decide at a time).
+would cost O(nodes) or O(gangs): topology.topology_of, freegpus.py (free GPUs
+and capacity indexes) and plan.running_gangs -- memos of the state's values,
+answered in O(1) for the same state object while the fold's revision counters
+(ClusterState.alloc_rev, nodes_rev) stand still; one decide at a time.
 """

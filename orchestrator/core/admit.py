@@ -383,9 +383,10 @@ def _complete(adm: _Admission) -> bool:
     The next cycle's plan starts where this one ends: the fold takes the GPUs
     placed and earmarked, the plan counts preemptions in flight, and the told
     reservations are kept (no GPU came back). Each head judged again gets the
-    verdict it got here if it was judged on that final plan -- no placement,
-    hold or charge after the first blocked verdict -- and with the same
-    budget: no victim search refused for want of one. More ways to differ:
+    verdict it got here if it was judged on that final plan, with the same
+    budget (no victim search refused for want of one); one judged before a
+    later placement, hold or charge is checked on the final plan
+    (`_told_alike`). More ways to differ:
     gangs placed now may be victims next time (not while min_runtime_s
     keeps them), a placement on held GPUs changes a holder's count of them,
     a preemption or a preemptor's start moves `freed_seq` (its reservations

@@ -100,7 +100,8 @@ class Scenario(NamedTuple):
 class RunStats(NamedTuple):
     events: int
     decides: int
-    #: Decide calls that skipped admission after a complete one (SimConfig.skip_complete).
+    #: Decide calls made after a complete admission (SimConfig.skip_complete): they skip
+    #: admission unless their follow-ups do more than mark gangs running.
     admission_skips: int
     wall_s: float
     voids: int
