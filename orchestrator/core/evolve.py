@@ -305,6 +305,7 @@ def _gang_reserved(state: ClusterState, e: GangReserved) -> None:
         earmark=(),
     )
     insort(state.ends, job.end_key)
+    _end_changed(state, job.end_key, True)
 
 
 def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
@@ -589,7 +590,20 @@ def _release(state: ClusterState, job: Job, at: float) -> None:
     i = bisect_left(state.ends, key)
     if i < len(state.ends) and state.ends[i] == key:
         del state.ends[i]
+        _end_changed(state, key, False)
     state.ranks.pop(job.job_id, None)
+
+
+#: `ClusterState.ends_changes` keeps between this many changes and twice as many.
+ENDS_CHANGES_KEPT = 256
+
+
+def _end_changed(state: ClusterState, key: tuple[float, float, str], added: bool) -> None:
+    changes = state.ends_changes
+    changes.append((state.seq, key, added))
+    if len(changes) > 2 * ENDS_CHANGES_KEPT:
+        state.ends_dropped = changes[-ENDS_CHANGES_KEPT - 1][0]
+        del changes[:-ENDS_CHANGES_KEPT]
 
 
 def _set_earmark(state: ClusterState, ranks: tuple[RankPlacement, ...], job_id: str) -> None:

@@ -276,21 +276,19 @@ class RunningGangs:
     Per entry of the fold's `ends` (one per reservation: a gang requeued and
     reserved again is a new entry) the facts fixed while it holds its GPUs:
     queue, priority, whether it is a preemptible GPU gang or a CPU-only one.
-    A call diffs the entries against the previous call's instead of reading
-    every gang's record: an answer for the same `ends` list object (the same
-    folded state) is updated by the entries added and removed, any other
-    list is read afresh. It answers for the state's values either way.
+    A call follows the entries the fold added and removed since the previous
+    call (`ClusterState.ends_changes`) instead of reading every gang's record:
+    an answer for the same `ends` list object (the same folded state) is
+    updated by them (or by a diff of the whole list, if the fold dropped some),
+    any other list is read afresh. It answers for the state's values either way.
     Unlike freegpus.FreeGpus it is updated in place: one decide call at a
     time per process (the scheduler shell and the simulator call it so).
     """
 
-    __slots__ = ("counts", "cpu_only", "ends", "facts", "keys", "last", "lowest", "preemptible", "rev")
+    __slots__ = ("counts", "cpu_only", "ends", "facts", "lowest", "preemptible", "rev", "seq")
 
     def __init__(self, state: ClusterState) -> None:
         self.ends = state.ends
-        self.keys: set[EndKey] = set()
-        #: A copy of the entries last read (equal lists: nothing to do, compared in C).
-        self.last: list[EndKey] = []
         #: entry -> (queue, priority, kind): kind 1 preemptible GPU gang, 2 CPU-only gang, 0 neither.
         self.facts: dict[EndKey, tuple[str, int, int]] = {}
         #: queue -> priority -> preemptible GPU gangs.
@@ -298,41 +296,29 @@ class RunningGangs:
         self.lowest: dict[str, int] = {}
         self.cpu_only: dict[str, None] = {}
         self.preemptible: dict[str, None] = {}
+        #: The state's alloc_rev and log position when last read (-1: never).
+        self.rev = self.seq = -1
         self.update(state)
 
     def update(self, state: ClusterState) -> None:
-        self.rev = state.alloc_rev
-        if state.ends == self.last:
-            return
-        self.last = list(state.ends)
-        now = set(self.last)
-        gone, new = self.keys - now, now - self.keys
-        if not gone and not new:
-            return
+        """Follow the fold's `ends_changes` since the last read, or diff the whole list if they were dropped."""
         touched: set[str] = set()
-        for key in gone:
-            queue, prio, kind = self.facts.pop(key)
-            if kind == 1:
-                c = self.counts[queue]
-                c[prio] -= 1
-                if not c[prio]:
-                    del c[prio]
-                touched.add(queue)
-                self.preemptible.pop(key[2], None)
-            elif kind == 2:
-                self.cpu_only.pop(key[2], None)
-        jobs = state.jobs
-        for key in sorted(new):
-            j = jobs[key[2]]
-            kind = 2 if j.gpus == 0 else 1 if j.spec.preemptible else 0
-            self.facts[key] = (j.queue, j.spec.priority, kind)
-            if kind == 1:
-                c = self.counts.setdefault(j.queue, {})
-                c[j.spec.priority] = c.get(j.spec.priority, 0) + 1
-                touched.add(j.queue)
-                self.preemptible[key[2]] = None
-            elif kind == 2:
-                self.cpu_only[key[2]] = None
+        if self.seq >= state.ends_dropped:
+            changes = state.ends_changes
+            i = len(changes)
+            while i > 0 and changes[i - 1][0] > self.seq:
+                i -= 1
+            for _, key, added in changes[i:]:
+                if added:
+                    self._add(key, state, touched)
+                else:
+                    self._remove(key, touched)
+        else:
+            now = set(state.ends)
+            for key in self.facts.keys() - now:
+                self._remove(key, touched)
+            for key in sorted(now - self.facts.keys()):
+                self._add(key, state, touched)
         for queue in touched:
             c = self.counts[queue]
             if c:
@@ -340,7 +326,31 @@ class RunningGangs:
             else:
                 del self.counts[queue]
                 self.lowest.pop(queue, None)
-        self.keys = now
+        self.rev, self.seq = state.alloc_rev, state.seq
+
+    def _add(self, key: EndKey, state: ClusterState, touched: set[str]) -> None:
+        j = state.jobs[key[2]]
+        kind = 2 if j.gpus == 0 else 1 if j.spec.preemptible else 0
+        self.facts[key] = (j.queue, j.spec.priority, kind)
+        if kind == 1:
+            c = self.counts.setdefault(j.queue, {})
+            c[j.spec.priority] = c.get(j.spec.priority, 0) + 1
+            touched.add(j.queue)
+            self.preemptible[key[2]] = None
+        elif kind == 2:
+            self.cpu_only[key[2]] = None
+
+    def _remove(self, key: EndKey, touched: set[str]) -> None:
+        queue, prio, kind = self.facts.pop(key)
+        if kind == 1:
+            c = self.counts[queue]
+            c[prio] -= 1
+            if not c[prio]:
+                del c[prio]
+            touched.add(queue)
+            self.preemptible.pop(key[2], None)
+        elif kind == 2:
+            self.cpu_only.pop(key[2], None)
 
 
 def preemptions_in_flight(state: ClusterState) -> tuple[list[Job], list[Job]]:

@@ -251,6 +251,11 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: Every active gang's `end_key`, sorted: expired time limits are a prefix, and backfill
     #: releases gangs in this order without sorting them every cycle.
     ends: list[EndKey] = msgspec.field(default_factory=list)
+    #: The newest changes of `ends` as (log position, entry, added), so that plan.running_gangs
+    #: follows them in O(changes). Bounded: `ends_dropped` is the newest position whose changes
+    #: were dropped (a reader that last read before it reads `ends` whole).
+    ends_changes: list[tuple[int, EndKey, bool]] = msgspec.field(default_factory=list)
+    ends_dropped: int = 0
     #: The pending jobs holding backfill reservations, oldest reservation first: a JobWaiting
     #: with code RESERVING names one, until it is told another reason or leaves the line. The
     #: log remembers the reservations, so each stays with its gang until that gang starts
@@ -296,6 +301,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
         }
         self.watch = {jid: n for jid, n in self.active.items() if needs_look(self.jobs[jid])}
         self.ends = sorted(self.jobs[jid].end_key for jid in self.active)
+        self.ends_changes, self.ends_dropped = [], self.seq  # (a new `ends` list: readers start over)
 
     def copy(self) -> ClusterState:
         """An independent state for tentative folding (records are frozen, so shallow copies suffice)."""
@@ -317,6 +323,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             stopping=dict(self.stopping),
             watch=dict(self.watch),
             ends=list(self.ends),
+            ends_changes=list(self.ends_changes),
+            ends_dropped=self.ends_dropped,
             holders=list(self.holders),
             freed_seq=self.freed_seq,
             newest_node_at=self.newest_node_at,
