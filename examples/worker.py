@@ -37,7 +37,7 @@ def log(msg: str) -> None:
 
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per writer: an orphaned attempt may write too
     with open(tmp, "w") as f:
         json.dump(data, f)
         f.flush()

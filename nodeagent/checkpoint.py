@@ -46,7 +46,7 @@ def read_manifest(path: str | Path) -> Manifest | None:
 def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
     """Atomically publish `manifest` in `directory` (tmp + fsync + rename)."""
     final = Path(directory) / manifest_name(manifest.rank)
-    tmp = final.with_name(f".{final.name}.tmp")
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")  # per writer: an orphaned attempt may write too
     with open(tmp, "wb") as f:
         f.write(_encoder.encode(manifest))
         f.flush()

@@ -133,3 +133,21 @@ async def test_ddp_allreduce_over_gloo(tmp_path: Path) -> None:
     assert all(i.exit_code == 0 for i in infos), [i.log_tail for i in infos]
     results = [json.loads((tmp_path / "out" / f"result-rank{r}.json").read_text()) for r in range(3)]
     assert all(r["sum"] == 3.0 and r["world_size"] == 3 for r in results)
+
+
+def test_two_writers_of_one_manifest_never_trip_over_each_other(tmp_path: Path) -> None:
+    """An orphaned attempt (its agent was killed) and the requeued one may checkpoint into the same
+    directory at once: each publishes through its own temp file, so neither's rename fails."""
+    import subprocess
+
+    script = (
+        "import sys; from nodeagent.checkpoint import Manifest, write_manifest\n"
+        "for step in range(300): write_manifest(sys.argv[1], Manifest(step=step, path=sys.argv[2]))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), who], cwd=root, stderr=subprocess.PIPE)
+             for who in ("orphan", "requeued")]
+    errors = [p.communicate(timeout=60)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    m = read_manifest(tmp_path / "manifest-rank0.json")
+    assert m is not None and m.step == 299
