@@ -221,10 +221,9 @@ def test_a_told_reservation_is_kept_from_the_log_until_gpus_come_back() -> None:
     assert new[0].hold_until < told.hold_until
 
 
-def test_a_reservation_planned_afresh_is_told_again_and_then_kept() -> None:
-    """GPUs came back (a gang ended) but not where the holder can use them: the plan comes out the
-    same. It is told again all the same, so the cycles after it keep it from the log instead of
-    planning it once more each."""
+def _one_reservation_counting_plans() -> tuple[Sim, list[str]]:
+    """Four 8-GPU nodes: r0-r2 fill three (time limits 1000/2000/3000 s), r3 half of n3; one
+    reservation at a time, and the ids of the gangs backfill plans for, in order."""
     from dataclasses import replace
 
     from orchestrator.policies import DEFAULT_POLICIES
@@ -242,6 +241,14 @@ def test_a_reservation_planned_afresh_is_told_again_and_then_kept() -> None:
     for jid, limit in (("r0", 1000), ("r1", 2000), ("r2", 3000)):
         s.submit(jid, gpus_per_rank=8, time_limit_s=limit)
     s.submit("r3", gpus_per_rank=4, time_limit_s=3000)
+    return s, plans
+
+
+def test_a_reservation_planned_afresh_is_told_again_and_then_kept() -> None:
+    """GPUs came back (a gang ended) but not where the holder can use them: the plan comes out the
+    same. It is told again all the same, so the cycles after it keep it from the log instead of
+    planning it once more each."""
+    s, plans = _one_reservation_counting_plans()
     s.submit("tiny", gpus_per_rank=1, time_limit_s=3000)  # n3 too
     s.run()
     s.submit("big", ranks=2, gpus_per_rank=8)
@@ -269,23 +276,7 @@ def test_a_gang_ending_before_the_told_start_leaves_the_reservation_as_told() ->
     no earlier start exists. The told reservation is confirmed without planning, and told again so
     the next cycles know that end is accounted for. A gang expected to end at or after the start, ending
     early, may start the holder sooner: that one is planned afresh."""
-    from dataclasses import replace
-
-    from orchestrator.policies import DEFAULT_POLICIES
-    from orchestrator.policies.backfill import earliest_start
-
-    plans: list[str] = []
-
-    def counted(req, *args):  # type: ignore[no-untyped-def]
-        plans.append(req.job_id)
-        return earliest_start(req, *args)
-
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1, backfill=counted))
-    for n in ("n0", "n1", "n2", "n3"):
-        s.node(n)
-    for jid, limit in (("r0", 1000), ("r1", 2000), ("r2", 3000)):
-        s.submit(jid, gpus_per_rank=8, time_limit_s=limit)
-    s.submit("r3", gpus_per_rank=4, time_limit_s=3000)
+    s, plans = _one_reservation_counting_plans()
     s.submit("short", gpus_per_rank=1, time_limit_s=500)  # n3, expected back long before big starts
     s.submit("long", gpus_per_rank=1, time_limit_s=5000)  # n3, expected back after big starts
     s.run()
