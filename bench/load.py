@@ -174,7 +174,8 @@ class Watch:
                 raise TimeoutError(f"{len(self.final)} of {count} jobs final after {timeout}s")
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), 1.0)
+                async with asyncio.timeout(1.0):  # not wait_for: see Follower.wait_changed
+                    await self.changed.wait()
             if time.monotonic() - last_print > progress:
                 last_print = time.monotonic()
                 print(f"  {len(self.reserved)} reserved, {len(self.running)} running, {len(self.final)} final",

@@ -216,14 +216,9 @@ class Agent:
     # --- reconciling --------------------------------------------------------------
 
     async def _reconcile_loop(self) -> None:
-        changed = self.follower.changed
         while True:
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that
-            # arrives as `changed` fires, and the service then never stops on SIGTERM.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.tick_s):
-                    await changed.wait()
-            changed.clear()
+            await self.follower.wait_changed(self.config.tick_s)
+            self.follower.changed.clear()
             await self.reconcile()
 
     async def reconcile(self) -> None:

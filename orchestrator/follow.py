@@ -9,6 +9,7 @@ redelivery is never applied twice, DESIGN.md invariant 6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 from events.bus import Bus, Envelope
@@ -49,6 +50,18 @@ class Follower:
             else:
                 keep.append((seq, fut))
         self._seq_waiters = keep
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Until an event is folded (`changed` is set) or `timeout` seconds pass; the caller clears `changed`.
+
+        asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a
+        cancellation that arrives just as the event fires, so a loop around it
+        that is cancelled while events keep coming (SIGTERM, Ctrl-C, a test's
+        deadline) runs on and never stops.
+        """
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.changed.wait()
 
     async def wait_for_seq(self, seq: int) -> None:
         """Until the fold has reached `seq` (e.g. our own append came back)."""

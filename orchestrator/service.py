@@ -148,14 +148,9 @@ class Scheduler:
         self.follower.changed.set()
 
     async def _decide_loop(self) -> None:
-        changed = self.follower.changed
         while True:
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation that
-            # arrives as `changed` fires, and the service then never stops on SIGTERM.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.tick_s):
-                    await changed.wait()
-            changed.clear()
+            await self.follower.wait_changed(self.config.tick_s)
+            self.follower.changed.clear()
             if not self.leading or self.state.seq < self._awaiting:
                 continue
             t0 = time.perf_counter()

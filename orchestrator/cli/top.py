@@ -193,8 +193,7 @@ async def top(args: argparse.Namespace) -> int:
                       auto_refresh=False, transient=False) as live:
                 while not follow.done():
                     live.update(frame(follower.state, recent, time.time()), refresh=True)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(follower.changed.wait(), 1.0)
+                    await follower.wait_changed(1.0)
                     follower.changed.clear()
                     await asyncio.sleep(args.interval)
                 follow.result()  # the tail ended: surface why

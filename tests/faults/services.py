@@ -96,8 +96,7 @@ async def until(follower: Follower, predicate: Callable[[ClusterState], bool], t
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         follower.changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(follower.changed.wait(), 0.25)
+        await follower.wait_changed(0.25)
 
 
 def _holds(predicate: Callable[[ClusterState], bool], state: ClusterState) -> bool:

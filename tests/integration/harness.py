@@ -104,14 +104,13 @@ async def wait_until(follower: Follower, predicate, timeout: float, what: str) -
         except KeyError:  # a job the follower has not read yet
             return False
 
-    async def loop() -> None:
-        while not holds():
-            follower.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(follower.changed.wait(), 0.5)
-
+    # asyncio.timeout, not wait_for (see Follower.wait_changed): with wait_for, a deadline that
+    # came as an event was folded was swallowed, and a stuck test hung until pytest's timeout.
     try:
-        await asyncio.wait_for(loop(), timeout)
+        async with asyncio.timeout(timeout):
+            while not holds():
+                follower.changed.clear()
+                await follower.wait_changed(0.5)
     except TimeoutError:
         raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
 
