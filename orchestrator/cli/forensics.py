@@ -7,17 +7,23 @@ scheduler used, so what they show is what the scheduler knew at that point.
 from __future__ import annotations
 
 import argparse
-import time
 from contextlib import aclosing
 from typing import Any
 
-from events.bus import Bus
 from events.subjects import job_filter
-from orchestrator.cli.connect import add_connection_args, connected
+from orchestrator.cli.connect import add_connection_args
 from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import print_json, table
-from orchestrator.cli.state_view import envelope_at, load_state, seq_at_time
+from orchestrator.cli.state_view import (
+    LogSource,
+    add_log_arg,
+    envelope_at,
+    load_state,
+    log_now,
+    log_source,
+    seq_at_time,
+)
 from orchestrator.cli.timeline import Story, story_summary
 from orchestrator.cli.timespec import format_instant, parse_instant
 from orchestrator.cli.views import cluster_summary, gpu_map, queues_rows
@@ -25,7 +31,7 @@ from orchestrator.cli.views import cluster_summary, gpu_map, queues_rows
 # --- replay --at -------------------------------------------------------------------------
 
 
-async def resolve_at(bus: Bus, text: str | None, now: float) -> int:
+async def resolve_at(bus: LogSource, text: str | None, now: float) -> int:
     """A log position from `--at`: a sequence number, a time (ISO or `10m` ago), or the end."""
     if text is None:
         return await bus.last_seq()
@@ -60,15 +66,16 @@ def cluster_lines(view: dict[str, Any], at_time: float) -> list[str]:
 
 
 async def replay(args: argparse.Namespace) -> int:
-    async with connected(args) as bus:
+    async with log_source(args) as bus:
         end = await bus.last_seq()
-        seq = await resolve_at(bus, args.at, time.time())
+        now = await log_now(bus)
+        seq = await resolve_at(bus, args.at, now)
         if seq > end:
             raise CliError(f"the log ends at #{end}; --at #{seq} is in the future", USAGE)
         state = await load_state(bus, to_seq=seq, use_snapshot=not args.no_snapshot)
         env = await envelope_at(bus, state.seq)
     at_time = env.stream_time if env is not None else 0.0
-    view = cluster_summary(state, at_time or time.time())
+    view = cluster_summary(state, at_time or now)
     if args.json:
         print_json({"at": {"seq": state.seq, "time": at_time or None}, **view})
     else:
@@ -79,7 +86,7 @@ async def replay(args: argparse.Namespace) -> int:
 # --- explain -----------------------------------------------------------------------------
 
 
-async def _job_known(bus: Bus, job_id: str) -> bool:
+async def _job_known(bus: LogSource, job_id: str) -> bool:
     async with aclosing(bus.replay(subjects=[job_filter(job_id)], batch=1)) as batches:
         async for batch in batches:
             if batch:
@@ -87,7 +94,7 @@ async def _job_known(bus: Bus, job_id: str) -> bool:
     return False
 
 
-async def _read_story(bus: Bus, job_id: str) -> Story:
+async def _read_story(bus: LogSource, job_id: str) -> Story:
     """Fold the whole log (streamed, never held in memory) into the job's story."""
     story = Story(job_id)
     async with aclosing(bus.replay()) as batches:
@@ -99,7 +106,7 @@ async def _read_story(bus: Bus, job_id: str) -> Story:
 
 async def explain(args: argparse.Namespace) -> int:
     job_id = checked_id(args.job, "job id")
-    async with connected(args) as bus:
+    async with log_source(args) as bus:
         if not await _job_known(bus, job_id):
             raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
         story = await _read_story(bus, job_id)
@@ -125,6 +132,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "owner jobs, queues with usage and guarantees, pending jobs with their reasons.",
     )
     add_connection_args(p)
+    add_log_arg(p)
     p.add_argument("--at", metavar="SEQ|TIME", help="a sequence number (123 or #123), an ISO time, or a duration "
                    "ago such as 10m (default: the end of the log)")
     p.add_argument("--no-snapshot", action="store_true", help="fold from the first event, ignoring snapshots")
@@ -137,6 +145,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "reserved, started, preempted by whom and why, checkpoints, requeues, resumes, the end.",
     )
     add_connection_args(p)
+    add_log_arg(p)
     p.add_argument("job", help="job id")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=explain)

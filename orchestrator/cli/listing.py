@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 from events.subjects import InvalidId, check_id
-from orchestrator.cli.connect import add_connection_args, connected
+from orchestrator.cli.connect import add_connection_args
 from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.output import print_json, print_table
-from orchestrator.cli.state_view import load_state
+from orchestrator.cli.state_view import add_log_arg, load_state, log_now, log_source
 from orchestrator.cli.views import (
     JOBS_HEADERS,
     NODES_HEADERS,
@@ -62,8 +61,9 @@ async def jobs(args: argparse.Namespace) -> int:
     statuses = parse_states(args.state)
     if args.queue is not None:
         checked_id(args.queue, "queue")
-    async with connected(args) as bus:
+    async with log_source(args) as bus:
         state = await load_state(bus)
+        now = await log_now(bus)
     if args.queue is not None and args.queue not in known_queues(state):
         raise CliError(f"unknown queue {args.queue!r}; known: {', '.join(sorted(known_queues(state))) or 'none'}",
                        NOT_FOUND)
@@ -71,26 +71,27 @@ async def jobs(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"seq": state.seq, "jobs": [job_summary(state, j) for j in selected]})
     else:
-        print_table(JOBS_HEADERS, jobs_rows(state, selected, time.time()), empty="(no jobs)")
+        print_table(JOBS_HEADERS, jobs_rows(state, selected, now), empty="(no jobs)")
     return OK
 
 
 async def job(args: argparse.Namespace) -> int:
     job_id = checked_id(args.job, "job id")
-    async with connected(args) as bus:
+    async with log_source(args) as bus:
         state = await load_state(bus)
+        now = await log_now(bus)
     found = state.jobs.get(job_id)
     if found is None:
         raise CliError(f"unknown job {job_id!r} (see `corral jobs`)", NOT_FOUND)
     if args.json:
         print_json({"seq": state.seq, **job_detail(state, found)})
     else:
-        print("\n".join(job_lines(state, found, time.time())))
+        print("\n".join(job_lines(state, found, now)))
     return OK
 
 
 async def nodes(args: argparse.Namespace) -> int:
-    async with connected(args) as bus:
+    async with log_source(args) as bus:
         state = await load_state(bus)
     if args.json:
         print_json({"seq": state.seq, "nodes": [node_summary(state, n) for n in sorted_nodes(state)]})
@@ -100,9 +101,10 @@ async def nodes(args: argparse.Namespace) -> int:
 
 
 async def queues(args: argparse.Namespace) -> int:
-    async with connected(args) as bus:
+    async with log_source(args) as bus:
         state = await load_state(bus)
-    summaries = queue_summaries(state, time.time())
+        now = await log_now(bus)
+    summaries = queue_summaries(state, now)
     if args.json:
         print_json({"seq": state.seq, "queues": summaries})
     else:
@@ -113,6 +115,7 @@ async def queues(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         add_connection_args(p)
+        add_log_arg(p)
         p.add_argument("--json", action="store_true", help="machine-readable output (includes the log position)")
 
     p = sub.add_parser("jobs", help="list jobs", description="Jobs in submit order, folded from the log.")

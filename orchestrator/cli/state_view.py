@@ -7,21 +7,64 @@ the position asked for (a snapshot *is* a fold of the log up to its `seq`),
 then replay the rest. Any problem with the snapshot (none yet, no permission
 to read it, an older format) falls back to a full replay, which is always
 correct, only slower.
+
+With `--log FILE` the read-only commands fold a log file instead (what
+`corral sim` writes, events/logfile.py): forensics on a simulated run, where
+"now" is the file's last event.
 """
 
 from __future__ import annotations
 
-from contextlib import aclosing
+import argparse
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from pathlib import Path
 
 import structlog
 from nats.js.errors import BucketNotFoundError
 
 from events.bus import Bus, Envelope
+from events.logfile import LogFile
+from orchestrator.cli.connect import connected
+from orchestrator.cli.errors import NOT_FOUND, CliError
+from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
 from orchestrator.follow import Follower
 from orchestrator.snapshot import SNAPSHOT_BUCKET, SnapshotStore
 
 log = structlog.get_logger("corral.cli")
+
+#: What a read-only command reads: the NATS stream, or a log file.
+LogSource = Bus | LogFile
+
+
+def add_log_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log", metavar="FILE", help="read this log file (one event per line, as `corral sim` writes "
+                   "events-<policy>.jsonl) instead of NATS; \"now\" is its last event")
+
+
+@asynccontextmanager
+async def log_source(args: argparse.Namespace) -> AsyncIterator[LogSource]:
+    """The log the command reads: `--log FILE` if given, else the NATS stream (`connected`)."""
+    path = getattr(args, "log", None)
+    if path is None:
+        async with connected(args) as bus:
+            yield bus
+        return
+    if not Path(path).is_file():
+        raise CliError(f"no log file {path}", NOT_FOUND)
+    try:
+        with Path(path).open("rb"):
+            pass
+    except OSError as e:
+        raise CliError(f"cannot read log file {path}: {e.strerror or e}", NOT_FOUND) from None
+    yield LogFile(path)
+
+
+async def log_now(source: LogSource) -> float:
+    """The present for ages and `--at 10m`: the clock for the stream, the last event's time for a file."""
+    return await source.last_time() if isinstance(source, LogFile) else time.time()
 
 
 async def newest_snapshot(bus: Bus, *, at_most: int) -> ClusterState | None:
@@ -43,17 +86,23 @@ async def newest_snapshot(bus: Bus, *, at_most: int) -> ClusterState | None:
     return state
 
 
-async def load_state(bus: Bus, *, to_seq: int | None = None, use_snapshot: bool = True) -> ClusterState:
+async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot: bool = True) -> ClusterState:
     """The state folded up to `to_seq` (default: the end of the log now)."""
     end = await bus.last_seq()
     target = end if to_seq is None else max(0, min(to_seq, end))
+    if isinstance(bus, LogFile):  # no snapshots beside a file
+        state = ClusterState()
+        async for batch in bus.replay(to_seq=target):
+            for env in batch:
+                state = evolve(state, env.event, env.seq)
+        return state
     start = await newest_snapshot(bus, at_most=target) if use_snapshot else None
     follower = Follower(bus, start)
     await follower.catch_up(to_seq=target)
     return follower.state
 
 
-async def seq_at_time(bus: Bus, at: float) -> int:
+async def seq_at_time(bus: LogSource, at: float) -> int:
     """The last sequence the log stored at or before `at` (epoch seconds); 0 if none."""
     async with aclosing(bus.replay(since=at, batch=64)) as batches:
         async for batch in batches:
@@ -63,7 +112,7 @@ async def seq_at_time(bus: Bus, at: float) -> int:
     return await bus.last_seq()
 
 
-async def envelope_at(bus: Bus, seq: int) -> Envelope | None:
+async def envelope_at(bus: LogSource, seq: int) -> Envelope | None:
     """The event stored at `seq` (None if there is none)."""
     if seq < 1:
         return None

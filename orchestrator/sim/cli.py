@@ -39,7 +39,8 @@ Cluster YAML: nodes, gpus_per_node, gpu_model, topology levels with sizes, queue
   (name, weight, guaranteed_gpus, limit_gpus, parent); see orchestrator/sim/cluster.py.
 
 Writes into --out: events-<policy>.jsonl (the log, one event per line, foldable by any
-corral reader), metrics.json, table.txt and PNG figures.
+corral reader: `corral explain --log FILE JOB`, `corral replay --log FILE --at SEQ`),
+metrics.json, table.txt and PNG figures.
 """
 
 GEN_HELP = """\

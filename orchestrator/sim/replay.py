@@ -17,21 +17,19 @@ jobs with neither are left out and counted.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
 
+from events.logfile import read_events
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
 from orchestrator.sim.cluster import EPOCH, ClusterSpec, setup_events
 from orchestrator.sim.engine import Scenario
 from orchestrator.sim.specs import DURATION_ENV, SimJob
 from orchestrator.sim.trace import Outage, TraceError
-from schemas.codec import decode
 from schemas.events import (
-    AnyEvent,
     ClusterConfigured,
     Event,
     GangReserved,
@@ -42,16 +40,9 @@ from schemas.events import (
     NodeRegistered,
     QueueDefined,
     SchedulerElected,
-    Unknown,
 )
 
-
-def read_log(path: str | Path) -> Iterator[AnyEvent | Unknown]:
-    """Every event of a log file in order (undecodable lines come back as Unknown, as for any reader)."""
-    with Path(path).open("rb") as f:
-        for raw in f:
-            if raw.strip():
-                yield decode(raw)
+read_log = read_events
 
 
 def fold_log(path: str | Path) -> ClusterState:

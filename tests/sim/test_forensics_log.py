@@ -1,0 +1,100 @@
+"""What-if forensics: `corral replay/explain/jobs --log FILE` read a simulated run's log file as they read NATS.
+
+The answers are checked against the file itself: a fold of its first lines
+with the normal `evolve`, and the events it holds about a preempted job.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import FREE, ClusterState
+from orchestrator.sim.__main__ import main as sim_main
+from orchestrator.sim.replay import read_log
+from schemas import JobSubmitted, PreemptionRequested
+from tests.cli.conftest import assert_one_line_error, corral
+
+
+@pytest.fixture(scope="module")
+def sim_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small simulated run with preemptions (reclaimed guarantees), as `corral sim` writes it."""
+    d = tmp_path_factory.mktemp("whatif")
+    trace, cluster = d / "t.csv", d / "c.yaml"
+    assert sim_main(["gen", "--nodes", "4", "--queues", "3", "--jobs", "120", "--seed", "5", "--out", str(trace),
+                     "--cluster-out", str(cluster)]) == 0
+    assert sim_main(["--trace", str(trace), "--cluster", str(cluster), "--policy", "corral", "--out", str(d),
+                     "--no-figures"]) == 0
+    return d / "events-corral.jsonl"
+
+
+def fold_lines(path: Path, seq: int) -> ClusterState:
+    state = ClusterState()
+    for i, event in enumerate(read_log(path), 1):
+        if i > seq:
+            break
+        evolve(state, event, i)
+    return state
+
+
+def run_json(*args: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(corral(*args, "--json").stdout)
+
+
+def test_explain_tells_a_simulated_preemption_from_the_file(sim_log: Path) -> None:
+    events = list(read_log(sim_log))
+    asked = next(e for e in events if isinstance(e, PreemptionRequested))
+    story = run_json("explain", "--log", str(sim_log), asked.job_id)
+
+    assert story["job_id"] == asked.job_id and story["status"] == "completed"
+    texts = [e["text"] for e in story["timeline"]]
+    assert any(t.startswith(f"preemption requested by {asked.preemptor_job_id}") for t in texts), texts
+    assert "preempted" in story["summary"]
+    # Positions are the file's line numbers, times the simulation's clock.
+    submitted = next(i for i, e in enumerate(events, 1) if isinstance(e, JobSubmitted) and e.job_id == asked.job_id)
+    first = story["timeline"][0]
+    assert first["seq"] == submitted and first["time"] == events[submitted - 1].occurred_at
+
+
+def test_replay_at_a_line_is_the_fold_of_the_lines_before(sim_log: Path) -> None:
+    events = list(read_log(sim_log))
+    at = next(i for i, e in enumerate(events, 1) if isinstance(e, PreemptionRequested))
+    expected = fold_lines(sim_log, at)
+    view = run_json("replay", "--log", str(sim_log), "--at", str(at))
+
+    assert view["at"] == {"seq": at, "time": events[at - 1].occurred_at}
+    owners = {n["node_id"]: [o or FREE for o in n["owners"]] for n in view["nodes"]}
+    assert owners == {nid: list(o) for nid, o in expected.owners.items()}
+    assert [p["job_id"] for p in view["pending"]] == list(expected.pending)
+    assert view["jobs"]["preempting"] == sum(j.status == "preempting" for j in expected.jobs.values()) > 0
+
+    # A duration is counted back from the file's last event, not from today.
+    end = events[-1].occurred_at
+    back = run_json("replay", "--log", str(sim_log), "--at", "1h")
+    assert back["at"]["time"] <= end - 3600 < events[back["at"]["seq"]].occurred_at
+
+
+def test_listings_read_the_file_to_its_end(sim_log: Path) -> None:
+    final = fold_lines(sim_log, 10**9)
+    listed = run_json("jobs", "--log", str(sim_log))
+    assert {j["job_id"] for j in listed["jobs"]} == set(final.jobs) and len(final.jobs) == 120
+    assert {j["status"] for j in listed["jobs"]} == {"completed"}
+    queues = run_json("queues", "--log", str(sim_log))
+    assert {q["queue"] for q in queues["queues"]} == set(final.queues)
+    assert len(run_json("nodes", "--log", str(sim_log))["nodes"]) == len(final.nodes) == 4
+
+
+def test_a_bad_line_is_read_past_and_a_missing_file_is_one_line(sim_log: Path, tmp_path: Path) -> None:
+    lines = sim_log.read_bytes().splitlines(keepends=True)
+    damaged = tmp_path / "damaged.jsonl"
+    damaged.write_bytes(b"".join([*lines[:10], b'{"type": "NoSuchEvent", "x": 1}\n', b"not json\n", *lines[10:]]))
+    assert run_json("replay", "--log", str(damaged))["jobs"] == run_json("replay", "--log", str(sim_log))["jobs"]
+    assert run_json("replay", "--log", str(damaged))["seq"] == len(lines) + 2
+
+    line = assert_one_line_error(corral("explain", "--log", str(tmp_path / "nope.jsonl"), "j1", check=None), 4)
+    assert "no log file" in line
+    line = assert_one_line_error(corral("explain", "--log", str(sim_log), "j-none", check=None), 4)
+    assert "unknown job 'j-none'" in line
