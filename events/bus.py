@@ -78,6 +78,7 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
+from events.cancel import stop_if_cancelled
 from events.subjects import ALL, check_id, normalize_filters, subject_for
 from schemas import AnyEvent, Event, Unknown, decode, encode
 
@@ -764,6 +765,7 @@ class _Reader:
         stalled_since: float | None = None
         try:
             while not self._done:
+                stop_if_cancelled()
                 sub = None
                 name = None
                 try:

@@ -21,6 +21,7 @@ from pathlib import Path
 import structlog
 
 from events.bus import Bus, BusError, append_reclaiming
+from events.cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import newest_manifest
 from nodeagent.heartbeat import publish_heartbeats
@@ -217,6 +218,7 @@ class Agent:
 
     async def _reconcile_loop(self) -> None:
         while True:
+            stop_if_cancelled()
             await self.follower.wait_changed(self.config.tick_s)
             self.follower.changed.clear()
             await self.reconcile()

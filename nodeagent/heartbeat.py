@@ -10,6 +10,7 @@ import msgspec
 import structlog
 from nats.js.kv import KeyValue
 
+from events.cancel import stop_if_cancelled
 from schemas.heartbeat import Heartbeat
 
 log = structlog.get_logger("corral.agent")
@@ -21,6 +22,7 @@ async def publish_heartbeats(
     """Put a heartbeat every `interval_s` until cancelled; a failed put is simply retried next beat."""
     enc = msgspec.json.Encoder()
     while True:
+        stop_if_cancelled()
         hb = Heartbeat(node_id=node_id, incarnation=incarnation, sent_at=time.time(), workers=workers())
         try:
             await kv.put(node_id, enc.encode(hb))

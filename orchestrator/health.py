@@ -26,6 +26,7 @@ import nats.errors
 import structlog
 from nats.js.kv import KeyValue
 
+from events.cancel import stop_if_cancelled
 from schemas.heartbeat import Heartbeat
 
 log = structlog.get_logger("corral.health")
@@ -61,6 +62,7 @@ class HeartbeatMonitor:
         """Follow the bucket until cancelled, re-creating the watch whenever it goes quiet."""
         quiet_s = max(0.5, self.timeout_s / 3)
         while True:
+            stop_if_cancelled()
             try:
                 watcher = await self._kv.watchall()
             except (nats.errors.Error, TimeoutError) as e:
@@ -69,9 +71,12 @@ class HeartbeatMonitor:
                 continue
             try:
                 while True:
+                    stop_if_cancelled()
+                    # Not watcher.updates(timeout): it waits with wait_for (events/cancel.py).
                     try:
-                        entry = await watcher.updates(timeout=quiet_s)
-                    except nats.errors.TimeoutError:
+                        async with asyncio.timeout(quiet_s):
+                            entry = await anext(watcher)
+                    except (TimeoutError, StopAsyncIteration):
                         break  # quiet: maybe lost with a server restart; a new watch costs one consumer
                     if entry is not None and entry.value:
                         self.observe(entry.value, entry.key, entry.revision)

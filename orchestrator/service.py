@@ -23,6 +23,7 @@ import nats.errors
 import structlog
 
 from events.bus import Bus, BusError, append_reclaiming
+from events.cancel import stop_if_cancelled
 from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.state import ClusterState, Config
@@ -98,6 +99,7 @@ class Scheduler:
 
     async def _snapshot_loop(self) -> None:
         while True:
+            stop_if_cancelled()
             await asyncio.sleep(1.0)
             seq = self.state.seq
             if seq - self._snapshot_seq >= self.config.snapshot_every:
@@ -114,6 +116,7 @@ class Scheduler:
     async def _campaign(self) -> None:
         assert self._lease is not None
         while True:
+            stop_if_cancelled()
             if self._lease.held:
                 if not await self._lease.renew(self.epoch):
                     log.warning("standing_by", reason="lease lost")
@@ -149,6 +152,7 @@ class Scheduler:
 
     async def _decide_loop(self) -> None:
         while True:
+            stop_if_cancelled()
             await self.follower.wait_changed(self.config.tick_s)
             self.follower.changed.clear()
             if not self.leading or self.state.seq < self._awaiting:
@@ -171,6 +175,7 @@ class Scheduler:
         monitor = self._monitor
         assert monitor is not None
         while True:
+            stop_if_cancelled()
             await asyncio.sleep(min(1.0, monitor.timeout_s / 4))
             if not self.leading:
                 continue
