@@ -110,10 +110,9 @@ async def explain(args: argparse.Namespace) -> int:
         if not await _job_known(bus, job_id):
             raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
         story = await _read_story(bus, job_id)
-    state, entries = story.state, story.entries
-    summary = story_summary(state, job_id, entries)
+    job, entries = story.job, story.entries
+    summary = story_summary(job, job_id, entries)
     if args.json:
-        job = state.jobs.get(job_id)
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
                     "summary": summary, "timeline": [e.to_dict() for e in entries]})
         return OK

@@ -137,12 +137,15 @@ class Story:
         self.job_id = job_id
         self.state = state if state is not None else ClusterState()
         self.entries: list[Entry] = []
+        #: The job's newest record: kept after the fold forgets it (past FINISHED_KEPT finished jobs).
+        self.job: Job | None = None
 
     def add(self, env: Envelope) -> None:
         s, ev = self.state, env.event
         before = s.jobs.get(self.job_id)
         voids = s.voids
         evolve(s, ev, env.seq)
+        self.job = s.jobs.get(self.job_id, self.job)
         text = _text(ev, self.job_id, before, s)
         if text is None:
             return
@@ -160,9 +163,8 @@ def job_timeline(envelopes: Iterable[Envelope], job_id: str) -> list[Entry]:
     return story.entries
 
 
-def story_summary(state: ClusterState, job_id: str, entries: list[Entry]) -> str:
-    """One line on top: where the job is now and what happened to it."""
-    job = state.jobs.get(job_id)
+def story_summary(job: Job | None, job_id: str, entries: list[Entry]) -> str:
+    """One line on top: where the job is now (its newest record, `Story.job`) and what happened to it."""
     if job is None:
         return f"{job_id}: no such job in the log"
     preemptions = sum(1 for e in entries if isinstance(e.event, Preempted) and e.event.job_id == job_id)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from events.logfile import LogFile
+from orchestrator.cli.timeline import Story, story_summary
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import FREE, ClusterState
 from orchestrator.sim.__main__ import main as sim_main
@@ -98,3 +100,19 @@ def test_a_bad_line_is_read_past_and_a_missing_file_is_one_line(sim_log: Path, t
     assert "no log file" in line
     line = assert_one_line_error(corral("explain", "--log", str(sim_log), "j-none", check=None), 4)
     assert "unknown job 'j-none'" in line
+
+
+async def test_explain_still_summarises_a_job_the_fold_has_forgotten(sim_log: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fold keeps the newest FINISHED_KEPT finished jobs; an older job's story still says how it ended."""
+    import orchestrator.core.evolve as fold
+
+    monkeypatch.setattr(fold, "FINISHED_KEPT", 5)  # a long log's worth of later finished jobs
+    first = next(e.job_id for e in read_log(sim_log) if isinstance(e, JobSubmitted))
+    story = Story(first)
+    async for batch in LogFile(sim_log).replay():
+        for env in batch:
+            story.add(env)
+    assert first not in story.state.jobs, "the fold was meant to forget it"
+    assert story.job is not None and story.job.status == "completed"
+    assert story_summary(story.job, first, story.entries).startswith(f"{first} ({first}) is completed")
