@@ -52,11 +52,8 @@ async def log_source(args: argparse.Namespace) -> AsyncIterator[LogSource]:
         async with connected(args) as bus:
             yield bus
         return
-    if not Path(path).is_file():
-        raise CliError(f"no log file {path}", NOT_FOUND)
     try:
-        with Path(path).open("rb"):
-            pass
+        Path(path).open("rb").close()  # a missing file, a directory: say so now, in one line
     except OSError as e:
         raise CliError(f"cannot read log file {path}: {e.strerror or e}", NOT_FOUND) from None
     yield LogFile(path)

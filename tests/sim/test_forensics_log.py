@@ -97,7 +97,7 @@ def test_a_bad_line_is_read_past_and_a_missing_file_is_one_line(sim_log: Path, t
     assert run_json("replay", "--log", str(damaged))["seq"] == len(lines) + 2
 
     line = assert_one_line_error(corral("explain", "--log", str(tmp_path / "nope.jsonl"), "j1", check=None), 4)
-    assert "no log file" in line
+    assert line.endswith("cannot read log file " + str(tmp_path / "nope.jsonl") + ": No such file or directory")
     line = assert_one_line_error(corral("explain", "--log", str(sim_log), "j-none", check=None), 4)
     assert "unknown job 'j-none'" in line
 
