@@ -82,7 +82,9 @@ async def job(args: argparse.Namespace) -> int:
         now = await log_now(bus)
     found = state.jobs.get(job_id)
     if found is None:
-        raise CliError(f"unknown job {job_id!r} (see `corral jobs`)", NOT_FOUND)
+        # The fold keeps the newest FINISHED_KEPT finished jobs; the log keeps every story.
+        raise CliError(f"unknown job {job_id!r} (see `corral jobs`; one that finished long ago: "
+                       f"`corral explain {job_id}`)", NOT_FOUND)
     if args.json:
         print_json({"seq": state.seq, **job_detail(state, found)})
     else:
