@@ -1,15 +1,21 @@
-"""A log file read like the log: what `corral sim` writes, for the read-only commands' `--log FILE`.
+"""A log file read like the log, for the read-only commands' `--log FILE` and `corral sim --from-log`.
 
-The file holds one `schemas.encode(event)` JSON object per line, in log order
-(events-<policy>.jsonl of a simulation). `LogFile` answers the part of `Bus`
-that readers use -- `last_seq` and `replay` in batches of `Envelope`s -- so
-`corral replay`, `explain`, `jobs` and the rest fold it with the same code
-as the NATS stream: what-if forensics on a simulated run.
+Two kinds of line, in log order:
 
-A file has no server, so a position is a line number (blank lines skipped)
-and an event's stream time is its own `occurred_at` (a simulation's virtual
-clock); an undecodable line comes back as `Unknown`, as from the stream, on
-the subject `corral.unknown` at the time of the event before it.
+* an event, `schemas.encode(event)` -- what `corral sim` writes
+  (events-<policy>.jsonl). A file has no server, so its position is the line
+  number (blank lines skipped) and its stream time the event's own
+  `occurred_at` (a simulation's virtual clock);
+* a record of `corral tail --json` (`{"seq", "subject", "time", "type",
+  "event"}`) -- a real cluster's log exported with `corral tail --no-follow
+  --json > FILE`, which keeps the stream's positions and times.
+
+`LogFile` answers the part of `Bus` that readers use -- `last_seq` and
+`replay` in batches of `Envelope`s -- so `corral replay`, `explain`, `jobs`
+and the rest fold a file with the same code as the NATS stream: what-if
+forensics on a simulated run, or on a cluster's log away from the cluster.
+An undecodable line comes back as `Unknown`, as from the stream, on the
+subject `corral.unknown` at the time of the event before it.
 """
 
 from __future__ import annotations
@@ -17,18 +23,51 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
+import msgspec
+
 from events.bus import Envelope
 from events.subjects import ROOT, matches, normalize_filters, subject_for
 from schemas.codec import decode
 from schemas.events import AnyEvent, Unknown
 
+#: How a `corral tail --json` record starts (orchestrator/cli/tail.json_line writes "seq" first).
+_TAIL_RECORD = b'{"seq":'
+
+
+class _TailRecord(msgspec.Struct):
+    seq: int
+    subject: str
+    time: float
+    event: msgspec.Raw
+
+
+_tail_record = msgspec.json.Decoder(_TailRecord)
+
 
 def read_events(path: str | Path) -> Iterator[AnyEvent | Unknown]:
     """Every event of a log file in order (undecodable lines come back as Unknown, as for any reader)."""
-    with Path(path).open("rb") as f:
-        for raw in f:
-            if raw.strip():
-                yield decode(raw)
+    return (env.event for env in LogFile(path).envelopes())
+
+
+def _tail_line(raw: bytes) -> Envelope | None:
+    """A `corral tail --json` record as the stream delivered it; None if the line is not one."""
+    try:
+        rec = _tail_record.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return Envelope(seq=rec.seq, subject=rec.subject, stream_time=rec.time, event=decode(bytes(rec.event)))
+
+
+def _event_line(seq: int, raw: bytes, before: float) -> Envelope:
+    """An event line at position `seq`: its own time, the subject it would be published on."""
+    event = decode(raw)
+    if isinstance(event, Unknown):
+        return Envelope(seq=seq, subject=f"{ROOT}.unknown", stream_time=before, event=event)
+    try:
+        subject = subject_for(event)
+    except ValueError:  # an id no publisher could have used: readable, not matchable
+        subject = f"{ROOT}.unknown"
+    return Envelope(seq=seq, subject=subject, stream_time=event.occurred_at, event=event)
 
 
 class LogFile:
@@ -36,23 +75,25 @@ class LogFile:
         self.path = Path(path)
         self._end: tuple[int, float] | None = None
 
-    def _envelopes(self) -> Iterator[Envelope]:
-        t = 0.0
-        for seq, event in enumerate(read_events(self.path), 1):
-            if isinstance(event, Unknown):
-                subject = f"{ROOT}.unknown"
-            else:
-                t = event.occurred_at
-                try:
-                    subject = subject_for(event)
-                except ValueError:  # an id no publisher could have used: readable, not matchable
-                    subject = f"{ROOT}.unknown"
-            yield Envelope(seq=seq, subject=subject, stream_time=t, event=event)
+    def envelopes(self) -> Iterator[Envelope]:
+        """Every line as the stream would deliver it, in order."""
+        t = 0.0  # an Unknown line gets the time of the event before it
+        line = 0
+        with self.path.open("rb") as f:
+            for raw in f:
+                if not raw.strip():
+                    continue
+                line += 1
+                env = _tail_line(raw) if raw.lstrip().startswith(_TAIL_RECORD) else None
+                if env is None:
+                    env = _event_line(line, raw, t)
+                t = env.stream_time
+                yield env
 
     def _scan(self) -> tuple[int, float]:
         if self._end is None:
             seq, t = 0, 0.0
-            for env in self._envelopes():
+            for env in self.envelopes():
                 seq, t = env.seq, env.stream_time
             self._end = (seq, t)
         return self._end
@@ -78,7 +119,7 @@ class LogFile:
             raise ValueError("give from_seq or since, not both")
         wanted = normalize_filters(subjects) if subjects else None
         out: list[Envelope] = []
-        for env in self._envelopes():
+        for env in self.envelopes():
             if to_seq is not None and env.seq > to_seq:
                 break
             if env.seq < from_seq or (since is not None and env.stream_time < since):

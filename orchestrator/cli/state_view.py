@@ -40,8 +40,9 @@ LogSource = Bus | LogFile
 
 
 def add_log_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log", metavar="FILE", help="read this log file (one event per line, as `corral sim` writes "
-                   "events-<policy>.jsonl) instead of NATS; \"now\" is its last event")
+    p.add_argument("--log", metavar="FILE", help="read this log file instead of NATS: a simulation's "
+                   "events-<policy>.jsonl, or an export of `corral tail --no-follow --json`; \"now\" is its "
+                   "last event")
 
 
 @asynccontextmanager

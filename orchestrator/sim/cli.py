@@ -59,7 +59,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--outages", metavar="FILE", help="node outages CSV")
     p.add_argument("--cluster", metavar="SPEC", help="cluster spec YAML (optional with --from-log)")
     p.add_argument("--from-log", metavar="FILE", dest="from_log",
-                   help="re-run the JobSubmitted events of an event-log file (its cluster too, unless --cluster)")
+                   help="re-run the JobSubmitted events of an event-log file (its cluster too, unless --cluster): "
+                        "a simulation's events-<policy>.jsonl, or a cluster's log exported with "
+                        "`corral tail --no-follow --json > FILE`")
     p.add_argument("--policy", default="corral", metavar="LIST",
                    help=f"comma-separated policies or 'all' ({', '.join(POLICY_NAMES)}); default %(default)s")
     p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 from orchestrator.cli.views import gpu_map
 from orchestrator.core.evolve import evolve
@@ -102,6 +103,25 @@ def test_explain_the_preemptor_names_its_victims(cluster: Up, preemption: Preemp
     reserved = next(e for e in story["timeline"] if e["type"] == "GangReserved")
     assert reserved["text"].startswith("reserved attempt 1 on node-")
     assert story["timeline"][-1]["type"] == "JobCompleted"
+
+
+def test_a_log_exported_with_tail_reads_like_the_stream(cluster: Up, preemption: Preemption, tmp_path: Path) -> None:
+    """`corral tail --no-follow --json > FILE`, then `--log FILE`: the same answers away from the cluster.
+
+    And the export is a what-if input: `corral sim --from-log` re-runs its jobs under another policy.
+    """
+    url = cluster.url
+    export = tmp_path / "cluster.jsonl"
+    export.write_text(corral("tail", "--no-follow", "--json", url=url).stdout)
+    victim = preemption.victims[0]
+    assert corral_json("explain", victim, "--log", str(export), url=url) == corral_json("explain", victim, url=url)
+    at = next(env.seq for env in log_of(url) if isinstance(env.event, Preempted) and env.event.job_id == victim)
+    from_file = corral_json("replay", "--at", str(at), "--log", str(export), url=url)
+    assert from_file == corral_json("replay", "--at", str(at), url=url)
+    rerun = corral("sim", "--from-log", str(export), "--policy", "fifo", "--out", str(tmp_path / "rerun"),
+                   "--no-figures")
+    assert f"{preemption.preemptor}" in (tmp_path / "rerun" / "events-fifo.jsonl").read_text()
+    assert "fifo: " in rerun.stderr and "jobs completed" in rerun.stdout  # progress on stderr, the table on stdout
 
 
 def test_explain_marks_void_decisions() -> None:
