@@ -17,6 +17,14 @@ from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
 
 
+def fold_batch(state: ClusterState, batch: list[Envelope]) -> ClusterState:
+    """Fold a replay batch into `state`, skipping positions it already holds (every reader's fold loop)."""
+    for env in batch:
+        if env.seq > state.seq:
+            state = evolve(state, env.event, env.seq)
+    return state
+
+
 class Follower:
     def __init__(self, bus: Bus, state: ClusterState | None = None) -> None:
         self.bus = bus
@@ -85,11 +93,7 @@ class Follower:
             for env in batch:
                 self.apply(env)
             return
-        state = self.state
-        for env in batch:
-            if env.seq > state.seq:
-                state = evolve(state, env.event, env.seq)
-        self.state = state
+        self.state = fold_batch(self.state, batch)
         self.changed.set()
         if self._seq_waiters:
             self._wake()

@@ -28,9 +28,8 @@ from events.bus import Bus, Envelope
 from events.logfile import LogFile
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import NOT_FOUND, CliError
-from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.follow import Follower
+from orchestrator.follow import Follower, fold_batch
 from orchestrator.snapshot import SNAPSHOT_BUCKET, SnapshotStore
 
 log = structlog.get_logger("corral.cli")
@@ -91,8 +90,7 @@ async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot:
     if isinstance(bus, LogFile):  # no snapshots beside a file
         state = ClusterState()
         async for batch in bus.replay(to_seq=target):
-            for env in batch:
-                state = evolve(state, env.event, env.seq)
+            state = fold_batch(state, batch)
         return state
     start = await newest_snapshot(bus, at_most=target) if use_snapshot else None
     follower = Follower(bus, start)
