@@ -49,6 +49,12 @@ def read_events(path: str | Path) -> Iterator[AnyEvent | Unknown]:
     return (env.event for env in LogFile(path).envelopes())
 
 
+def _parse(line: int, raw: bytes, before: float) -> Envelope:
+    """The non-blank line number `line`: a tail record, else an event line (`before`: the time before it)."""
+    env = _tail_line(raw) if raw.lstrip().startswith(_TAIL_RECORD) else None
+    return env if env is not None else _event_line(line, raw, before)
+
+
 def _tail_line(raw: bytes) -> Envelope | None:
     """A `corral tail --json` record as the stream delivered it; None if the line is not one."""
     try:
@@ -84,18 +90,23 @@ class LogFile:
                 if not raw.strip():
                     continue
                 line += 1
-                env = _tail_line(raw) if raw.lstrip().startswith(_TAIL_RECORD) else None
-                if env is None:
-                    env = _event_line(line, raw, t)
+                env = _parse(line, raw, t)
                 t = env.stream_time
                 yield env
 
     def _scan(self) -> tuple[int, float]:
+        """(last position, its time): lines are counted, only the last one decoded -- a command folds the
+        file once more anyway. An undecodable last line takes its time from the lines before: read them all."""
         if self._end is None:
-            seq, t = 0, 0.0
-            for env in self.envelopes():
-                seq, t = env.seq, env.stream_time
-            self._end = (seq, t)
+            line, last = 0, b""
+            with self.path.open("rb") as f:
+                for raw in f:
+                    if raw.strip():
+                        line, last = line + 1, raw
+            env = _parse(line, last, 0.0) if line else None
+            if env is not None and isinstance(env.event, Unknown):
+                *_, env = self.envelopes()
+            self._end = (env.seq, env.stream_time) if env is not None else (0, 0.0)
         return self._end
 
     async def last_seq(self) -> int:
