@@ -24,7 +24,7 @@ from orchestrator.cli.state_view import (
     log_source,
     seq_at_time,
 )
-from orchestrator.cli.timeline import Story, story_summary
+from orchestrator.cli.timeline import Run, Story, runs, story_summary
 from orchestrator.cli.timespec import format_instant, parse_instant
 from orchestrator.cli.views import cluster_summary, gpu_map, queues_rows
 
@@ -118,10 +118,29 @@ async def explain(args: argparse.Namespace) -> int:
         return OK
     print(summary)
     t0 = entries[0].time if entries else 0.0
-    for e in entries:
-        clock = format_instant(e.time)[11:]
-        print(f"  {clock} +{e.time - t0:8.3f}s #{e.seq:<6} {e.text}")
+    collapsed = False
+    for run in runs(entries) if not args.all else [Run(e, e, 1) for e in entries]:
+        e, last = run.first, run.last
+        print(f"  {_clock(e.time)} +{e.time - t0:8.3f}s #{e.seq:<6} {e.text}")
+        if run.count > 1:
+            collapsed = True
+            newest = f", newest: {last.event.message}" if last.text != e.text else ""
+            print(f"  {'':>12} {'':>10} {'':>7} ... told {run.count} times, the last at "
+                  f"{_clock(last.time)} #{last.seq} ({_span(last.time - e.time)} later){newest}")
+    if collapsed:
+        print("  (a reason told again in a row is shown once; --all prints every step)")
     return OK
+
+
+def _clock(ts: float) -> str:
+    """The time of day (the log's day is in the summary's timestamps); a log starting at 0 has no clock."""
+    return f"{format_instant(ts)[11:] if ts > 0 else '-':>12}"
+
+
+def _span(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -146,5 +165,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_args(p)
     add_log_arg(p)
     p.add_argument("job", help="job id")
+    p.add_argument("--all", action="store_true", help="print every step: a pending reason told again in a row is "
+                   "otherwise shown once, with how often and until when (--json always has every step)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=explain)

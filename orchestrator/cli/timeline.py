@@ -155,6 +155,34 @@ class Story:
         self.entries.append(Entry(env.seq, env.stream_time, tag_of(ev), text, void, ev))
 
 
+class Run(NamedTuple):
+    """Entries in a row that say the same thing: one, or a reason told again and again."""
+
+    first: Entry
+    last: Entry
+    count: int
+
+
+def runs(entries: Iterable[Entry]) -> list[Run]:
+    """`entries` with consecutive pending reasons of one code as one run.
+
+    A job waiting its turn on a busy cluster is told its reason again with
+    new numbers every REFRESH_S (core/explain.py): a day's wait is a thousand
+    lines of "needs 32 GPUs, 9 free", "... 7 free". A human reads the run
+    once, with how long it lasted and its newest numbers; --json keeps
+    every entry.
+    """
+    out: list[Run] = []
+    for e in entries:
+        prev = out[-1] if out else None
+        if (prev is not None and isinstance(e.event, JobWaiting) and isinstance(prev.last.event, JobWaiting)
+                and e.event.code == prev.last.event.code and not e.void and not prev.last.void):
+            out[-1] = Run(prev.first, e, prev.count + 1)
+        else:
+            out.append(Run(e, e, 1))
+    return out
+
+
 def job_timeline(envelopes: Iterable[Envelope], job_id: str) -> list[Entry]:
     """The entries of `job_id`'s story in a whole log."""
     story = Story(job_id)

@@ -7,6 +7,7 @@ with the normal `evolve`, and the events it holds about a preempted job.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from orchestrator.core.evolve import evolve
 from orchestrator.core.state import FREE, ClusterState
 from orchestrator.sim.__main__ import main as sim_main
 from orchestrator.sim.replay import read_log
-from schemas import JobSubmitted, PreemptionRequested
+from schemas import Event, JobSpec, JobSubmitted, JobWaiting, PreemptionRequested
+from schemas.codec import encode
 from tests.cli.conftest import assert_one_line_error, corral
 
 
@@ -116,3 +118,30 @@ async def test_explain_still_summarises_a_job_the_fold_has_forgotten(sim_log: Pa
     assert first not in story.state.jobs, "the fold was meant to forget it"
     assert story.job is not None and story.job.status == "completed"
     assert story_summary(story.job, first, story.entries).startswith(f"{first} ({first}) is completed")
+
+
+def test_explain_shows_a_reason_told_again_in_a_row_once(tmp_path: Path) -> None:
+    """A waiting job re-told its reason with new numbers is one line per run for a human, every step with --all and --json."""
+    def waiting(i: int, at: float, code: str, message: str) -> JobWaiting:
+        return JobWaiting(event_id=f"w{i}", occurred_at=at, job_id="big", code=code, message=message)
+
+    events: list[Event] = [JobSubmitted(event_id="s", occurred_at=0.0, job_id="big",
+                                        spec=JobSpec(name="big", ranks=4, gpus_per_rank=8))]
+    events += [waiting(i, 60.0 * (i + 1), "capacity", f"needs 32 GPUs (4x8), {9 + i} free in the cluster")
+               for i in range(5)]
+    events.append(waiting(5, 400.0, "quota", "queue default at its limit 8: holds 8, needs 32 more"))
+    events += [waiting(6 + i, 3600.0 * (i + 1), "capacity", "needs 32 GPUs (4x8), 3 free in the cluster")
+               for i in range(3)]
+    log = tmp_path / "waits.jsonl"
+    log.write_bytes(b"".join(encode(e) + b"\n" for e in events))
+
+    out = corral("explain", "--log", str(log), "big").stdout.splitlines()
+    assert [m.group(1) for line in out if (m := re.match(r" +\S+ +\+ *[\d.]+s #(\d+) ", line))] == ["1", "2", "7", "8"], out
+    assert "told 5 times, the last at" in out[3] and "#6 (4.0 min later)" in out[3], out
+    assert out[3].endswith("newest: needs 32 GPUs (4x8), 13 free in the cluster"), out
+    assert "told 3 times" in out[6] and "(2.0 h later)" in out[6] and "newest" not in out[6], out  # the same words
+    assert "--all prints every step" in out[-1]
+
+    every = corral("explain", "--log", str(log), "big", "--all").stdout.splitlines()
+    assert len(every) == 1 + len(events) and not any("told" in line for line in every), every
+    assert len(run_json("explain", "--log", str(log), "big")["timeline"]) == len(events)
