@@ -15,6 +15,15 @@ removed one by one until the gang fits topology-feasibly (and within quota),
 then each removed one except the last is added back, newest removal first,
 if the gang still fits without it.
 
+It is also cheap in GPUs. The order alone does not look at where a candidate
+runs or how big it is, so a 4x8 job could stop a 128-GPU gang -- all of its GPUs lose
+their work since the checkpoint, and it waits hours for 16 free nodes again
+-- where four 8-GPU gangs would have made room. So a second set is built
+node by node (`_by_nodes`) among the candidates of the levels the first set
+reached (for the default rule: the same class and priorities -- never a more
+important victim): each step frees the node that costs the fewest GPUs to
+host one more rank. The set that stops fewer GPUs is taken (ties: the first).
+
 Anti-thrash: a preemption never lets its victim preempt the preemptor back.
 (This is the default rule, `PRIORITY_AND_RECLAIM`. Another `PreemptionRule`
 in `Policies.preemption` -- least attained service, below -- states its own.)
@@ -102,6 +111,15 @@ ReasonFn = Callable[[PreemptionAsk, Candidate, Mapping[str, QueueLoad]], str | N
 OrderFn = Callable[[PreemptionAsk], Callable[[Candidate], tuple[Any, ...]]]
 
 
+def victim_level(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int, int]]:
+    """Victims alike in importance: other queues' borrowers or not, and priority."""
+
+    def key(c: Candidate) -> tuple[int, int]:
+        return (0 if c.queue != ask.queue else 1, c.priority)
+
+    return key
+
+
 class PreemptionRule(NamedTuple):
     """Who may preempt whom (`reason`: why, or None), and which victims go first (`order`)."""
 
@@ -110,9 +128,13 @@ class PreemptionRule(NamedTuple):
     #: The admission stage may skip a search when no candidate has a lower priority in the
     #: preemptor's queue and none can be reclaimed: true only of rules that need one of those.
     priority_or_reclaim_only: bool = False
+    #: Candidates of one level are alike to the rule (a prefix of `order`'s levels): the search
+    #: may stop the ones that cost fewest GPUs among the levels it reached. None: `order` alone.
+    level: OrderFn | None = None
 
 
-PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True)
+PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True,
+                                      level=victim_level)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:
@@ -165,10 +187,8 @@ def find_victims(
     taken: dict[str, int] = {}
     need = ask.req.gpus
     for c in pool:
-        if c.queue != ask.queue:
-            load = loads[c.queue]
-            if load.gpus - taken.get(c.queue, 0) - c.gpus < load.guaranteed:
-                continue  # would push the victim's queue below its guarantee
+        if _below_guarantee(ask, c, loads, taken):
+            continue
         _give(idx, c)
         removed.append(c)
         taken[c.queue] = taken.get(c.queue, 0) + c.gpus
@@ -177,6 +197,27 @@ def find_victims(
             break
     else:
         return None
+    removed = _pruned(ask, removed, idx, fits, quota_ok)
+    if rule.level is not None and (len(removed) > 1 or removed[0].gpus > ask.req.gpus):
+        level = rule.level(ask)
+        top = max(level(c) for c in removed)
+        cheaper = _by_nodes(ask, [c for c in pool if level(c) <= top], index, loads, fits, quota_ok)
+        if cheaper is not None and sum(c.gpus for c in cheaper) < sum(c.gpus for c in removed):
+            return cheaper
+    return removed
+
+
+def _below_guarantee(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad], taken: dict[str, int]) -> bool:
+    """Stopping `c` too would push its (other) queue below its guarantee."""
+    if c.queue == ask.queue:
+        return False
+    load = loads[c.queue]
+    return load.gpus - taken.get(c.queue, 0) - c.gpus < load.guaranteed
+
+
+def _pruned(ask: PreemptionAsk, removed: list[Candidate], idx: FreeIndex, fits: FitsFn,
+            quota_ok: Callable[[Sequence[Candidate]], bool]) -> list[Candidate]:
+    """Add back each victim but the last, newest removal first, if the gang still fits without it (`idx`: all gone)."""
     for c in reversed(removed[:-1]):
         _take(idx, c)
         rest = [x for x in removed if x is not c]
@@ -185,3 +226,66 @@ def find_victims(
         else:
             _give(idx, c)
     return removed
+
+
+def _by_nodes(
+    ask: PreemptionAsk,
+    pool: list[Candidate],
+    index: FreeIndex,
+    loads: Mapping[str, QueueLoad],
+    fits: FitsFn,
+    quota_ok: Callable[[Sequence[Candidate]], bool],
+) -> list[Candidate] | None:
+    """Victims chosen node by node: each step makes room for one more rank where that stops the fewest GPUs.
+
+    On a node, the smallest candidates go first until a rank's GPUs are free
+    there; a gang stops whole, so its size counts however few of its GPUs
+    the node gets. Steps repeat until the gang fits (and quota allows), at
+    most twice as many as it has ranks; then the set is pruned like the
+    ordered one. None if it does not fit by then: the ordered set stands.
+    """
+    g = ask.req.gpus_per_rank
+    if g <= 0:
+        return None
+    gpus_on: dict[str, dict[str, int]] = {}  # node -> job -> its GPUs there
+    for c in pool:
+        for rp in c.placement:
+            if rp.node_id in index.free:
+                here = gpus_on.setdefault(rp.node_id, {})
+                here[c.job_id] = here.get(c.job_id, 0) + len(rp.gpus)
+    by_id = {c.job_id: c for c in pool}
+    # node -> (candidate, its GPUs there), smallest gang first (pool order among equal sizes)
+    on = {node: sorted(((by_id[j], n) for j, n in here.items()), key=lambda cn: cn[0].gpus)
+          for node, here in gpus_on.items()}
+    idx = index.copy()
+    removed: list[Candidate] = []
+    gone: set[str] = set()
+    taken: dict[str, int] = {}
+    for _ in range(2 * ask.req.ranks + 1):  # (a required domain may cost a few steps more than ranks)
+        if idx.free_gpus(ROOT) >= ask.req.gpus and fits(ask.req, idx) and quota_ok(removed):
+            return _pruned(ask, removed, idx, fits, quota_ok) if removed else None  # (it needs no victims)
+        best: tuple[int, list[Candidate]] | None = None
+        for node, gangs in on.items():
+            want = g - len(idx.free[node]) % g  # GPUs to free here for one more rank
+            picked: list[Candidate] = []
+            cost = got = 0
+            also = dict(taken)
+            for c, n in gangs:
+                if c.job_id in gone or _below_guarantee(ask, c, loads, also):
+                    continue
+                picked.append(c)
+                also[c.queue] = also.get(c.queue, 0) + c.gpus
+                cost += c.gpus
+                got += n
+                if got >= want or (best is not None and cost >= best[0]):
+                    break
+            if got >= want and (best is None or cost < best[0]):
+                best = (cost, picked)
+        if best is None:
+            return None
+        for c in best[1]:
+            _give(idx, c)
+            removed.append(c)
+            gone.add(c.job_id)
+            taken[c.queue] = taken.get(c.queue, 0) + c.gpus
+    return None

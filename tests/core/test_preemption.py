@@ -75,6 +75,46 @@ def test_minimal_victim_set_adds_back_unneeded_victims() -> None:
     assert victims(s.decide()) == ["b"]
 
 
+def _small_and_big(s: Sim, *, small_priority: int = 0) -> None:
+    """Two 8-GPU gangs on n0 and n1, then a 4x8 gang on n2..n5, the newest."""
+    for n in range(6):
+        s.node(f"n{n}")
+    for name in ("s0", "s1"):
+        s.submit(name, gpus_per_rank=8, priority=small_priority)
+        s.run()
+        s.tick(1)
+    s.submit("big", ranks=4, gpus_per_rank=8)
+    s.run()
+    assert s.job("big").status == "running" and not s.state.pending
+
+
+def test_a_small_preemptor_stops_a_small_gang_not_the_big_newest_one() -> None:
+    """Newest first alone would stop all 32 GPUs of `big` to free 8; one 8-GPU gang costs a quarter."""
+    s = Sim()
+    _small_and_big(s)
+    s.submit("urgent", gpus_per_rank=8, priority=5)
+    assert victims(s.decide()) == ["s1"]  # the newest of the cheapest
+
+
+def test_the_cheaper_victims_are_never_more_important_ones() -> None:
+    """Fewer GPUs lost does not buy preempting a higher priority than needed: lowest priority goes first."""
+    s = Sim()
+    _small_and_big(s, small_priority=3)
+    s.submit("urgent", gpus_per_rank=8, priority=5)
+    assert victims(s.decide()) == ["big"]
+
+
+def test_a_multi_node_preemptor_gathers_whole_nodes_from_the_cheapest_gangs() -> None:
+    """A 2x8 job takes the two 8-GPU gangs' nodes (16 GPUs stopped), not the 4-node gang (32)."""
+    s = Sim()
+    _small_and_big(s)
+    s.submit("urgent", ranks=2, gpus_per_rank=8, priority=5)
+    events = s.decide()
+    assert victims(events) == ["s0", "s1"]
+    (p, _) = of_type(events, PreemptionRequested)
+    assert sorted(rp.node_id for rp in p.earmark) == ["n0", "n1"]
+
+
 def test_minimum_runtime_protects_fresh_jobs() -> None:
     s = Sim(min_runtime_s=60)
     s.node("n0")
