@@ -48,6 +48,7 @@ each under the same rules. Tested by `test_anti_thrash` in tests/core.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
@@ -240,23 +241,29 @@ def _by_nodes(
 
     On a node, the smallest candidates go first until a rank's GPUs are free
     there; a gang stops whole, so its size counts however few of its GPUs
-    the node gets. Steps repeat until the gang fits (and quota allows), at
+    the node gets. Between nodes that cost the same, the one whose victims
+    come first in the rule's order. Steps repeat until the gang fits (and quota allows), at
     most twice as many as it has ranks; then the set is pruned like the
     ordered one. None if it does not fit by then: the ordered set stands.
     """
     g = ask.req.gpus_per_rank
     if g <= 0:
         return None
-    gpus_on: dict[str, dict[str, int]] = {}  # node -> job -> its GPUs there
-    for c in pool:
+    on: dict[str, list[tuple[Candidate, int]]] = {}  # node -> (candidate, its GPUs there), smallest first
+    free = index.free
+    for c in sorted(pool, key=attrgetter("gpus")):  # (stable: pool order among equal sizes)
+        if len(c.placement) == 1:
+            rp = c.placement[0]
+            if rp.node_id in free:
+                on.setdefault(rp.node_id, []).append((c, len(rp.gpus)))
+            continue
+        here: dict[str, int] = {}
         for rp in c.placement:
-            if rp.node_id in index.free:
-                here = gpus_on.setdefault(rp.node_id, {})
-                here[c.job_id] = here.get(c.job_id, 0) + len(rp.gpus)
-    by_id = {c.job_id: c for c in pool}
-    # node -> (candidate, its GPUs there), smallest gang first (pool order among equal sizes)
-    on = {node: sorted(((by_id[j], n) for j, n in here.items()), key=lambda cn: cn[0].gpus)
-          for node, here in gpus_on.items()}
+            here[rp.node_id] = here.get(rp.node_id, 0) + len(rp.gpus)
+        for node, n in here.items():
+            if node in free:
+                on.setdefault(node, []).append((c, n))
+    pos = {c.job_id: i for i, c in enumerate(pool)}  # equal costs: the rule's order decides
     idx = index.copy()
     removed: list[Candidate] = []
     gone: set[str] = set()
@@ -264,7 +271,7 @@ def _by_nodes(
     for _ in range(2 * ask.req.ranks + 1):  # (a required domain may cost a few steps more than ranks)
         if idx.free_gpus(ROOT) >= ask.req.gpus and fits(ask.req, idx) and quota_ok(removed):
             return _pruned(ask, removed, idx, fits, quota_ok) if removed else None  # (it needs no victims)
-        best: tuple[int, list[Candidate]] | None = None
+        best: tuple[int, int, list[Candidate]] | None = None  # (GPUs stopped, first in pool order, victims)
         for node, gangs in on.items():
             want = g - len(idx.free[node]) % g  # GPUs to free here for one more rank
             picked: list[Candidate] = []
@@ -277,13 +284,15 @@ def _by_nodes(
                 also[c.queue] = also.get(c.queue, 0) + c.gpus
                 cost += c.gpus
                 got += n
-                if got >= want or (best is not None and cost >= best[0]):
+                if got >= want or (best is not None and cost > best[0]):
                     break
-            if got >= want and (best is None or cost < best[0]):
-                best = (cost, picked)
+            if got >= want:
+                found = (cost, min(pos[c.job_id] for c in picked), picked)
+                if best is None or found[:2] < best[:2]:
+                    best = found
         if best is None:
             return None
-        for c in best[1]:
+        for c in best[2]:
             _give(idx, c)
             removed.append(c)
             gone.add(c.job_id)
