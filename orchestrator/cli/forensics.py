@@ -24,7 +24,7 @@ from orchestrator.cli.state_view import (
     log_source,
     seq_at_time,
 )
-from orchestrator.cli.timeline import Run, Story, runs, story_summary
+from orchestrator.cli.timeline import Run, Story, pending_by_reason, runs, story_summary
 from orchestrator.cli.timespec import format_instant, parse_instant
 from orchestrator.cli.views import cluster_summary, gpu_map, queues_rows
 
@@ -112,11 +112,15 @@ async def explain(args: argparse.Namespace) -> int:
         story = await _read_story(bus, job_id)
     job, entries = story.job, story.entries
     summary = story_summary(job, job_id, entries)
+    pending = pending_by_reason(entries, story.end)
     if args.json:
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
-                    "summary": summary, "timeline": [e.to_dict() for e in entries]})
+                    "summary": summary, "pending_s": pending, "timeline": [e.to_dict() for e in entries]})
         return OK
     print(summary)
+    if pending:
+        reasons = ", ".join(f"{_span(t)} {code}" for code, t in pending.items())
+        print(f"  pending {_span(sum(pending.values()))} in all: {reasons}")
     t0 = entries[0].time if entries else 0.0
     collapsed = False
     for run in runs(entries) if not args.all else [Run(e, e, 1) for e in entries]:

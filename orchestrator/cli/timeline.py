@@ -139,12 +139,15 @@ class Story:
         self.entries: list[Entry] = []
         #: The job's newest record: kept after the fold forgets it (past FINISHED_KEPT finished jobs).
         self.job: Job | None = None
+        #: Stream time of the log's last event: where a wait still open ends.
+        self.end = 0.0
 
     def add(self, env: Envelope) -> None:
         s, ev = self.state, env.event
         before = s.jobs.get(self.job_id)
         voids = s.voids
         evolve(s, ev, env.seq)
+        self.end = env.stream_time
         self.job = s.jobs.get(self.job_id, self.job)
         text = _text(ev, self.job_id, before, s)
         if text is None:
@@ -181,6 +184,33 @@ def runs(entries: Iterable[Entry]) -> list[Run]:
         else:
             out.append(Run(e, e, 1))
     return out
+
+
+#: After these the job waits no more: it holds GPUs, or it is over.
+_DONE_WAITING = (GangReserved, JobCompleted, JobFailed, JobCancelled, JobRejected)
+
+
+def pending_by_reason(entries: Iterable[Entry], end: float) -> dict[str, float]:
+    """Seconds the job was pending under each reason code, longest first.
+
+    A reason holds from its JobWaiting until the next one, a reservation or
+    the end; a wait still open at the log's end runs to `end`. It answers
+    "why did it wait so long" in one line: 12 h for capacity, 3 h behind a
+    backfill reservation, 1 h holding one.
+    """
+    total: dict[str, float] = {}
+    code: str | None = None
+    since = 0.0
+    for e in entries:
+        ev = e.event
+        if e.void or not isinstance(ev, (JobWaiting, *_DONE_WAITING)):
+            continue
+        if code is not None:
+            total[code] = total.get(code, 0.0) + e.time - since
+        code, since = (ev.code, e.time) if isinstance(ev, JobWaiting) else (None, 0.0)
+    if code is not None:
+        total[code] = total.get(code, 0.0) + max(end - since, 0.0)
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
 def job_timeline(envelopes: Iterable[Envelope], job_id: str) -> list[Entry]:

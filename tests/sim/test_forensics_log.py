@@ -57,6 +57,18 @@ def test_explain_tells_a_simulated_preemption_from_the_file(sim_log: Path) -> No
     texts = [e["text"] for e in story["timeline"]]
     assert any(t.startswith(f"preemption requested by {asked.preemptor_job_id}") for t in texts), texts
     assert "preempted" in story["summary"]
+    # Its waits, reason by reason, add up to the time it was pending: submit to its last reservation,
+    # less the time it held GPUs in between (the simulation's waits start at submit).
+    held = 0.0
+    reserved_at = None
+    for e in story["timeline"]:
+        if e["type"] == "GangReserved":
+            reserved_at = e["time"]
+        elif e["type"] == "Preempted" and reserved_at is not None:
+            held += e["time"] - reserved_at
+    last_reserved = max(e["time"] for e in story["timeline"] if e["type"] == "GangReserved")
+    waited = last_reserved - story["timeline"][0]["time"] - held
+    assert abs(sum(story["pending_s"].values()) - waited) < 1e-6, (story["pending_s"], waited)
     # Positions are the file's line numbers, times the simulation's clock.
     submitted = next(i for i, e in enumerate(events, 1) if isinstance(e, JobSubmitted) and e.job_id == asked.job_id)
     first = story["timeline"][0]
@@ -136,6 +148,9 @@ def test_explain_shows_a_reason_told_again_in_a_row_once(tmp_path: Path) -> None
     log.write_bytes(b"".join(encode(e) + b"\n" for e in events))
 
     out = corral("explain", "--log", str(log), "big").stdout.splitlines()
+    # Still pending at the log's end (its last event): capacity 60-400 s and 3600-10800 s, quota 400-3600 s.
+    assert out[1] == "  pending 3.0 h in all: 2.1 h capacity, 53.3 min quota", out
+    out.pop(1)
     assert [m.group(1) for line in out if (m := re.match(r" +\S+ +\+ *[\d.]+s #(\d+) ", line))] == ["1", "2", "7", "8"], out
     assert "told 5 times, the last at" in out[3] and "#6 (4.0 min later)" in out[3], out
     assert out[3].endswith("newest: needs 32 GPUs (4x8), 13 free in the cluster"), out
@@ -143,5 +158,7 @@ def test_explain_shows_a_reason_told_again_in_a_row_once(tmp_path: Path) -> None
     assert "--all prints every step" in out[-1]
 
     every = corral("explain", "--log", str(log), "big", "--all").stdout.splitlines()
-    assert len(every) == 1 + len(events) and not any("told" in line for line in every), every
-    assert len(run_json("explain", "--log", str(log), "big")["timeline"]) == len(events)
+    assert len(every) == 2 + len(events) and not any("told" in line for line in every), every
+    story = run_json("explain", "--log", str(log), "big")
+    assert len(story["timeline"]) == len(events)
+    assert story["pending_s"] == {"capacity": 340.0 + 7200.0, "quota": 3200.0}
