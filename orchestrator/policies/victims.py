@@ -278,12 +278,14 @@ def _by_nodes(
             want = g - len(idx.free[node]) % g  # GPUs to free here for one more rank
             picked: list[Candidate] = []
             cost = got = 0
-            also = dict(taken)
+            also = taken  # copied before the first other queue's victim counts on it
             for c, n in gangs:
                 if c.job_id in gone or _below_guarantee(ask, c, loads, also):
                     continue
                 picked.append(c)
-                also[c.queue] = also.get(c.queue, 0) + c.gpus
+                if c.queue != ask.queue:
+                    also = dict(also) if also is taken else also
+                    also[c.queue] = also.get(c.queue, 0) + c.gpus
                 cost += c.gpus
                 got += n
                 if got >= want or (best is not None and cost > best[0]):
