@@ -753,15 +753,18 @@ def _preempt(adm: _Admission, job: Job, queue: str, req: GangRequest, base: Free
     if p is None:
         adm.unremembered_searches += 1
         return None
+    # What the whole set costs, on each victim's reason: "why me" is answered next to "why anyone".
+    stopped = sum(v.gpus for v in victims)
+    room = f"stops {len(victims)} gang{'s' if len(victims) > 1 else ''} ({stopped} GPUs) to make room for {req.gpus} GPUs"
     for v in victims:
         victim = c.state.jobs[v.job_id]
         kind = rule.reason(ask, v, loads)
         if kind == "priority":
-            why = f"priority {job.spec.priority} > {v.priority} in queue {queue}"
+            why = f"priority {job.spec.priority} > {v.priority} in queue {queue}; {room}"
         elif kind == "reclaim":
-            why = f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}"
+            why = f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}; {room}"
         else:
-            why = f"{kind}: job {job.job_id} goes before it"
+            why = f"{kind}: job {job.job_id} goes before it; {room}"
         adm.events.append(
             PreemptionRequested(
                 event_id=c.event_id("preempt", victim),

@@ -111,6 +111,9 @@ def test_a_multi_node_preemptor_gathers_whole_nodes_from_the_cheapest_gangs() ->
     s.submit("urgent", ranks=2, gpus_per_rank=8, priority=5)
     events = s.decide()
     assert victims(events) == ["s0", "s1"]
+    # Each victim's reason says what the whole set costs: "why me" next to "why anyone".
+    assert {p.reason for p in of_type(events, PreemptionRequested)} == {
+        "priority 5 > 0 in queue default; stops 2 gangs (16 GPUs) to make room for 16 GPUs"}
     (p, _) = of_type(events, PreemptionRequested)
     assert sorted(rp.node_id for rp in p.earmark) == ["n0", "n1"]
 
