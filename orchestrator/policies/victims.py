@@ -180,7 +180,9 @@ def find_victims(
 ) -> list[Candidate] | None:
     """A minimal set of victims after which `ask` fits (and stays within quota), or None.
 
-    Whatever the rule, a victim of another queue is never taken below its guarantee.
+    The ordered set, or -- for a rule with a `level` -- the node-by-node one if
+    it stops fewer GPUs (see the module docstring). Whatever the rule, a
+    victim of another queue is never taken below its guarantee.
     """
     pool = sorted((c for c in candidates if rule.reason(ask, c, loads)), key=rule.order(ask))
     if not pool or not _could_fit(ask, pool, index, fits, quota_ok):
