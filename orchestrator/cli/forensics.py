@@ -14,7 +14,7 @@ from events.subjects import job_filter
 from orchestrator.cli.connect import add_connection_args
 from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.listing import checked_id
-from orchestrator.cli.output import print_json, table
+from orchestrator.cli.output import human_duration, print_json, table
 from orchestrator.cli.state_view import (
     LogSource,
     add_log_arg,
@@ -119,8 +119,8 @@ async def explain(args: argparse.Namespace) -> int:
         return OK
     print(summary)
     if pending:
-        reasons = ", ".join(f"{_span(t)} {code}" for code, t in pending.items())
-        print(f"  pending {_span(sum(pending.values()))} in all: {reasons}")
+        reasons = ", ".join(f"{human_duration(t)} {code}" for code, t in pending.items())
+        print(f"  pending {human_duration(sum(pending.values()))} in all: {reasons}")
     t0 = entries[0].time if entries else 0.0
     collapsed = False
     for run in runs(entries) if not args.all else [Run(e, e, 1) for e in entries]:
@@ -130,7 +130,7 @@ async def explain(args: argparse.Namespace) -> int:
             collapsed = True
             newest = f", newest: {last.event.message}" if last.text != e.text else ""
             print(f"  {'':>12} {'':>10} {'':>7} ... told {run.count} times, the last at "
-                  f"{_clock(last.time)} #{last.seq} ({_span(last.time - e.time)} later){newest}")
+                  f"{_clock(last.time)} #{last.seq} ({human_duration(last.time - e.time)} later){newest}")
     if collapsed:
         print("  (a reason told again in a row is shown once; --all prints every step)")
     return OK
@@ -140,11 +140,6 @@ def _clock(ts: float) -> str:
     """The time of day (the log's day is in the summary's timestamps); a log starting at 0 has no clock."""
     return f"{format_instant(ts)[11:] if ts > 0 else '-':>12}"
 
-
-def _span(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
