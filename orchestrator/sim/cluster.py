@@ -21,6 +21,7 @@ like a production one. Errors carry the YAML line they are about.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -196,12 +197,13 @@ class _Reader:
                 self.bad(m, f"{path}{k}", f"unknown key; known keys: {', '.join(known)}")
 
     def integer(self, m: dict[str, Any], key: str, path: str, default: int | None, lo: int) -> int | None:
+        """The whole number at `key`; a bad one is reported and comes back as None (the caller says nothing more)."""
         v = m.get(key, default)
         if v is None:
             return None
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            self.bad(m, f"{path}{key}", f"must be an integer >= {lo}, got {v!r}")
-            return default
+            self.bad(m, f"{path}{key}", f"must be a whole number >= {lo}, got {v!r}")
+            return None
         return v
 
     def number(self, m: dict[str, Any], key: str, path: str, default: float, *, positive: bool = False) -> float:
@@ -222,32 +224,36 @@ class _Reader:
         return v
 
 
+def _whole(v: Any, fallback: int, lo: int) -> int:
+    """A top-level default for the groups: a bad one is reported once, at the top level, not again per group."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= lo else fallback
+
+
 def _group(r: _Reader, g: Any, path: str, top: dict[str, Any]) -> NodeGroup | None:
     if not isinstance(g, dict):
         r.bad(top, path, "must be a mapping like {count: 8, gpus_per_node: 8, gpu_model: H100}")
         return None
     r.keys(g, f"{path}.", GROUP_KEYS)
+    if "count" not in g:
+        r.bad(g, f"{path}.count", "is required")
+        return None
     count = r.integer(g, "count", f"{path}.", None, 1)
     if count is None:
-        r.bad(g, f"{path}.count", "is required")
         return None
     return NodeGroup(
         nodes=count,
-        gpus_per_node=r.integer(g, "gpus_per_node", f"{path}.", top.get("gpus_per_node", 8), 1) or 8,
+        gpus_per_node=r.integer(g, "gpus_per_node", f"{path}.", _whole(top.get("gpus_per_node"), 8, 1), 1) or 8,
         gpu_model=r.text(g, "gpu_model", f"{path}.", top.get("gpu_model", "H100")) or "H100",
-        gpu_memory_mib=r.integer(g, "gpu_memory_mib", f"{path}.", top.get("gpu_memory_mib", 81920), 0) or 0,
+        gpu_memory_mib=r.integer(g, "gpu_memory_mib", f"{path}.", _whole(top.get("gpu_memory_mib"), 81920, 0), 0) or 0,
     )
 
 
-def parse_cluster(doc: Any, name: str = "<cluster>") -> ClusterSpec:
-    r = _Reader(name)
-    if not isinstance(doc, dict):
-        raise ClusterSpecError([f"{name}: a cluster spec must be a mapping with at least `nodes`"])
-    r.keys(doc, "", KNOWN_KEYS)
-    groups: list[NodeGroup] = []
+def _node_groups(r: _Reader, doc: dict[str, Any]) -> list[NodeGroup]:
     nodes = doc.get("nodes")
-    if isinstance(nodes, int) and not isinstance(nodes, bool):
-        g = _group(r, {"count": nodes}, "nodes", doc)
+    groups: list[NodeGroup] = []
+    if isinstance(nodes, (int, float)) and not isinstance(nodes, bool):
+        count = r.integer(doc, "nodes", "", None, 1)
+        g = _group(r, {"count": count}, "nodes", doc) if count is not None else None
         groups += [g] if g else []
     elif isinstance(nodes, list):
         for i, item in enumerate(nodes):
@@ -255,35 +261,47 @@ def parse_cluster(doc: Any, name: str = "<cluster>") -> ClusterSpec:
             groups += [g] if g else []
         if not nodes:
             r.bad(nodes, "nodes", "lists no node group")
+    elif nodes is None:
+        r.bad(doc, "nodes", "is required: a node count or a list of groups")
     else:
-        r.bad(doc, "nodes", f"is required: a node count or a list of groups, got {nodes!r}")
-    r.integer(doc, "gpus_per_node", "", 8, 1)
-    r.integer(doc, "gpu_memory_mib", "", 0, 0)
-    r.text(doc, "gpu_model", "", "H100")
+        r.bad(doc, "nodes", f"must be a node count or a list of groups, got {nodes!r}")
+    return groups
+
+
+def _levels(r: _Reader, doc: dict[str, Any]) -> list[Level]:
     levels: list[Level] = []
     topo = doc.get("topology", [])
     if not isinstance(topo, list):
         r.bad(doc, "topology", "must be a list like [{level: block, size: 4}, {level: leaf, size: 8}]")
-        topo = []
+        return levels
     for i, lv in enumerate(topo):
         path = f"topology[{i}]"
         if not isinstance(lv, dict):
             r.bad(topo, path, "must be a mapping {level: NAME, size: N}")
             continue
         r.keys(lv, f"{path}.", LEVEL_KEYS)
+        missing = [k for k in LEVEL_KEYS if k not in lv]
+        if missing:
+            r.bad(lv, path, f"needs both level and size (no {' or '.join(missing)})")
+            continue
         lname = r.text(lv, "level", f"{path}.", None)
         size = r.integer(lv, "size", f"{path}.", None, 1)
         if lname is None or size is None:
-            r.bad(lv, path, "needs both level and size")
-        elif lname in ("node", "cluster") or lname in [x.name for x in levels]:
+            continue
+        if lname in ("node", "cluster") or lname in [x.name for x in levels]:
             r.bad(lv, f"{path}.level", f"{lname!r} is reserved or repeated")
         else:
             levels.append(Level(lname, size))
+    return levels
+
+
+def _queues(r: _Reader, doc: dict[str, Any]) -> list[QueueSpec]:
     queues: list[QueueSpec] = []
     qs = doc.get("queues", [])
     if not isinstance(qs, list):
         r.bad(doc, "queues", "must be a list of {name, weight, guaranteed_gpus, limit_gpus, parent}")
-        qs = []
+        return queues
+    where: dict[str, Any] = {}
     for i, q in enumerate(qs):
         path = f"queues[{i}]"
         if not isinstance(q, dict):
@@ -292,10 +310,12 @@ def parse_cluster(doc: Any, name: str = "<cluster>") -> ClusterSpec:
         r.keys(q, f"{path}.", QUEUE_KEYS)
         qname = r.text(q, "name", f"{path}.", None)
         if qname is None:
-            r.bad(q, f"{path}.name", "is required")
+            if "name" not in q:
+                r.bad(q, f"{path}.name", "is required")
             continue
-        if qname in [x.name for x in queues]:
+        if qname in where:
             r.bad(q, f"{path}.name", f"queue {qname!r} defined twice")
+        where[qname] = (q, path)
         queues.append(QueueSpec(
             name=qname,
             weight=r.number(q, "weight", f"{path}.", 1.0, positive=True),
@@ -303,14 +323,52 @@ def parse_cluster(doc: Any, name: str = "<cluster>") -> ClusterSpec:
             limit_gpus=r.integer(q, "limit_gpus", f"{path}.", None, 0),
             parent=r.text(q, "parent", f"{path}.", None),
         ))
-    names = {q.name for q in queues}
-    for i, q in enumerate(queues):
-        if q.parent is not None and q.parent not in names:
-            r.bad(qs[i] if i < len(qs) else qs, f"queues[{i}].parent", f"unknown queue {q.parent!r}")
+    for q in queues:
+        m, path = where[q.name]
+        _queue_problems(r, q, queues, m, path)
+    return queues
+
+
+def _queue_problems(r: _Reader, q: QueueSpec, queues: list[QueueSpec], m: Any, path: str) -> None:
+    """What `corral queue set` refuses (cli/admin.py): a guarantee above the limit, an unknown parent, a cycle."""
+    if q.limit_gpus is not None and q.guaranteed_gpus > q.limit_gpus:
+        r.bad(m, f"{path}.guaranteed_gpus", f"{q.guaranteed_gpus} is above the queue's limit_gpus {q.limit_gpus}")
+    names = [x.name for x in queues]
+    if q.parent is None:
+        return
+    if q.parent not in names:
+        r.bad(m, f"{path}.parent", f"unknown queue {q.parent!r}")
+        return
+    chain = parent_chain(queues, q.name)
+    # A cycle is told once, on its first queue in the file.
+    if chain[-1] == q.name and q.name == min(chain, key=names.index):
+        r.bad(m, f"{path}.parent", f"makes a cycle: {' -> '.join(chain)}")
+
+
+def parent_chain(queues: Sequence[QueueSpec], name: str) -> list[str]:
+    """`name`, its parent, the parent's parent...; ends on the first name seen twice (a cycle) or at a root."""
+    parents = {q.name: q.parent for q in queues}
+    chain = [name]
+    while (p := parents.get(chain[-1])) is not None:
+        chain.append(p)
+        if p in chain[:-1]:
+            break
+    return chain
+
+
+def parse_cluster(doc: Any, name: str = "<cluster>") -> ClusterSpec:
+    r = _Reader(name)
+    if not isinstance(doc, dict):
+        raise ClusterSpecError([f"{name}: a cluster spec must be a mapping with at least `nodes`"])
+    r.keys(doc, "", KNOWN_KEYS)
+    groups = _node_groups(r, doc)
+    r.integer(doc, "gpus_per_node", "", 8, 1)
+    r.integer(doc, "gpu_memory_mib", "", 0, 0)
+    r.text(doc, "gpu_model", "", "H100")
     spec = ClusterSpec(
         groups=tuple(groups),
-        levels=tuple(levels),
-        queues=tuple(queues),
+        levels=tuple(_levels(r, doc)),
+        queues=tuple(_queues(r, doc)),
         fairshare_half_life_s=r.number(doc, "fairshare_half_life_s", "", 0.0),
         min_runtime_s=r.number(doc, "min_runtime_s", "", 600.0),
         default_queue=r.text(doc, "default_queue", "", "default") or "default",
@@ -318,6 +376,27 @@ def parse_cluster(doc: Any, name: str = "<cluster>") -> ClusterSpec:
     if r.problems:
         raise ClusterSpecError(r.problems)
     return spec
+
+
+def cluster_warnings(spec: ClusterSpec) -> list[str]:
+    """What the scheduler accepts but probably is not meant: guarantees the cluster cannot honour all at once.
+
+    `corral queue set` accepts such guarantees on purpose -- a real cluster can
+    grow, and the queues are often defined before the nodes join -- so here too
+    it is a warning, not an error: reclaiming then gives each queue at most
+    what is left.
+    """
+    guaranteed = sum(q.guaranteed_gpus for q in spec.queues if not _guarantee_above(spec.queues, q))
+    if guaranteed > spec.total_gpus:
+        return [f"the queues' guarantees add up to {guaranteed} GPUs, more than the cluster's {spec.total_gpus}: "
+                f"not every queue can get its guarantee back at once"]
+    return []
+
+
+def _guarantee_above(queues: Sequence[QueueSpec], q: QueueSpec) -> bool:
+    """Whether an ancestor of `q` has a guarantee (which then already counts `q`'s)."""
+    by_name = {x.name: x for x in queues}
+    return any(by_name[a].guaranteed_gpus > 0 for a in parent_chain(queues, q.name)[1:] if a in by_name)
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.sim.cluster import ClusterSpecError, dump_cluster, load_cluster, node_labels, parse_cluster
+from orchestrator.sim.cluster import (
+    ClusterSpecError,
+    cluster_warnings,
+    dump_cluster,
+    load_cluster,
+    node_labels,
+    parse_cluster,
+)
 from orchestrator.sim.engine import SimConfig, simulate
 from orchestrator.sim.gen import standard_cluster
 from orchestrator.sim.specs import shape, sim_jobs
@@ -92,7 +99,8 @@ def test_cluster_spec_errors_carry_yaml_lines(tmp_path: Path) -> None:
         load_cluster(path)
     text = str(err.value)
     assert f"{path}:1: colour: unknown key" in text
-    assert f"{path}:5: topology[0].size: must be an integer >= 1" in text
+    assert f"{path}:5: topology[0].size: must be a whole number >= 1, got 0" in text
+    assert "needs both" not in text
     assert f"{path}:7: queues[0].weight: must be a number > 0, got -1" in text
     assert f"{path}:9: queues[1].parent: unknown queue 'nobody'" in text
 
@@ -124,3 +132,33 @@ def test_node_groups_and_gpu_model_constraint(tmp_path: Path) -> None:
     result = simulate(scenario(spec, jobs), "corral", SimConfig(strict=True))
     placed = {j: result.state.jobs[j].placement[0].node_id for j in ("a", "h")}
     assert placed["a"] == "n0002" and placed["h"] in ("n0000", "n0001")
+
+
+@pytest.mark.parametrize(("doc", "line"), [
+    ({"nodes": 2.5}, "nodes: must be a whole number >= 1, got 2.5"),
+    ({"nodes": 0}, "nodes: must be a whole number >= 1, got 0"),
+    ({"nodes": [{"count": 0}]}, "nodes[0].count: must be a whole number >= 1, got 0"),
+    ({"nodes": 2, "gpus_per_node": 0}, "gpus_per_node: must be a whole number >= 1, got 0"),
+    ({"nodes": 2, "topology": [{"level": "rack", "size": 0}]}, "topology[0].size: must be a whole number >= 1, got 0"),
+    ({"nodes": 2, "topology": [{"level": "rack"}]}, "topology[0]: needs both level and size (no size)"),
+    ({"nodes": 2, "queues": [{"name": "a", "parent": "b"}, {"name": "b", "parent": "a"}]},
+     "queues[0].parent: makes a cycle: a -> b -> a"),
+    ({"nodes": 2, "queues": [{"name": "a", "parent": "a"}]}, "queues[0].parent: makes a cycle: a -> a"),
+    ({"nodes": 2, "queues": [{"name": "a", "guaranteed_gpus": 6, "limit_gpus": 2}]},
+     "queues[0].guaranteed_gpus: 6 is above the queue's limit_gpus 2"),
+])
+def test_a_bad_cluster_spec_is_one_clear_line(doc: dict[str, object], line: str) -> None:
+    with pytest.raises(ClusterSpecError) as err:
+        parse_cluster(doc, "c.yaml")
+    assert err.value.problems == [f"c.yaml: {line}"]
+
+
+def test_guarantees_over_the_cluster_are_a_warning_as_in_queue_set() -> None:
+    over = parse_cluster({"nodes": 2, "gpus_per_node": 4, "queues": [
+        {"name": "a", "guaranteed_gpus": 6}, {"name": "b", "guaranteed_gpus": 6}]})
+    assert cluster_warnings(over) == ["the queues' guarantees add up to 12 GPUs, more than the cluster's 8: "
+                                      "not every queue can get its guarantee back at once"]
+    # A child's guarantee is inside its parent's: counted once.
+    nested = parse_cluster({"nodes": 2, "gpus_per_node": 4, "queues": [
+        {"name": "org", "guaranteed_gpus": 8}, {"name": "team", "parent": "org", "guaranteed_gpus": 6}]})
+    assert cluster_warnings(nested) == []
