@@ -1,7 +1,7 @@
 """Workload traces: the jobs (and node outages) a simulation replays, read from CSV.
 
-Jobs: header `job_id,submit_time,duration,num_gpus,queue`, optionally followed
-by any of `priority,preemptible,gpu_model,topology,time_limit`; times are
+Jobs: a header naming `job_id,submit_time,duration,num_gpus,queue` and any of
+`priority,preemptible,gpu_model,topology,time_limit`, in any order; times are
 seconds. `topology` is a level name with an optional mode ("leaf",
 "leaf:require", "none"); `time_limit` is the user's estimate that backfill
 plans with (empty: no limit). Outages, a separate CSV: `node_id,time,duration`
@@ -140,7 +140,8 @@ def _header_problems(name: str, header: list[str] | None, required: Iterable[str
     out = []
     missing = [c for c in required if c not in cols]
     if missing:
-        out.append(f"{name}:1: missing column(s) {', '.join(missing)}; the header must start with {','.join(required)}")
+        out.append(f"{name}:1: missing column(s) {', '.join(missing)}; the header must name "
+                   f"{', '.join(required)} (in any order, optional columns anywhere)")
     known = {*required, *optional}
     unknown = [c for c in cols if c not in known]
     if unknown:
@@ -211,21 +212,28 @@ def read_outages(f: TextIO, name: str = "<outages>") -> list[Outage]:
 
 
 def load_trace(path: str | Path, outages: str | Path | None = None) -> Trace:
-    """Jobs from `path` in submit order (ties: file order), plus outages from a second CSV."""
+    """Jobs from `path` in submit order (ties: file order), plus outages from a second CSV.
+
+    Read as utf-8-sig: a spreadsheet's "CSV UTF-8" export starts with a byte-order mark.
+    """
     p = Path(path)
     try:
-        with p.open(newline="") as f:
+        with p.open(newline="", encoding="utf-8-sig") as f:
             jobs = read_jobs(f, str(p))
     except OSError as e:
         raise TraceError([f"{p}: cannot read: {e.strerror}"]) from None
+    except UnicodeDecodeError as e:
+        raise TraceError([f"{p}: not UTF-8 text (byte {e.start})"]) from None
     outs: list[Outage] = []
     if outages is not None:
         q = Path(outages)
         try:
-            with q.open(newline="") as f:
+            with q.open(newline="", encoding="utf-8-sig") as f:
                 outs = read_outages(f, str(q))
         except OSError as e:
             raise TraceError([f"{q}: cannot read: {e.strerror}"]) from None
+        except UnicodeDecodeError as e:
+            raise TraceError([f"{q}: not UTF-8 text (byte {e.start})"]) from None
     return Trace(jobs=sort_jobs(jobs), outages=tuple(sorted(outs, key=lambda o: (o.time, o.line))), source=str(p))
 
 

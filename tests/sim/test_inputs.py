@@ -162,3 +162,17 @@ def test_guarantees_over_the_cluster_are_a_warning_as_in_queue_set() -> None:
     nested = parse_cluster({"nodes": 2, "gpus_per_node": 4, "queues": [
         {"name": "org", "guaranteed_gpus": 8}, {"name": "team", "parent": "org", "guaranteed_gpus": 6}]})
     assert cluster_warnings(nested) == []
+
+
+def test_a_trace_with_a_byte_order_mark_and_columns_in_any_order(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes("\ufeffqueue,num_gpus,duration,submit_time,job_id\r\nq,2,60,0,a\r\n".encode())
+    assert load_trace(path).jobs == (TraceJob("a", 0.0, 60.0, 2, "q", line=2),)
+    path.write_text("job_id,submit_time,num_gpus,queue\n")
+    with pytest.raises(TraceError) as err:
+        load_trace(path)
+    assert str(err.value) == (f"{path}:1: missing column(s) duration; the header must name job_id, submit_time, "
+                              "duration, num_gpus, queue (in any order, optional columns anywhere)")
+    path.write_bytes(b"job_id,submit_time,duration,num_gpus,queue\n\xff,0,1,1,q\n")
+    with pytest.raises(TraceError, match="not UTF-8 text"):
+        load_trace(path)
