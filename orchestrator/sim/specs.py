@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from orchestrator.core.state import Queue
+from orchestrator.core.usage import first_over_limit
 from orchestrator.sim.cluster import ClusterSpec
 from orchestrator.sim.trace import TraceError, TraceJob
 from schemas.jobspec import JobSpec, Topology
@@ -49,21 +51,36 @@ def shape(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return num_gpus // gpus_per_node, gpus_per_node
 
 
-def _problems(job: TraceJob, cluster: ClusterSpec) -> list[str]:
+def cluster_problems(spec: JobSpec, cluster: ClusterSpec) -> list[str]:
+    """Why `cluster` could never run `spec`: the scheduler's own admission checks (policies/reject.py), made
+    before the run so a mistake is told with its line instead of turning into a rejected job."""
     out = []
-    if job.num_gpus > cluster.total_gpus:
-        out.append(f"num_gpus {job.num_gpus} is more than the cluster's {cluster.total_gpus} GPUs")
+    total = spec.total_gpus
+    if total > cluster.total_gpus:
+        out.append(f"needs {total} GPUs, more than the cluster's {cluster.total_gpus}")
+    elif spec.gpus_per_rank > cluster.gpus_per_node:
+        out.append(f"a rank needs {spec.gpus_per_rank} GPUs, the largest node has {cluster.gpus_per_node}")
     names = [q.name for q in cluster.queues]
-    if names and job.queue not in names and cluster.default_queue not in names:
-        out.append(f"queue {job.queue!r} is not in the cluster spec (queues: {', '.join(names)})")
-    if job.topology is not None and job.topology[0] not in ("node", "cluster", *cluster.level_names):
-        out.append(f"topology level {job.topology[0]!r} is not in the cluster spec "
+    queue = spec.queue if spec.queue in names or cluster.default_queue not in names else cluster.default_queue
+    if names and queue not in names:
+        out.append(f"queue {spec.queue!r} is not in the cluster spec (queues: {', '.join(names)}; "
+                   f"no {cluster.default_queue!r} queue to run it in)")
+    elif (over := first_over_limit(_queues(cluster), lambda _name: 0, queue, total)) is not None:
+        out.append(f"needs {total} GPUs, more than queue {over[0]}'s limit_gpus {over[1]}")
+    if spec.topology is not None and spec.topology.level not in ("node", "cluster", *cluster.level_names):
+        out.append(f"topology level {spec.topology.level!r} is not in the cluster spec "
                    f"(levels: {', '.join(['node', *cluster.level_names])})")
-    if job.gpu_model is not None:
+    if spec.gpu_model is not None:
         models = sorted({g.gpu_model for g in cluster.groups})
-        if not any(job.gpu_model.lower() in m.lower() for m in models):
-            out.append(f"gpu_model {job.gpu_model!r} matches no GPU of the cluster (models: {', '.join(models)})")
+        if not any(spec.gpu_model.lower() in m.lower() for m in models):
+            out.append(f"gpu_model {spec.gpu_model!r} matches no GPU of the cluster (models: {', '.join(models)})")
     return out
+
+
+def _queues(cluster: ClusterSpec) -> dict[str, Queue]:
+    """The spec's queues as the fold holds them, for the scheduler's own limit walk."""
+    return {q.name: Queue(name=q.name, weight=q.weight, guaranteed_gpus=q.guaranteed_gpus, limit_gpus=q.limit_gpus,
+                          parent=q.parent) for q in cluster.queues}
 
 
 def spec_of(job: TraceJob, cluster: ClusterSpec) -> JobSpec:
@@ -96,15 +113,19 @@ def sim_jobs(jobs: Iterable[TraceJob], cluster: ClusterSpec, source: str = "<tra
     out: list[SimJob] = []
     problems: list[str] = []
     for j in jobs:
+        where = f"{source}:{j.line}: " if j.line else f"{source}: job {j.job_id}: "
         try:
-            bad = _problems(j, cluster)
             spec = spec_of(j, cluster)
         except ValueError as e:
-            bad = [str(e)]
-        if bad:
-            problems += [f"{source}:{j.line}: {p}" if j.line else f"{source}: job {j.job_id}: {p}" for p in bad]
+            problems.append(where + str(e))
             continue
+        problems += [where + p for p in cluster_problems(spec, cluster)]
         out.append(SimJob(j.job_id, j.submit_time, j.duration, spec, j.line))
     if problems:
         raise TraceError(problems)
     return out
+
+
+def unfit_jobs(jobs: Iterable[SimJob], cluster: ClusterSpec, source: str) -> list[str]:
+    """"file:line: job J: why" for each job (of a log) that `cluster` could never run."""
+    return [f"{source}:{j.line}: job {j.job_id}: {p}" for j in jobs for p in cluster_problems(j.spec, cluster)]

@@ -176,3 +176,16 @@ def test_a_trace_with_a_byte_order_mark_and_columns_in_any_order(tmp_path: Path)
     path.write_bytes(b"job_id,submit_time,duration,num_gpus,queue\n\xff,0,1,1,q\n")
     with pytest.raises(TraceError, match="not UTF-8 text"):
         load_trace(path)
+
+
+def test_a_job_over_its_queue_limit_is_a_trace_error_with_its_line() -> None:
+    """The scheduler would reject it at once (policies/reject.py): the trace says so before the run instead."""
+    cluster = parse_cluster({"nodes": 2, "gpus_per_node": 4, "queues": [
+        {"name": "org", "limit_gpus": 6}, {"name": "prod", "limit_gpus": 8, "parent": "org"},
+        {"name": "default", "limit_gpus": 2}]})
+    jobs = [TraceJob("a", 0, 1, 8, "prod", line=2), TraceJob("b", 0, 1, 4, "unknown", line=3),
+            TraceJob("c", 0, 1, 4, "prod", line=4), TraceJob("d", 0, 1, 2, "elsewhere", line=5)]
+    with pytest.raises(TraceError) as err:
+        sim_jobs(jobs, cluster, "t.csv")
+    assert err.value.problems == ["t.csv:2: needs 8 GPUs, more than queue org's limit_gpus 6",
+                                  "t.csv:3: needs 4 GPUs, more than queue default's limit_gpus 2"]
