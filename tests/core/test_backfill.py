@@ -299,3 +299,41 @@ def test_a_gang_ending_before_the_told_start_leaves_the_reservation_as_told() ->
     s.finish("long")
     s.run()
     assert plans == ["big", "big"]
+
+
+def test_an_older_head_that_fits_now_starts_before_a_younger_gang_takes_the_free_reservation() -> None:
+    """The reservation goes to the longest-waiting blocked head, in that order: a head older than it
+    that the free GPUs can take starts first. Otherwise the younger gang's hold takes the very GPUs
+    the older head would start on, and the older one waits behind a job submitted after it."""
+    from dataclasses import replace
+
+    from orchestrator.policies import DEFAULT_POLICIES
+
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1))
+    s.queue("a")
+    s.queue("b")
+    for n in ("n0", "n1", "n2", "n3"):
+        s.node(n)
+    s.submit("a-short1", queue="a", gpus_per_rank=8, time_limit_s=100)
+    s.submit("a-long", queue="a", gpus_per_rank=8)
+    s.submit("b-long", queue="b", gpus_per_rank=8)
+    s.submit("a-short2", queue="a", gpus_per_rank=8, time_limit_s=100)
+    s.run()
+    s.tick(1)
+    s.submit("holder", queue="a", gpus_per_rank=8)
+    s.decide()
+    assert s.state.holders == ["holder"]
+    s.tick(1)
+    s.submit("old-a", queue="a", gpus_per_rank=8)  # the one reservation is taken: it waits
+    s.tick(1)
+    s.submit("young-b", queue="b", ranks=2, gpus_per_rank=8)
+    s.decide()
+    assert s.job("old-a").status == "pending"
+    s.tick(100)
+    s.finish("a-short1")
+    s.finish("a-short2")  # 16 GPUs come back: the holder starts on 8, old-a fits in the other 8
+    events = s.decide()
+    assert {g.job_id for g in of_type(events, GangReserved)} == {"holder", "old-a"}
+    waits = {e.job_id: e for e in of_type(events, JobWaiting)}
+    assert waits["young-b"].code == "backfill_head"  # b goes first by share, yet it is younger
+    assert s.state.holders == ["young-b"]
