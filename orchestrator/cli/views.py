@@ -15,7 +15,7 @@ import msgspec
 from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.core.queries import queue_loads
-from orchestrator.core.state import FREE, HOLDING, ClusterState, Job, JobStatus, Node
+from orchestrator.core.state import FREE, HOLDING, TERMINAL, ClusterState, Job, JobStatus, Node
 from orchestrator.core.usage import resolve_queue
 
 #: Every job status, in lifecycle order (what `corral jobs --state` accepts).
@@ -58,14 +58,24 @@ def job_note(job: Job) -> str:
 
 
 def job_age(job: Job, now: float) -> float:
-    """How long the job has been in its current phase (seconds)."""
-    if job.finished_at:
-        return job.finished_at - (job.running_at or job.reserved_at or job.submitted_at)
-    if job.status == "running" and job.running_at:
+    """How long the job has been in its current phase (seconds).
+
+    The fold keeps 0.0 for a phase not reached, and 0.0 is also a real time (a simulated log starts at 0):
+    the phase is told by the status, and its start is the newest of the job's times (a phase not reached
+    reads 0.0, never newer than one reached), not by a time being non-zero.
+    """
+    if job.status in TERMINAL:
+        return job.finished_at - max(job.submitted_at, job.reserved_at, job.running_at)
+    if job.status == "running":
         return now - job.running_at
-    if job.status in HOLDING and job.reserved_at:
+    if job.status in HOLDING:
         return now - job.reserved_at
     return now - job.submitted_at
+
+
+def ran(job: Job) -> bool:
+    """Whether the current attempt reached running (its `running_at` is a time, even 0.0)."""
+    return job.status == "running" or job.running_at != 0.0 or job.started >= job.spec.ranks
 
 
 def select_jobs(state: ClusterState, *, queue: str | None = None, statuses: frozenset[str] = frozenset()) -> list[Job]:
@@ -94,8 +104,8 @@ def job_summary(state: ClusterState, job: Job) -> dict[str, Any]:
         "gpus": job.spec.total_gpus,
         "preemptible": job.spec.preemptible,
         "submitted_at": job.submitted_at,
-        "running_at": job.running_at or None,
-        "finished_at": job.finished_at or None,
+        "running_at": job.running_at if ran(job) else None,
+        "finished_at": job.finished_at if job.status in TERMINAL else None,
         "placement": _builtins(job.placement),
         "waiting": _builtins(job.waiting) if job.status == "pending" and job.waiting else None,
         "end_reason": job.end_reason or None,
