@@ -12,39 +12,23 @@ from typing import Any
 
 from events.subjects import job_filter
 from orchestrator.cli.connect import add_connection_args
-from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
+from orchestrator.cli.errors import NOT_FOUND, OK, CliError
 from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import human_duration, print_json, table
-from orchestrator.cli.state_view import (
-    LogSource,
-    add_log_arg,
-    envelope_at,
-    load_state,
-    log_now,
-    log_source,
-    seq_at_time,
-)
-from orchestrator.cli.timeline import Run, Story, pending_by_reason, runs, story_summary
-from orchestrator.cli.timespec import format_instant, parse_instant
+from orchestrator.cli.position import add_at_arg, log_clock, resolve_at
+from orchestrator.cli.state_view import LogSource, add_log_arg, envelope_at, load_state, log_source
+from orchestrator.cli.timeline import Entry, Run, Story, pending_by_reason, runs, story_summary
+from orchestrator.cli.timespec import LogClock
 from orchestrator.cli.views import cluster_summary, gpu_map, queues_rows
 
 # --- replay --at -------------------------------------------------------------------------
 
 
-async def resolve_at(bus: LogSource, text: str | None, now: float) -> int:
-    """A log position from `--at`: a sequence number, a time (ISO or `10m` ago), or the end."""
-    if text is None:
-        return await bus.last_seq()
-    t = text.strip().lstrip("#")
-    if t.isdigit():
-        return int(t)
-    return await seq_at_time(bus, parse_instant(t, now))
-
-
-def cluster_lines(view: dict[str, Any], at_time: float) -> list[str]:
+def cluster_lines(view: dict[str, Any], at_time: float | None, clock: LogClock) -> list[str]:
     """`replay --at` for humans: GPU map per node, queues, pending jobs with reasons."""
     sched = f", epoch {view['epoch']} ({view['scheduler_id']})" if view["scheduler_id"] else ""
-    out = [f"cluster at #{view['seq']} ({format_instant(at_time)}){sched}", "", "GPUs"]
+    when = "-" if at_time is None else clock.instant(at_time)
+    out = [f"cluster at #{view['seq']} ({when}){sched}", "", "GPUs"]
     node_rows = []
     for n in view["nodes"]:
         owners = tuple(o or "" for o in n["owners"])
@@ -67,19 +51,16 @@ def cluster_lines(view: dict[str, Any], at_time: float) -> list[str]:
 
 async def replay(args: argparse.Namespace) -> int:
     async with log_source(args) as bus:
-        end = await bus.last_seq()
-        now = await log_now(bus)
-        seq = await resolve_at(bus, args.at, now)
-        if seq > end:
-            raise CliError(f"the log ends at #{end}; --at #{seq} is in the future", USAGE)
-        state = await load_state(bus, to_seq=seq, use_snapshot=not args.no_snapshot)
+        clock = await log_clock(bus)
+        at = await resolve_at(bus, args.at, clock)
+        state = await load_state(bus, to_seq=at.seq, use_snapshot=not args.no_snapshot)
         env = await envelope_at(bus, state.seq)
-    at_time = env.stream_time if env is not None else 0.0
-    view = cluster_summary(state, at_time or now)
+    at_time = env.stream_time if env is not None else None  # 0.0 is a time: a simulated log starts there
+    view = cluster_summary(state, at.time if at_time is None else at_time)
     if args.json:
-        print_json({"at": {"seq": state.seq, "time": at_time or None}, **view})
+        print_json({"at": {"seq": state.seq, "time": at_time}, **view})
     else:
-        print("\n".join(cluster_lines(view, at_time)))
+        print("\n".join(cluster_lines(view, at_time, clock)))
     return OK
 
 
@@ -94,10 +75,10 @@ async def _job_known(bus: LogSource, job_id: str) -> bool:
     return False
 
 
-async def _read_story(bus: LogSource, job_id: str) -> Story:
-    """Fold the whole log (streamed, never held in memory) into the job's story."""
+async def _read_story(bus: LogSource, job_id: str, to_seq: int) -> Story:
+    """Fold the log up to `to_seq` (streamed, never held in memory) into the job's story."""
     story = Story(job_id)
-    async with aclosing(bus.replay()) as batches:
+    async with aclosing(bus.replay(to_seq=to_seq)) as batches:
         async for batch in batches:
             for env in batch:
                 story.add(env)
@@ -109,8 +90,12 @@ async def explain(args: argparse.Namespace) -> int:
     async with log_source(args) as bus:
         if not await _job_known(bus, job_id):
             raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
-        story = await _read_story(bus, job_id)
+        clock = await log_clock(bus)
+        at = await resolve_at(bus, args.at, clock)
+        story = await _read_story(bus, job_id, at.seq)
     job, entries = story.job, story.entries
+    if not entries:
+        raise CliError(f"job {job_id!r} has no event up to #{at.seq} (--at {args.at})", NOT_FOUND)
     summary = story_summary(job, job_id, entries)
     pending = pending_by_reason(entries, story.end)
     if args.json:
@@ -121,25 +106,32 @@ async def explain(args: argparse.Namespace) -> int:
     if pending:
         reasons = ", ".join(f"{human_duration(t)} {code}" for code, t in pending.items())
         print(f"  pending {human_duration(sum(pending.values()))} in all: {reasons}")
-    t0 = entries[0].time if entries else 0.0
-    collapsed = False
-    for run in runs(entries) if not args.all else [Run(e, e, 1) for e in entries]:
-        e, last = run.first, run.last
-        print(f"  {_clock(e.time)} +{e.time - t0:8.3f}s #{e.seq:<6} {e.text}")
-        if run.count > 1:
-            collapsed = True
-            newest = f", newest: {last.event.message}" if last.text != e.text else ""
-            print(f"  {'':>12} {'':>10} {'':>7} ... told {run.count} times, the last at "
-                  f"{_clock(last.time)} #{last.seq} ({human_duration(last.time - e.time)} later){newest}")
-    if collapsed:
-        print("  (a reason told again in a row is shown once; --all prints every step)")
+    print("\n".join(story_lines(entries, clock, every=args.all)))
     return OK
 
 
-def _clock(ts: float) -> str:
-    """The time of day (the log's day is in the summary's timestamps); a log starting at 0 has no clock."""
-    return f"{format_instant(ts)[11:] if ts > 0 else '-':>12}"
+def story_lines(entries: list[Entry], clock: LogClock, *, every: bool) -> list[str]:
+    """One line per step: when (on the log's clock), how long after submit, position, what happened.
 
+    A simulated log's steps may be days apart: its clock prints the day, its offsets read as durations.
+    """
+    t0 = entries[0].time if entries else 0.0
+    tw = max((len(clock.time_of_day(e.time)) for e in entries), default=0)
+    ow = max((len(clock.offset(e.time - t0)) for e in entries), default=0)
+    out: list[str] = []
+    collapsed = False
+    for run in [Run(e, e, 1) for e in entries] if every else runs(entries):
+        e, last = run.first, run.last
+        out.append(f"  {clock.time_of_day(e.time):>{tw}} {clock.offset(e.time - t0):>{ow}} #{e.seq:<6} {e.text}")
+        if run.count > 1:
+            collapsed = True
+            newest = f", newest: {last.event.message}" if last.text != e.text else ""
+            out.append(f"  {'':>{tw}} {'':>{ow}} {'':>7} ... told {run.count} times, the last at "
+                       f"{clock.time_of_day(last.time)} #{last.seq} ({human_duration(last.time - e.time)} later)"
+                       f"{newest}")
+    if collapsed:
+        out.append("  (a reason told again in a row is shown once; --all prints every step)")
+    return out
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -150,8 +142,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_connection_args(p)
     add_log_arg(p)
-    p.add_argument("--at", metavar="SEQ|TIME", help="a sequence number (123 or #123), an ISO time, or a duration "
-                   "ago such as 10m (default: the end of the log)")
+    add_at_arg(p, "the cluster")
     p.add_argument("--no-snapshot", action="store_true", help="fold from the first event, ignoring snapshots")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=replay)
@@ -164,6 +155,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_args(p)
     add_log_arg(p)
     p.add_argument("job", help="job id")
+    add_at_arg(p, "the story")
     p.add_argument("--all", action="store_true", help="print every step: a pending reason told again in a row is "
                    "otherwise shown once, with how often and until when (--json always has every step)")
     p.add_argument("--json", action="store_true")

@@ -8,7 +8,8 @@ from events.subjects import InvalidId, check_id
 from orchestrator.cli.connect import add_connection_args
 from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.output import print_json, print_table
-from orchestrator.cli.state_view import add_log_arg, load_state, log_now, log_source
+from orchestrator.cli.position import add_at_arg, resolve_at
+from orchestrator.cli.state_view import add_log_arg, load_state, log_source
 from orchestrator.cli.views import (
     JOBS_HEADERS,
     NODES_HEADERS,
@@ -57,13 +58,18 @@ def known_queues(state: ClusterState) -> set[str]:
     return {*state.queues, *state.usage, *(j.spec.queue for j in state.jobs.values())}
 
 
+async def state_at(args: argparse.Namespace) -> tuple[ClusterState, float]:
+    """The state folded up to `--at` (default: the end of the log) and the moment its ages count to."""
+    async with log_source(args) as bus:
+        at = await resolve_at(bus, args.at)
+        return await load_state(bus, to_seq=at.seq), at.time
+
+
 async def jobs(args: argparse.Namespace) -> int:
     statuses = parse_states(args.state)
     if args.queue is not None:
         checked_id(args.queue, "queue")
-    async with log_source(args) as bus:
-        state = await load_state(bus)
-        now = await log_now(bus)
+    state, now = await state_at(args)
     if args.queue is not None and args.queue not in known_queues(state):
         raise CliError(f"unknown queue {args.queue!r}; known: {', '.join(sorted(known_queues(state))) or 'none'}",
                        NOT_FOUND)
@@ -77,9 +83,7 @@ async def jobs(args: argparse.Namespace) -> int:
 
 async def job(args: argparse.Namespace) -> int:
     job_id = checked_id(args.job, "job id")
-    async with log_source(args) as bus:
-        state = await load_state(bus)
-        now = await log_now(bus)
+    state, now = await state_at(args)
     found = state.jobs.get(job_id)
     if found is None:
         # The fold keeps the newest FINISHED_KEPT finished jobs; the log keeps every story.
@@ -93,8 +97,7 @@ async def job(args: argparse.Namespace) -> int:
 
 
 async def nodes(args: argparse.Namespace) -> int:
-    async with log_source(args) as bus:
-        state = await load_state(bus)
+    state, _ = await state_at(args)
     if args.json:
         print_json({"seq": state.seq, "nodes": [node_summary(state, n) for n in sorted_nodes(state)]})
     else:
@@ -103,9 +106,7 @@ async def nodes(args: argparse.Namespace) -> int:
 
 
 async def queues(args: argparse.Namespace) -> int:
-    async with log_source(args) as bus:
-        state = await load_state(bus)
-        now = await log_now(bus)
+    state, now = await state_at(args)
     summaries = queue_summaries(state, now)
     if args.json:
         print_json({"seq": state.seq, "queues": summaries})
@@ -118,6 +119,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         add_connection_args(p)
         add_log_arg(p)
+        add_at_arg(p, "the listing")
         p.add_argument("--json", action="store_true", help="machine-readable output (includes the log position)")
 
     p = sub.add_parser("jobs", help="list jobs", description="Jobs in submit order, folded from the log.")

@@ -151,7 +151,10 @@ def test_explain_shows_a_reason_told_again_in_a_row_once(tmp_path: Path) -> None
     # Still pending at the log's end (its last event): capacity 60-400 s and 3600-10800 s, quota 400-3600 s.
     assert out[1] == "  pending 2h59m in all: 2h05m capacity, 53m20s quota", out
     out.pop(1)
-    assert [m.group(1) for line in out if (m := re.match(r" +\S+ +\+ *[\d.]+s #(\d+) ", line))] == ["1", "2", "7", "8"], out
+    # Each step on the simulation's clock (day, time of day) and after submit as a duration.
+    steps = [m.groups() for line in out if (m := re.match(r"  (d0 [\d:.]+) +(\+\w+) #(\d+) ", line))]
+    assert steps == [("d0 00:00:00.000", "+0s", "1"), ("d0 00:01:00.000", "+60s", "2"),
+                     ("d0 00:06:40.000", "+6m40s", "7"), ("d0 01:00:00.000", "+60m00s", "8")], out
     assert "told 5 times, the last at" in out[3] and "#6 (4m00s later)" in out[3], out
     assert out[3].endswith("newest: needs 32 GPUs (4x8), 13 free in the cluster"), out
     assert "told 3 times" in out[6] and "(2h00m later)" in out[6] and "newest" not in out[6], out  # the same words
