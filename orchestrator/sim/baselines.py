@@ -105,11 +105,14 @@ def policies_for(name: str) -> Policies:
 
 
 def parse_policies(text: str) -> list[str]:
-    """"corral,fifo" -> names, each known, in order, without repeats; "all" -> every policy."""
+    """"corral,fifo" -> names, each known, in order, without repeats; "all" (alone) -> every policy."""
     if text.strip() == "all":
         return list(POLICY_NAMES)
     names = [n.strip() for n in text.split(",") if n.strip()]
+    if "all" in names:
+        raise ValueError(f"'all' stands alone (every policy); got {text.strip()!r}")
     unknown = [n for n in names if n not in POLICY_NAMES]
     if unknown or not names:
-        raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICY_NAMES)}, all")
+        raise ValueError(f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICY_NAMES)}, "
+                         "or 'all' alone")
     return list(dict.fromkeys(names))

@@ -16,9 +16,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from orchestrator.sim import plots
+from orchestrator.sim.baselines import POLICY_NAMES
 from orchestrator.sim.engine import Scenario, SimConfig, SimResult, simulate
 from orchestrator.sim.metrics import big_gang_waits, summarize
-from orchestrator.sim.table import side_by_side
+from orchestrator.sim.table import json_figures, side_by_side
+
+#: The figures a run draws into the output directory.
+FIGURES = ("jct_cdf.png", "allocation.png", "queue_shares.png", "share_vs_fair.png")
 
 
 class Report(NamedTuple):
@@ -72,6 +76,7 @@ def run_policies(scenario: Scenario, policies: Sequence[str], config: SimConfig 
     files: list[Path] = []
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
+        _remove_stale(out_dir, policies, write_logs=write_logs, figures=figures)
     for name in policies:
         if out_dir is not None and write_logs:
             path = out_dir / f"events-{name}.jsonl"
@@ -84,48 +89,57 @@ def run_policies(scenario: Scenario, policies: Sequence[str], config: SimConfig 
         waits[name] = big_gang_waits(result)
         jcts[name] = _jcts(result)
         if progress is not None:
-            m = metrics[name]
-            progress(f"{name}: {m['completed']} jobs completed, avg JCT {m['jct_s']['avg'] / 3600:.2f} h, "
-                     f"{m['sim']['wall_s']:.1f} s ({m['sim']['jobs_per_s']:.0f} jobs/s)")
+            progress(progress_line(metrics[name]))
     comparison = compare(metrics, waits)
     table = side_by_side(metrics)
     if out_dir is not None:
-        (out_dir / "metrics.json").write_text(json.dumps({"policies": metrics, "comparison": comparison},
-                                                         indent=1, default=_json_default))
+        (out_dir / "metrics.json").write_text(json.dumps(json_ready({"policies": metrics, "comparison": comparison}),
+                                                         indent=1, allow_nan=False))
         (out_dir / "table.txt").write_text(table + "\n")
         files += [out_dir / "metrics.json", out_dir / "table.txt"]
         if figures:
+            jct_cdf, allocation, queue_shares, share_vs_fair = (out_dir / f for f in FIGURES)
             files += [
-                plots.jct_cdf(jcts, out_dir / "jct_cdf.png"),
-                plots.allocation(metrics, out_dir / "allocation.png"),
-                plots.queue_shares(metrics, out_dir / "queue_shares.png"),
-                plots.share_vs_fair(metrics, out_dir / "share_vs_fair.png"),
+                plots.jct_cdf(jcts, jct_cdf),
+                plots.allocation(metrics, allocation),
+                plots.queue_shares(metrics, queue_shares),
+                plots.share_vs_fair(metrics, share_vs_fair),
             ]
     return Report(metrics, comparison, table, tuple(files))
 
 
-def _json_default(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    raise TypeError(f"not JSON serializable: {type(v).__name__}")
+def _remove_stale(out_dir: Path, policies: Sequence[str], *, write_logs: bool, figures: bool) -> None:
+    """Remove what an earlier run wrote here and this one will not rewrite (the logs of other policies, figures
+    under --no-figures): left beside the new metrics.json they would pass for this run's. Nothing else is touched."""
+    written = set(policies) if write_logs else set()
+    stale = [f"events-{p}.jsonl" for p in POLICY_NAMES if p not in written]
+    stale += [] if figures else list(FIGURES)
+    for name in stale:
+        (out_dir / name).unlink(missing_ok=True)
+
+
+def progress_line(m: dict[str, Any]) -> str:
+    """"corral: 2 jobs completed, 1 rejected, avg JCT 0.51 h, 0.0 s (2409 jobs/s)" (no JCT when none completed)."""
+    counts = [f"{m['completed']} jobs completed"] + [f"{m[k]} {k}" for k in ("failed", "rejected") if m[k]]
+    jct = m["jct_s"]["avg"]
+    counts.append(f"avg JCT {jct / 3600:.2f} h" if math.isfinite(jct) else "no JCT (no job completed)")
+    return f"{m['policy']}: {', '.join(counts)}, {m['sim']['wall_s']:.1f} s ({m['sim']['jobs_per_s']:.0f} jobs/s)"
+
+
+def json_ready(v: Any) -> Any:
+    """`v` with every nan or infinity as None: JSON has no NaN, and strict readers (jq, browsers) refuse it."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: json_ready(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_ready(x) for x in v]
+    return v
 
 
 def headline(report: Report) -> dict[str, Any]:
-    """The key figures as one flat JSON-ready object (what `--json` and the benchmark print last)."""
-    out: dict[str, Any] = {}
-    for name, m in report.metrics.items():
-        out[name] = {
-            "avg_jct_h": _r(m["jct_s"]["avg"] / 3600),
-            "p99_jct_h": _r(m["jct_s"]["p99"] / 3600),
-            "avg_queueing_h": _r(m["queueing_delay_s"]["avg"] / 3600),
-            "mean_alloc": _r(m["gpu_allocation"]["mean"], 4),
-            "jain": _r(m["jain_index"], 4),
-            "worst_queue_ratio": _r(min((r for r in m["queues"]["ratio"] if r is not None), default=math.nan), 4),
-            "preemptions": m["preemptions"],
-            "gpu_h_lost_preemption": _r(m["gpu_hours_lost_to_preemption"], 1),
-            "longest_wait_32plus_h": None if m["longest_wait_32plus_s"] is None else _r(m["longest_wait_32plus_s"] / 3600),
-            "jobs_per_s": _r(m["sim"]["jobs_per_s"], 1),
-        }
+    """The key figures as one flat JSON-ready object: every row of the table as a number (`--json`, the benchmark)."""
+    out: dict[str, Any] = {name: json_figures(m) for name, m in report.metrics.items()}
     out["comparison"] = {k: _r(v, 4) if isinstance(v, float) else v for k, v in report.comparison.items()}
     return out
 

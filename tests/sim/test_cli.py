@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.sim.__main__ import main
+from orchestrator.sim.baselines import POLICY_NAMES, parse_policies
+from orchestrator.sim.cluster import parse_cluster, setup_events
 from orchestrator.sim.replay import fold_log
+from orchestrator.sim.specs import DURATION_ENV
+from orchestrator.sim.table import ROWS
+from schemas import JobSpec, JobSubmitted
+from schemas.codec import encode
 
 
 def test_gen_then_sim_writes_logs_metrics_table_and_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,3 +59,53 @@ def test_help_describes_the_formats(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     assert "job_id,submit_time,duration,num_gpus,queue" in text
     assert "--from-log" in text and "--checkpoint-interval" in text
+
+
+def _log_with_an_unknown_queue(path: Path) -> Path:
+    """A log whose one job asks for a queue the cluster lacks: the scheduler rejects it at run time."""
+    cluster = parse_cluster({"nodes": 1, "gpus_per_node": 4, "queues": [{"name": "a"}], "min_runtime_s": 0})
+    job = JobSubmitted(event_id="s", occurred_at=1.0, job_id="j1", submitted_by="t",
+                       spec=JobSpec(name="j1", queue="nope", env={DURATION_ENV: "60"}))
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in [*setup_events(cluster), job]))
+    return path
+
+
+def _strict_json(text: str) -> Any:
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_rejected_jobs_are_counted_and_nothing_is_nan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _log_with_an_unknown_queue(tmp_path / "log.jsonl")
+    out = tmp_path / "out"
+    assert main(["--from-log", str(log), "--policy", "fifo", "--out", str(out), "--no-figures"]) == 0
+    captured = capsys.readouterr()
+    assert re.search(r"^jobs rejected +1$", captured.out, re.M) and re.search(r"^avg JCT \(h\) +-$", captured.out, re.M)
+    assert "fifo: 0 jobs completed, 1 rejected, no JCT (no job completed)," in captured.err
+    assert "nan" not in captured.err
+    metrics = _strict_json((out / "metrics.json").read_text())
+    assert metrics["policies"]["fifo"]["rejected"] == 1 and metrics["policies"]["fifo"]["jct_s"]["avg"] is None
+    assert main(["--from-log", str(log), "--policy", "fifo", "--out", str(out), "--no-figures", "--json"]) == 0
+    figures = _strict_json(capsys.readouterr().out)["fifo"]
+    assert (figures["completed"], figures["rejected"], figures["failed"], figures["unfinished"]) == (1 - 1, 1, 0, 0)
+    assert figures["avg_jct_h"] is None
+
+
+def test_json_has_every_row_of_the_table_as_a_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace, cluster = tmp_path / "t.csv", tmp_path / "c.yaml"
+    trace.write_text("job_id,submit_time,duration,num_gpus,queue\na,0,3600,2,q\nb,60,1800,2,q\n")
+    cluster.write_text("nodes: 1\ngpus_per_node: 2\nqueues: [{name: q}]\n")
+    assert main(["--trace", str(trace), "--cluster", str(cluster), "--out", str(tmp_path / "o"), "--no-figures",
+                 "--json"]) == 0
+    figures = _strict_json(capsys.readouterr().out)["corral"]
+    assert list(figures) == [row.key for row in ROWS]
+    assert all(v is None or isinstance(v, (int, float)) for v in figures.values())
+    assert (figures["completed"], figures["median_jct_h"], figures["makespan_d"]) == (2, 1.242, 0.0625)
+    # a runs 0-3600 s, b waits for its GPUs from 60 s and runs 3600-5400 s: JCTs 1 h and 1.483 h.
+
+
+def test_policy_all_stands_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--policy", "all,fifo"]) == 2
+    assert "'all' stands alone (every policy); got 'all,fifo'" in capsys.readouterr().err
+    assert parse_policies(" all ") == list(POLICY_NAMES)
