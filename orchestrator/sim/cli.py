@@ -14,40 +14,53 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, USAGE
+from orchestrator.cli.output import human_duration
 from orchestrator.sim.baselines import POLICY_NAMES, parse_policies
-from orchestrator.sim.cluster import ClusterSpecError, dump_cluster, load_cluster, setup_events
+from orchestrator.sim.cluster import (
+    ClusterSpec,
+    ClusterSpecError,
+    cluster_warnings,
+    dump_cluster,
+    load_cluster,
+    setup_events,
+)
 from orchestrator.sim.engine import Scenario, SimConfig, SimulationError
-from orchestrator.sim.gen import GenConfig, generate, standard_cluster
-from orchestrator.sim.replay import from_log
+from orchestrator.sim.gen import GenConfig, generate, standard_cluster, window_load
+from orchestrator.sim.replay import LoggedScenario, from_log
 from orchestrator.sim.runs import headline, run_policies
-from orchestrator.sim.specs import sim_jobs
-from orchestrator.sim.trace import TraceError, load_trace, write_outages, write_trace
-
-OK = 0
-FAILED = 1
-INVALID = 2
+from orchestrator.sim.specs import sim_jobs, unfit_jobs
+from orchestrator.sim.trace import Trace, TraceError, load_trace, write_outages, write_trace
 
 SIM_HELP = """\
 Replay a workload trace against the production scheduler core (evolve/decide) on a
 virtual clock, under one or more policies, and report scheduling quality: JCT,
 queueing delay, GPU allocation, fair share per queue, preemption cost.
 
-Trace CSV header: job_id,submit_time,duration,num_gpus,queue
-  optional columns: priority,preemptible,gpu_model,topology,time_limit (seconds).
+Trace CSV: a header naming job_id,submit_time,duration,num_gpus,queue (any order), optionally
+  priority (higher first, may preempt lower; default 0), preemptible (default true),
+  gpu_model, topology (leaf = prefer one leaf, leaf:require = only inside one, none),
+  time_limit (the user's estimate backfill plans with). Times in seconds.
 Outages CSV header: node_id,time,duration (empty duration: the node never returns).
 Cluster YAML: nodes, gpus_per_node, gpu_model, topology levels with sizes, queues
-  (name, weight, guaranteed_gpus, limit_gpus, parent); see orchestrator/sim/cluster.py.
+  (name, weight, guaranteed_gpus, limit_gpus, parent). Without `queues:` every queue name
+  of the trace is a queue of its own (weight 1, no guarantee, no limit), as on a real
+  cluster with no queue defined. Jobs a queue's limit_gpus (or the cluster) can never hold
+  are trace errors; jobs the scheduler rejects at run time (--from-log) are counted as rejected.
 
 Writes into --out: events-<policy>.jsonl (the log, one event per line, foldable by any
 corral reader: `corral explain --log FILE JOB`, `corral replay --log FILE --at SEQ`),
-metrics.json, table.txt and PNG figures.
+metrics.json, table.txt and PNG figures; the logs and figures an earlier run left there
+and this one does not rewrite are removed, other files are left alone.
+Examples, the columns and the table's rows: the README, section "Simulating a workload".
 """
 
 GEN_HELP = """\
 Generate a synthetic trace: Poisson arrivals with a daily cycle, heavy-tailed durations
 (bigger gangs run longer), mostly 1-GPU jobs with most GPU-time in 8-128 GPU gangs, teams
 with different loads, spread so that the cluster carries the requested offered load while
-the jobs arrive. Deterministic for a seed.
+the jobs arrive. Too few jobs for the cluster cannot carry that load at all: they are
+spread by their total work instead, and a note says so. Deterministic for a seed.
 """
 
 
@@ -63,9 +76,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         "a simulation's events-<policy>.jsonl, or a cluster's log exported with "
                         "`corral tail --no-follow --json > FILE`")
     p.add_argument("--policy", default="corral", metavar="LIST",
-                   help=f"comma-separated policies or 'all' ({', '.join(POLICY_NAMES)}); default %(default)s")
+                   help=f"comma-separated policies ({', '.join(POLICY_NAMES)}), or 'all' alone for every one; "
+                        "default %(default)s")
     p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
-                   help="output directory (default %(default)s)")
+                   help="output directory, created if needed; a rerun replaces what it writes there and removes "
+                        "the logs and figures of an earlier run it does not rewrite (default %(default)s)")
     p.add_argument("--checkpoint-interval", metavar="S", type=float, default=1800.0, dest="checkpoint_interval",
                    help="seconds of work between checkpoints; 0: checkpoint on the preemption signal (default %(default)s)")
     p.add_argument("--restart-overhead", metavar="S", type=float, default=120.0, dest="restart_overhead",
@@ -91,42 +106,93 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--node-mtbf-days", type=float, default=0.0, dest="node_mtbf_days",
                    help="mean days between outages per node; 0: none (default %(default)s)")
     g.add_argument("--outages-out", metavar="FILE", type=Path, dest="outages_out",
-                   help="outages CSV to write (with --node-mtbf-days)")
+                   help="outages CSV to write (required with --node-mtbf-days: the trace holds only jobs)")
     g.set_defaults(handler=gen_handler)
     return p
 
 
-def _error(msg: str) -> int:
+def _error(msg: str, code: int = USAGE) -> int:
     print(f"corral sim: error: {msg}", file=sys.stderr)
-    return INVALID
+    return code
+
+
+def _warn(msg: str) -> None:
+    print(f"corral sim: warning: {msg}", file=sys.stderr)
+
+
+def _missing(*paths: tuple[str, str | Path | None]) -> str | None:
+    """The first input file that does not exist, as "--flag FILE: no such file" (exit 4, as for `--log`)."""
+    for flag, path in paths:
+        if path is not None and not Path(path).exists():
+            return f"{flag} {path}: no such file"
+    return None
 
 
 def scenario_of(args: argparse.Namespace) -> Scenario:
     """The scenario the arguments describe; TraceError / ClusterSpecError / ValueError on bad input."""
+    if args.trace and args.from_log:
+        raise ValueError("give --trace FILE or --from-log FILE, not both")
     cluster = load_cluster(args.cluster) if args.cluster else None
+    for w in cluster_warnings(cluster) if cluster is not None else []:
+        _warn(f"{args.cluster}: {w}")
     if args.from_log:
-        logged = from_log(args.from_log, cluster)
-        if logged.skipped:
-            print(f"corral sim: {len(logged.skipped)} job(s) of the log have no known duration and are left out",
-                  file=sys.stderr)
-        return logged.scenario
+        return _logged(args.from_log, cluster)
     if not args.trace or cluster is None:
         raise ValueError("give --trace FILE and --cluster SPEC (or --from-log FILE)")
-    trace = load_trace(args.trace, args.outages)
+    return _traced(load_trace(args.trace, args.outages), cluster, args.outages)
+
+
+def _traced(trace: Trace, cluster: ClusterSpec, outages: str | None) -> Scenario:
     nodes = {e.node_id for e in setup_events(cluster) if hasattr(e, "node_id")}
-    bad = [f"{args.outages}:{o.line}: node {o.node_id!r} is not in the cluster" for o in trace.outages
+    bad = [f"{outages}:{o.line}: node {o.node_id!r} is not in the cluster" for o in trace.outages
            if o.node_id not in nodes]
     if bad:
         raise TraceError(bad)
     return Scenario(tuple(setup_events(cluster)), tuple(sim_jobs(trace.jobs, cluster, trace.source)), trace.outages)
 
 
+def _logged(path: str, cluster: ClusterSpec | None) -> Scenario:
+    """The log's jobs; with a cluster spec, checked against it as a trace's are (the log's own cluster ran them)."""
+    logged = from_log(path, cluster)
+    _tell_left_out(path, logged)
+    if cluster is not None:
+        bad = unfit_jobs(logged.scenario.jobs, cluster, path)
+        if bad:
+            raise TraceError(bad)
+    return logged.scenario
+
+
+def _tell_left_out(path: str, logged: LoggedScenario) -> None:
+    """Lines and jobs of the log the re-run does without: said on stderr, never silently."""
+    if logged.unreadable:
+        lines = ", ".join(str(n) for n in logged.unreadable[:5]) + (", ..." if len(logged.unreadable) > 5 else "")
+        _warn(f"{path}: {len(logged.unreadable)} line(s) are not events this version reads (corrupt JSON or a "
+              f"newer event type), left out of the re-run: line {lines}")
+    if logged.skipped:
+        _warn(f"{path}: {len(logged.skipped)} job(s) of the log have no known duration and are left out")
+
+
+def _out_dir(path: Path) -> None:
+    """Create --out; ValueError (a usage error) when it cannot be a directory."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"--out {path}: is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {path}: cannot create the directory: {e.strerror or e}") from None
+
+
 async def run_handler(args: argparse.Namespace) -> int:
+    missing = _missing(("--trace", args.trace), ("--outages", args.outages), ("--cluster", args.cluster),
+                       ("--from-log", args.from_log))
+    if missing:
+        return _error(missing, NOT_FOUND)
     try:
         policies = parse_policies(args.policy)
         if args.checkpoint_interval < 0 or args.restart_overhead < 0:
             raise ValueError("--checkpoint-interval and --restart-overhead must be >= 0")
         scenario = scenario_of(args)
+        _out_dir(args.out)
     except (TraceError, ClusterSpecError, ValueError) as e:
         return _error(str(e))
     config = SimConfig(checkpoint_interval_s=args.checkpoint_interval, restart_overhead_s=args.restart_overhead,
@@ -142,25 +208,69 @@ async def run_handler(args: argparse.Namespace) -> int:
                               figures=not args.no_figures, progress=progress)
     except SimulationError as e:
         print(f"corral sim: simulation failed: {e}", file=sys.stderr)
-        return FAILED
+        return FAILURE
     if args.json:
-        print(json.dumps(headline(report)))
+        print(json.dumps(headline(report), allow_nan=False))
     else:
         print(report.table)
         print(f"\nwrote {', '.join(str(f) for f in report.files)}")
     return OK
 
 
+def _gen_problems(args: argparse.Namespace) -> list[str]:
+    """What `sim gen` cannot make a trace of (each would crash, or write nothing useful)."""
+    out = []
+    if not args.cluster:
+        out += [f"--{flag} must be >= 1, got {v}" for flag, v in
+                (("nodes", args.nodes), ("gpus-per-node", args.gpus_per_node), ("queues", args.queues)) if v < 1]
+    if args.jobs < 1:
+        out.append(f"--jobs must be >= 1, got {args.jobs}")
+    if not args.load > 0:
+        out.append(f"--load must be > 0, got {args.load}")
+    if args.node_mtbf_days < 0:
+        out.append(f"--node-mtbf-days must be >= 0, got {args.node_mtbf_days}")
+    elif args.node_mtbf_days > 0 and args.outages_out is None:
+        out.append("--node-mtbf-days needs --outages-out FILE: the trace CSV holds only jobs, the outages go "
+                   "to their own file (then `corral sim --outages FILE`)")
+    return out
+
+
 async def gen_handler(args: argparse.Namespace) -> int:
+    if args.cluster and (missing := _missing(("--cluster", args.cluster))):
+        return _error(missing, NOT_FOUND)
     try:
+        problems = _gen_problems(args)
+        if problems:
+            raise ValueError("; ".join(problems))
         cluster = load_cluster(args.cluster) if args.cluster else standard_cluster(
             args.nodes, args.gpus_per_node, args.queues)
-        if args.jobs < 1 or args.load <= 0:
-            raise ValueError("--jobs must be >= 1 and --load > 0")
         trace = generate(cluster, GenConfig(jobs=args.jobs, load=args.load, seed=args.seed,
                                             node_mtbf_days=args.node_mtbf_days))
     except (ClusterSpecError, ValueError) as e:
         return _error(str(e))
+    try:
+        wrote = _write_gen(args, cluster, trace)
+    except FileExistsError as e:  # mkdir of the parent: it is a file
+        return _error(f"cannot write into {e.filename}: it is a file, not a directory")
+    except NotADirectoryError as e:
+        return _error(f"cannot write {e.filename}: a directory on its path is a file")
+    except OSError as e:
+        return _error(f"cannot write {e.filename}: {e.strerror or e}")
+    gpu_s = sum(j.num_gpus * j.duration for j in trace.jobs)
+    span = trace.jobs[-1].submit_time - trace.jobs[0].submit_time
+    load = window_load(trace, cluster.total_gpus)
+    print(f"{len(trace.jobs)} jobs over {human_duration(span)}, {gpu_s / 3600:.0f} GPU-hours asked for "
+          f"({cluster.total_gpus} GPUs, {100 * load:.0f}% busy while they arrive), {len(trace.outages)} outages; "
+          f"wrote {', '.join(wrote)}")
+    if len(trace.jobs) > 1 and abs(load - args.load) > 0.05 * args.load:
+        print(f"note: {len(trace.jobs)} jobs are too few to keep {cluster.total_gpus} GPUs {100 * args.load:.0f}% "
+              f"busy while they arrive; they are spread so that their total work is that load over the span "
+              f"instead. More --jobs, or a smaller cluster (--nodes), give the usual spread.", file=sys.stderr)
+    return OK
+
+
+def _write_gen(args: argparse.Namespace, cluster: ClusterSpec, trace: Trace) -> list[str]:
+    """Write the trace (and outages, cluster spec) where asked; the paths written."""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
         write_trace(trace.jobs, f)
@@ -172,8 +282,4 @@ async def gen_handler(args: argparse.Namespace) -> int:
     if args.cluster_out is not None:
         args.cluster_out.write_text(dump_cluster(cluster))
         wrote.append(str(args.cluster_out))
-    gpu_s = sum(j.num_gpus * j.duration for j in trace.jobs)
-    span = trace.jobs[-1].submit_time - trace.jobs[0].submit_time
-    print(f"{len(trace.jobs)} jobs over {span / 86400:.2f} days, {gpu_s / 3600:.0f} GPU-hours asked for "
-          f"({cluster.total_gpus} GPUs), {len(trace.outages)} outages; wrote {', '.join(wrote)}")
-    return OK
+    return wrote

@@ -93,21 +93,45 @@ def _arrivals(rng: random.Random, n: int, span: float, amplitude: float) -> list
     return out
 
 
+#: How close the arrival window's load must come to the asked one; further off, the load is out of reach.
+LOAD_TOLERANCE = 0.05
+
+
 def _spread(drafts: list[tuple[str, int, float, int, bool]], cfg: GenConfig, gpus: int) -> list[float]:
-    """Arrival times whose window carries `cfg.load` (module docstring): the span is corrected until it does."""
+    """Arrival times whose window carries `cfg.load` (module docstring): the span is corrected until it does.
+
+    Jobs too few for the cluster cannot carry the load however close they
+    arrive (all at once they still ask for less): each correction only
+    shrinks the window, towards every job at 0.0. Those jobs are spread by
+    their total work instead -- the span in which it is `load` of the GPUs.
+    """
     work = sum(g * d for _, g, d, _, _ in drafts)
     span = work / (cfg.load * gpus)
-    times: list[float] = []
     for _ in range(20):
-        # The same arrival pattern at every try, only stretched: its own seeded stream.
-        times = _arrivals(random.Random(f"arrivals-{cfg.seed}"), len(drafts), span, cfg.day_amplitude)
-        end = times[-1]
-        inside = sum(g * min(d, end - t) for t, (_, g, d, _, _) in zip(times, drafts, strict=True))
-        ratio = inside / (cfg.load * gpus * end) if end > 0 else 1.0
+        times = _stretched(cfg, len(drafts), span)
+        ratio = _window_ratio(times, drafts, cfg.load * gpus)
         if abs(ratio - 1.0) < 1e-3:
+            return times
+        if ratio <= 0:
             break
         span *= ratio
-    return times
+    if abs(ratio - 1.0) < LOAD_TOLERANCE:
+        return times
+    return _stretched(cfg, len(drafts), work / (cfg.load * gpus))
+
+
+def _stretched(cfg: GenConfig, n: int, span: float) -> list[float]:
+    # The same arrival pattern at every try, only stretched: its own seeded stream.
+    return _arrivals(random.Random(f"arrivals-{cfg.seed}"), n, span, cfg.day_amplitude)
+
+
+def _window_ratio(times: list[float], drafts: list[tuple[str, int, float, int, bool]], wanted_gpus: float) -> float:
+    """GPUs the jobs keep busy inside their arrival window / the GPUs asked for (0 for a window of no length)."""
+    end = times[-1]
+    if end <= 0:
+        return 0.0
+    inside = sum(g * min(d, end - t) for t, (_, g, d, _, _) in zip(times, drafts, strict=True))
+    return inside / (wanted_gpus * end)
 
 
 def window_load(trace: Trace, gpus: int) -> float:

@@ -11,12 +11,16 @@ and node outages (NodeFailed, until the node registers again), so the same
 workload can be re-run under another policy. A job's duration comes from the
 `SIM_DURATION_S` the simulator put in its spec; for logs of a real cluster,
 from the last attempt's run (reserved to completed), else its time limit;
-jobs with neither are left out and counted.
+jobs with neither are left out and counted. Lines that are no event this
+version reads (corrupt JSON, a newer event type) are counted too, with their
+positions: the caller says so, since a lost JobSubmitted is a job missing
+from the re-run.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -30,6 +34,7 @@ from orchestrator.sim.engine import Scenario
 from orchestrator.sim.specs import DURATION_ENV, SimJob
 from orchestrator.sim.trace import Outage, TraceError
 from schemas.events import (
+    AnyEvent,
     ClusterConfigured,
     Event,
     GangReserved,
@@ -40,6 +45,7 @@ from schemas.events import (
     NodeRegistered,
     QueueDefined,
     SchedulerElected,
+    Unknown,
 )
 
 read_log = read_events
@@ -56,6 +62,8 @@ class LoggedScenario(NamedTuple):
     scenario: Scenario
     #: Jobs left out because nothing says how long they run.
     skipped: tuple[str, ...]
+    #: Lines (log positions) that are no event this version reads: corrupt JSON, or a newer event type.
+    unreadable: tuple[int, ...] = ()
 
 
 def _duration(e: JobSubmitted) -> float | None:
@@ -78,8 +86,13 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
     ran: dict[str, float] = {}
     down_since: dict[str, tuple[float, int]] = {}
     outages: list[Outage] = []
-    for n, e in enumerate(read_log(path), start=1):
-        if isinstance(e, JobSubmitted):
+    unreadable: list[int] = []
+    lines: dict[str, int] = {}
+    for n, e in _numbered(path):
+        if isinstance(e, Unknown):
+            unreadable.append(n)
+        elif isinstance(e, JobSubmitted):
+            lines.setdefault(e.job_id, n)
             submitted.setdefault(e.job_id, e)
         elif isinstance(e, GangReserved):
             reserved_at[e.job_id] = e.occurred_at
@@ -120,10 +133,20 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
         if d is None or d <= 0:
             skipped.append(e.job_id)
             continue
-        jobs.append(SimJob(e.job_id, e.occurred_at, d, e.spec))
+        jobs.append(SimJob(e.job_id, e.occurred_at, d, e.spec, lines[e.job_id]))
     jobs.sort(key=lambda j: j.submit_time)
     return LoggedScenario(Scenario(tuple(setup), tuple(jobs), tuple(sorted(outages, key=lambda o: o.time))),
-                          tuple(skipped))
+                          tuple(skipped), tuple(unreadable))
+
+
+def _numbered(path: str | Path) -> Iterator[tuple[int, AnyEvent | Unknown]]:
+    """(position, event) of every line, streamed; TraceError, not an OSError, for a file that cannot be read."""
+    try:
+        with Path(path).open("rb"):
+            pass
+    except OSError as e:
+        raise TraceError([f"{path}: cannot read: {e.strerror or e}"]) from None
+    return enumerate(read_log(path), start=1)
 
 
 def _span(a: float, b: float) -> float:

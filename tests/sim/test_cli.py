@@ -15,6 +15,7 @@ from orchestrator.sim.cluster import parse_cluster, setup_events
 from orchestrator.sim.replay import fold_log
 from orchestrator.sim.specs import DURATION_ENV
 from orchestrator.sim.table import ROWS
+from orchestrator.sim.trace import load_trace
 from schemas import JobSpec, JobSubmitted
 from schemas.codec import encode
 
@@ -105,7 +106,72 @@ def test_json_has_every_row_of_the_table_as_a_number(tmp_path: Path, capsys: pyt
     # a runs 0-3600 s, b waits for its GPUs from 60 s and runs 3600-5400 s: JCTs 1 h and 1.483 h.
 
 
+def test_from_log_is_checked_like_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _log_with_an_unknown_queue(tmp_path / "log.jsonl")
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes: 2\ngpus_per_node: 4\nqueues: [{name: a}, {name: b, limit_gpus: 2}]\n")
+    assert main(["--from-log", str(log), "--cluster", str(cluster), "--out", str(tmp_path / "o")]) == 2
+    assert f"{log}:5: job j1: queue 'nope' is not in the cluster spec" in capsys.readouterr().err
+    assert main(["--from-log", str(log), "--trace", str(log), "--out", str(tmp_path / "o")]) == 2
+    assert "give --trace FILE or --from-log FILE, not both" in capsys.readouterr().err
+    assert main(["--from-log", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")]) == 4
+    assert capsys.readouterr().err == f"corral sim: error: --from-log {tmp_path / 'nope.jsonl'}: no such file\n"
+
+
+def test_a_corrupt_log_line_is_reported_not_skipped_silently(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    log = _log_with_an_unknown_queue(tmp_path / "log.jsonl")
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join([*lines[:2], b'{"type": "JobSub\n', *lines[2:]]))
+    assert main(["--from-log", str(log), "--out", str(tmp_path / "o"), "--no-figures"]) == 0
+    assert (f"corral sim: warning: {log}: 1 line(s) are not events this version reads (corrupt JSON or a newer "
+            "event type), left out of the re-run: line 3") in capsys.readouterr().err
+
+
+def test_out_reuse_removes_only_what_an_earlier_run_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _log_with_an_unknown_queue(tmp_path / "log.jsonl")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("events-las.jsonl", "events-fifo.jsonl", "jct_cdf.png", "notes.txt", "events-mine.jsonl"):
+        (out / name).write_text("old")
+    assert main(["--from-log", str(log), "--policy", "drf", "--out", str(out), "--no-figures"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["events-drf.jsonl", "events-mine.jsonl", "metrics.json",
+                                                     "notes.txt", "table.txt"]
+    capsys.readouterr()
+    assert main(["--from-log", str(log), "--out", str(out / "notes.txt")]) == 2
+    assert capsys.readouterr().err == f"corral sim: error: --out {out / 'notes.txt'}: is a file, not a directory\n"
+
+
 def test_policy_all_stands_alone(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--policy", "all,fifo"]) == 2
     assert "'all' stands alone (every policy); got 'all,fifo'" in capsys.readouterr().err
     assert parse_policies(" all ") == list(POLICY_NAMES)
+
+
+def test_guarantees_over_the_cluster_are_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace, cluster = tmp_path / "t.csv", tmp_path / "c.yaml"
+    trace.write_text("job_id,submit_time,duration,num_gpus,queue\na,0,60,1,q\n")
+    cluster.write_text("nodes: 1\ngpus_per_node: 2\nqueues: [{name: q, guaranteed_gpus: 2}, {name: r, guaranteed_gpus: 2}]\n")
+    assert main(["--trace", str(trace), "--cluster", str(cluster), "--out", str(tmp_path / "o"), "--no-figures"]) == 0
+    assert f"corral sim: warning: {cluster}: the queues' guarantees add up to 4 GPUs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--queues", "0"], "--queues must be >= 1, got 0"),
+    (["--nodes", "0"], "--nodes must be >= 1, got 0"),
+    (["--node-mtbf-days", "2"], "--node-mtbf-days needs --outages-out FILE"),
+])
+def test_gen_refuses_what_it_cannot_make(args: list[str], message: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gen", "--jobs", "5", "--out", str(tmp_path / "t.csv"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "t.csv").exists()
+
+
+def test_gen_spreads_a_few_jobs_on_a_big_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """50 jobs cannot keep 2,816 GPUs 90% busy: the span used to shrink to nothing (every job at 0.0)."""
+    trace = tmp_path / "t.csv"
+    assert main(["gen", "--jobs", "50", "--out", str(trace)]) == 0
+    times = [j.submit_time for j in load_trace(trace).jobs]
+    assert len(set(times)) == 50 and times[-1] > 600
+    assert "50 jobs are too few to keep 2816 GPUs 90% busy" in capsys.readouterr().err
