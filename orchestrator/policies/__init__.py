@@ -54,7 +54,8 @@ class Policies:
     backfill: BackfillFn = earliest_start
     #: Who gets a free backfill reservation. A key (default `backfill.longest_waiting`): the
     #: queue head first in that order among those the free GPUs cannot take, looked at before
-    #: the fair-share loop. None: the first gang the loop finds blocked by capacity, in
+    #: the fair-share loop -- after the heads before it in that order that fit now, which
+    #: start first (as in EASY backfill). None: the first gang the loop finds blocked by capacity, in
     #: fair-share order -- which, measured (bench/RESULTS.md), lets a heavy team's big gang
     #: wait three times longer than under FIFO with backfill: its queue's turn comes last.
     reservation_order: Callable[[Job], JobKey] | None = longest_waiting
