@@ -39,7 +39,7 @@ queueing delay, GPU allocation, fair share per queue, preemption cost.
 
 Trace CSV: a header naming job_id,submit_time,duration,num_gpus,queue (any order), optionally
   priority (higher first, may preempt lower; default 0), preemptible (default true),
-  gpu_model, topology (leaf = prefer one leaf, leaf:require = only inside one, none),
+  gpu_model, topology (a level: leaf = prefer one leaf, leaf:require = only inside one; none),
   time_limit (the user's estimate backfill plans with). Times in seconds.
 Outages CSV header: node_id,time,duration (empty duration: the node never returns).
 Cluster YAML: nodes, gpus_per_node, gpu_model, topology levels with sizes, queues

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from orchestrator.sim.__main__ import main
 from orchestrator.sim.baselines import POLICY_NAMES, parse_policies
@@ -175,3 +176,18 @@ def test_gen_spreads_a_few_jobs_on_a_big_cluster(tmp_path: Path, capsys: pytest.
     times = [j.submit_time for j in load_trace(trace).jobs]
     assert len(set(times)) == 50 and times[-1] > 600
     assert "50 jobs are too few to keep 2816 GPUs 90% busy" in capsys.readouterr().err
+
+
+def test_help_points_to_the_readme_whose_cluster_example_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert 'the README, section "Simulating a workload"' in text and "cluster.py" not in text
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Simulating a workload", 1)[1].split("\n## ", 1)[0]
+    example = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert example is not None
+    spec = parse_cluster(yaml.safe_load(example.group(1)))
+    assert spec.total_gpus == 8 and [q.limit_gpus for q in spec.queues] == [None, 6]
+    for words in ("leaf:require", "preemptible` (default true)", "incl. drain", "received / fair", "jobs rejected"):
+        assert words in section, words
