@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 DPI = 80
 DAY_S = 86_400.0
@@ -31,39 +32,90 @@ def _cdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
     return [v[i] for i in idx], [(i + 1) / n for i in idx]
 
 
-def jct_cdf(jcts: Mapping[str, Sequence[float]], path: Path) -> Path:
-    """JCT CDF per policy, hours on a log axis."""
+#: Per policy, in order: a dash pattern and a marker, so curves that coincide still show each (the later
+#: one is drawn thinner, on top of the earlier) and read apart in grey.
+LINESTYLES: tuple[Any, ...] = ("-", (0, (6, 2)), (0, (2, 2)), (0, (6, 2, 1, 2)), (0, (1, 1)), (0, (10, 3)))
+MARKERS = ("o", "s", "^", "D", "v", "x")
+#: Markers per CDF line: sparse, at a different place on each line.
+CDF_MARKS = 8
+
+
+def _style(i: int, widest: float) -> dict[str, Any]:
+    """The i-th policy's dashes and width: each a little thinner than the one before (it is drawn on top)."""
+    return {"linestyle": LINESTYLES[i % len(LINESTYLES)], "linewidth": widest * max(1.0 - 0.15 * i, 0.4)}
+
+
+def same_as(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]]) -> dict[str, str]:
+    """Each name whose (x, y) curve equals an earlier one's -> that earlier name (it would hide it).
+
+    Equal to 9 significant digits: two policies making the same decisions sum their series in another order.
+    """
+    first: dict[tuple[tuple[float, ...], ...], str] = {}
+    out: dict[str, str] = {}
+    for name, (x, y) in curves.items():
+        key = tuple(float(f"{v:.9g}") for v in x), tuple(float(f"{v:.9g}") for v in y)
+        if key in first:
+            out[name] = first[key]
+        else:
+            first[key] = name
+    return out
+
+
+def _label(name: str, twins: Mapping[str, str], extra: str = "") -> str:
+    return f"{name}{extra}" + (f" (same curve as {twins[name]})" if name in twins else "")
+
+
+def jct_cdf_figure(jcts: Mapping[str, Sequence[float]]) -> Figure:
+    """JCT CDF per policy, hours on a log axis; a policy with another's curve says so in the legend."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, values in jcts.items():
-        x, y = _cdf([max(v, 1.0) / 3600.0 for v in values])
-        ax.plot(x, y, label=name, linewidth=1.6)
+    cdfs = {name: _cdf([max(v, 1.0) / 3600.0 for v in values]) for name, values in jcts.items()}
+    twins = same_as(cdfs)
+    for i, (name, (x, y)) in enumerate(cdfs.items()):
+        step = max(1, len(x) // CDF_MARKS)
+        ax.plot(x, y, label=_label(name, twins), marker=MARKERS[i % len(MARKERS)], markersize=4,
+                fillstyle="none", markevery=(i * step // len(cdfs), step), **_style(i, 2.4))
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (hours, log scale)")
     ax.set_ylabel("fraction of jobs")
     ax.set_title("JCT CDF")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return fig
 
 
-def allocation(metrics: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
-    """GPU allocation (fraction of schedulable GPUs held) over time, per policy."""
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    for name, m in metrics.items():
-        s = m["gpu_allocation"]["series"]
-        ax.plot([t / DAY_S for t in s["t"]], [100 * f for f in s["fraction"]],
-                label=f"{name} (mean {100 * m['gpu_allocation']['mean']:.1f}%)", linewidth=1.2)
+def jct_cdf(jcts: Mapping[str, Sequence[float]], path: Path) -> Path:
+    return _save(jct_cdf_figure(jcts), path)
+
+
+def allocation_figure(metrics: Mapping[str, Mapping[str, Any]]) -> Figure:
+    """GPU allocation (fraction of schedulable GPUs held) over time, per policy.
+
+    The lines fill the plot from 0 to 100%: the legend goes beside it, not on the data.
+    """
+    fig, ax = plt.subplots(figsize=(8.6, 3.6))
+    series = {name: m["gpu_allocation"]["series"] for name, m in metrics.items()}
+    twins = same_as({name: (s["t"], s["fraction"]) for name, s in series.items()})
+    for i, (name, s) in enumerate(series.items()):
+        mean = f" (mean {100 * metrics[name]['gpu_allocation']['mean']:.1f}%)"
+        ax.plot([t / DAY_S for t in s["t"]], [100 * f for f in s["fraction"]], label=_label(name, twins, mean),
+                **_style(i, 1.5))
     ax.set_xlabel("time (days)")
     ax.set_ylabel("GPUs allocated (%)")
     ax.set_ylim(0, 105)
     ax.set_title("GPU allocation over time")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower center", fontsize=8, ncol=2)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    return fig
+
+
+def allocation(metrics: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
+    return _save(allocation_figure(metrics), path, dpi=72)  # jagged dashed lines: a lower resolution keeps it small
+
+
+def _save(fig: Figure, path: Path, dpi: int = DPI) -> Path:
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
