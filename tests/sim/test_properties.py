@@ -23,10 +23,12 @@ GPUS_PER_NODE = 4
 def workloads(draw: st.DrawFn) -> tuple[int, list[dict[str, object]], list[TraceJob], list[Outage]]:
     nodes = draw(st.integers(1, 4))
     total = nodes * GPUS_PER_NODE
+    guaranteed_b = draw(st.integers(0, total // 2))
     queues: list[dict[str, object]] = [
         {"name": "a", "weight": draw(st.sampled_from([1, 2])), "guaranteed_gpus": draw(st.integers(0, total // 2))},
-        {"name": "b", "guaranteed_gpus": draw(st.integers(0, total // 2)),
-         "limit_gpus": draw(st.one_of(st.none(), st.integers(GPUS_PER_NODE, total)))},
+        # A limit below the guarantee is refused (as by `corral queue set`).
+        {"name": "b", "guaranteed_gpus": guaranteed_b,
+         "limit_gpus": draw(st.one_of(st.none(), st.integers(max(GPUS_PER_NODE, guaranteed_b), total)))},
     ]
     sizes = [g for g in (1, 2, 3, 4, 8, 12, 16) if g <= total and (g <= GPUS_PER_NODE or g % GPUS_PER_NODE == 0)]
     jobs = []
