@@ -101,13 +101,13 @@ async def explain(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
                     "summary": summary, "pending_s": pending, "timeline": [e.to_dict() for e in entries]})
-        return OK
+        return OK if job is not None else NOT_FOUND
     print(summary)
     if pending:
         reasons = ", ".join(f"{human_duration(t)} {code}" for code, t in pending.items())
         print(f"  pending {human_duration(sum(pending.values()))} in all: {reasons}")
     print("\n".join(story_lines(entries, clock, every=args.all)))
-    return OK
+    return OK if job is not None else NOT_FOUND  # a story without its submission is not the job's story
 
 
 def story_lines(entries: list[Entry], clock: LogClock, *, every: bool) -> list[str]:

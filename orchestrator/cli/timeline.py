@@ -224,7 +224,8 @@ def job_timeline(envelopes: Iterable[Envelope], job_id: str) -> list[Entry]:
 def story_summary(job: Job | None, job_id: str, entries: list[Entry]) -> str:
     """One line on top: where the job is now (its newest record, `Story.job`) and what happened to it."""
     if job is None:
-        return f"{job_id}: no such job in the log"
+        return (f"{job_id}: its submission is not in the log (an unreadable line, or before the log's start): "
+                "the steps below are all it says about the job")
     preemptions = sum(1 for e in entries if isinstance(e.event, Preempted) and e.event.job_id == job_id)
     extra = []
     if job.attempt > 1:

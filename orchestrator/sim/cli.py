@@ -49,7 +49,7 @@ Cluster YAML: nodes, gpus_per_node, gpu_model, topology levels with sizes, queue
   are trace errors; jobs the scheduler rejects at run time (--from-log) are counted as rejected.
 
 Writes into --out: events-<policy>.jsonl (the log, one event per line, foldable by any
-corral reader: `corral explain --log FILE JOB`, `corral replay --log FILE --at SEQ`),
+corral reader: `corral explain --log FILE JOB`, `corral replay --log FILE --at +3d`),
 metrics.json, table.txt and PNG figures; the logs and figures an earlier run left there
 and this one does not rewrite are removed, other files are left alone.
 Examples, the columns and the table's rows: the README, section "Simulating a workload".

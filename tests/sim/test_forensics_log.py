@@ -115,6 +115,16 @@ def test_a_bad_line_is_read_past_and_a_missing_file_is_one_line(sim_log: Path, t
     line = assert_one_line_error(corral("explain", "--log", str(sim_log), "j-none", check=None), 4)
     assert "unknown job 'j-none'" in line
 
+    # A job whose submission is the unreadable line: its other steps are shown, and the exit says "not found".
+    at = next(i for i, raw in enumerate(lines) if b'"JobSubmitted"' in raw)
+    job = json.loads(lines[at])["job_id"]
+    lost = tmp_path / "lost.jsonl"
+    lost.write_bytes(b"".join([*lines[:at], b"not json\n", *lines[at + 1:]]))
+    out = corral("explain", "--log", str(lost), job, check=None)
+    assert out.returncode == 4
+    assert out.stdout.startswith(f"{job}: its submission is not in the log")
+    assert "reserved" in out.stdout
+
 
 async def test_explain_still_summarises_a_job_the_fold_has_forgotten(sim_log: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
