@@ -122,10 +122,11 @@ def story_lines(entries: list[Entry], clock: LogClock, *, every: bool) -> list[s
     collapsed = False
     for run in [Run(e, e, 1) for e in entries] if every else runs(entries):
         e, last = run.first, run.last
-        out.append(f"  {clock.time_of_day(e.time):>{tw}} {clock.offset(e.time - t0):>{ow}} #{e.seq:<6} {e.text}")
+        out.append(f"  {clock.time_of_day(e.time):>{tw}} {clock.offset(e.time - t0):>{ow}} #{e.seq:<6} "
+                   f"{clock.moments(e.text)}")
         if run.count > 1:
             collapsed = True
-            newest = f", newest: {last.event.message}" if last.text != e.text else ""
+            newest = f", newest: {clock.moments(last.event.message)}" if last.text != e.text else ""
             out.append(f"  {'':>{tw}} {'':>{ow}} {'':>7} ... told {run.count} times, the last at "
                        f"{clock.time_of_day(last.time)} #{last.seq} ({human_duration(last.time - e.time)} later)"
                        f"{newest}")

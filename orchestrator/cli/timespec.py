@@ -21,6 +21,7 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
 _SECONDS = re.compile(r"\d+(?:\.\d+)?")
+_MOMENT_IN_TEXT = re.compile(r"\bt=(\d+(?:\.\d+)?)")
 _SIM_MOMENT = re.compile(r"d(\d+)(?:[ T](\d{1,2}):(\d{2})(?::(\d{2}(?:\.\d+)?))?)?")
 _DAY = 86400.0
 
@@ -56,6 +57,10 @@ class LogClock:
     def time_of_day(self, ts: float) -> str:
         """A moment in a column: the simulated day and time, or a cluster's time of day (its date is today's)."""
         return self.instant(ts) if self.simulated else self.instant(ts)[11:]
+
+    def moments(self, text: str) -> str:
+        """`text` with each `t=SECONDS` the scheduler wrote (a reservation's expected start) as `instant` prints it."""
+        return _MOMENT_IN_TEXT.sub(lambda m: self.instant(float(m.group(1))), text)
 
     def offset(self, seconds: float) -> str:
         """A span after an earlier moment: `+5d19h` on a simulated clock (days apart), `+  12.345s` for a cluster."""

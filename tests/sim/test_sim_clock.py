@@ -161,6 +161,13 @@ def test_clock_text_reads_back() -> None:
     assert real.offset(12.3456) == "+  12.346s"
 
 
+def test_a_reservations_expected_start_prints_on_the_logs_clock() -> None:
+    told = "first in line for 64 GPUs: holding 0 free, expected to start at t=338265.831"
+    assert LogClock(0.0, simulated=True).moments(told).endswith("expected to start at d3 21:57:45.831")
+    assert LogClock(1.7e9).moments("at t=1700000000").startswith("at 20")  # an ISO date
+    assert LogClock(0.0, simulated=True).moments("needs 64 GPUs (8x8), 10 free") == "needs 64 GPUs (8x8), 10 free"
+
+
 # --- 3. --at on a simulated clock ---------------------------------------------------------
 
 
