@@ -170,7 +170,7 @@ def runs(entries: Iterable[Entry]) -> list[Run]:
     """`entries` with consecutive pending reasons of one code as one run.
 
     A job waiting its turn on a busy cluster is told its reason again with
-    new numbers every REFRESH_S (core/explain.py): a day's wait is a thousand
+    new numbers every REFRESH_S (core/explain.py): a day's wait is hundreds of
     lines of "needs 32 GPUs, 9 free", "... 7 free". A human reads the run
     once, with how long it lasted and its newest numbers; --json keeps
     every entry.
