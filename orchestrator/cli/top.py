@@ -30,7 +30,7 @@ from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK
 from orchestrator.cli.render import line
 from orchestrator.cli.state_view import load_state
-from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, sorted_nodes
+from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, readable, sorted_nodes
 from orchestrator.core.state import FREE, ClusterState
 from orchestrator.follow import Follower
 
@@ -136,7 +136,7 @@ def _queues(state: ClusterState, now: float, colors: dict[str, str]) -> Renderab
     return out
 
 
-def _pending(state: ClusterState, limit: int) -> RenderableType:
+def _pending(state: ClusterState, limit: int, now: float) -> RenderableType:
     if not state.pending:
         return Text("no pending jobs")
     t = Table(box=None, padding=(0, 1), show_edge=False)
@@ -146,7 +146,7 @@ def _pending(state: ClusterState, limit: int) -> RenderableType:
         job = state.jobs[jid]
         w = job.waiting
         t.add_row(jid, job_queue(state, job), str(job.spec.priority), job_shape(job),
-                  f"{w.code}: {w.message}" if w else "not looked at yet")
+                  f"{w.code}: {readable(w.message, now)}" if w else "not looked at yet")
     more = len(state.pending) - limit
     return Group(t, Text(f"... and {more} more", style="dim")) if more > 0 else t
 
@@ -161,7 +161,7 @@ def frame(state: ClusterState, recent: Sequence[Envelope], now: float, *, pendin
         _header(state, now),
         Panel(_grid(state, letters, colors), title="GPUs", title_align="left"),
         Panel(_queues(state, now, colors), title="queues: used | guarantee ┆ limit", title_align="left"),
-        Panel(_pending(state, pending_rows), title=f"pending ({len(state.pending)})", title_align="left"),
+        Panel(_pending(state, pending_rows, now), title=f"pending ({len(state.pending)})", title_align="left"),
         Panel(events, title="recent events", title_align="left"),
     )
 

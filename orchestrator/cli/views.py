@@ -14,6 +14,7 @@ import msgspec
 
 from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
+from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
 from orchestrator.core.queries import queue_loads
 from orchestrator.core.state import FREE, HOLDING, TERMINAL, ClusterState, Job, JobStatus, Node
 from orchestrator.core.usage import resolve_queue
@@ -142,10 +143,16 @@ def job_detail(state: ClusterState, job: Job) -> dict[str, Any]:
     }
 
 
+def readable(text: str, now: float) -> str:
+    """`text` with the scheduler's `t=SECONDS` (a reservation's expected start) on the clock `now` is on:
+    a simulation's, which starts at 0 (`d9 07:48:15.000`), else Unix time. For people; --json keeps it raw."""
+    return LogClock(simulated=now < SIMULATED_BEFORE_S).moments(text)
+
+
 def jobs_rows(state: ClusterState, jobs: list[Job], now: float) -> list[list[Any]]:
     return [
         [j.job_id, j.spec.name, job_queue(state, j), j.status, j.attempt, job_shape(j), j.spec.priority,
-         human_duration(job_age(j, now)), job_note(j)]
+         human_duration(job_age(j, now)), readable(job_note(j), now)]
         for j in jobs
     ]
 
@@ -171,7 +178,7 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
         kv.append(("placement", placement_summary(job.placement)))
     if job.status == "pending":
         w = job.waiting
-        kv.append(("pending", f"{w.code}: {w.message}" if w else "not looked at by the scheduler yet"))
+        kv.append(("pending", f"{w.code}: {readable(w.message, now)}" if w else "not looked at by the scheduler yet"))
     if job.status == "preempting":
         kv.append(("preempted for", job.preemptor))
     if job.stop is not None:

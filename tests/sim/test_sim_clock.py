@@ -17,6 +17,7 @@ from orchestrator.cli import main
 from orchestrator.cli.errors import USAGE, CliError
 from orchestrator.cli.position import log_clock
 from orchestrator.cli.timespec import LogClock
+from orchestrator.cli.views import readable
 from schemas import (
     Event,
     GangReserved,
@@ -166,6 +167,9 @@ def test_a_reservations_expected_start_prints_on_the_logs_clock() -> None:
     assert LogClock(0.0, simulated=True).moments(told).endswith("expected to start at d3 21:57:45.831")
     assert LogClock(1.7e9).moments("at t=1700000000").startswith("at 20")  # an ISO date
     assert LogClock(0.0, simulated=True).moments("needs 64 GPUs (8x8), 10 free") == "needs 64 GPUs (8x8), 10 free"
+    # corral jobs / job / top print it on the clock their "now" is on.
+    assert readable(told, now=4 * DAY).endswith("at d3 21:57:45.831")
+    assert "t=" not in readable("expected to start at t=1700000000", now=1.7e9)
 
 
 # --- 3. --at on a simulated clock ---------------------------------------------------------
