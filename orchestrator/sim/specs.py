@@ -13,7 +13,7 @@ policy without the original trace.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from orchestrator.core.state import Queue
@@ -51,36 +51,37 @@ def shape(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
     return num_gpus // gpus_per_node, gpus_per_node
 
 
-def cluster_problems(spec: JobSpec, cluster: ClusterSpec) -> list[str]:
-    """Why `cluster` could never run `spec`: the scheduler's own admission checks (policies/reject.py), made
-    before the run so a mistake is told with its line instead of turning into a rejected job."""
-    out = []
-    total = spec.total_gpus
-    if total > cluster.total_gpus:
-        out.append(f"needs {total} GPUs, more than the cluster's {cluster.total_gpus}")
-    elif spec.gpus_per_rank > cluster.gpus_per_node:
-        out.append(f"a rank needs {spec.gpus_per_rank} GPUs, the largest node has {cluster.gpus_per_node}")
+def cluster_check(cluster: ClusterSpec) -> Callable[[JobSpec], list[str]]:
+    """Why `cluster` could never run a spec: the scheduler's own admission checks (policies/reject.py), made
+    before the run so a mistake is told with its line instead of turning into a rejected job. What the
+    checks read of the cluster is gathered once, not per job."""
     names = [q.name for q in cluster.queues]
-    queue = spec.queue if spec.queue in names or cluster.default_queue not in names else cluster.default_queue
-    if names and queue not in names:
-        out.append(f"queue {spec.queue!r} is not in the cluster spec (queues: {', '.join(names)}; "
-                   f"no {cluster.default_queue!r} queue to run it in)")
-    elif (over := first_over_limit(_queues(cluster), lambda _name: 0, queue, total)) is not None:
-        out.append(f"needs {total} GPUs, more than queue {over[0]}'s limit_gpus {over[1]}")
-    if spec.topology is not None and spec.topology.level not in ("node", "cluster", *cluster.level_names):
-        out.append(f"topology level {spec.topology.level!r} is not in the cluster spec "
-                   f"(levels: {', '.join(['node', *cluster.level_names])})")
-    if spec.gpu_model is not None:
-        models = sorted({g.gpu_model for g in cluster.groups})
-        if not any(spec.gpu_model.lower() in m.lower() for m in models):
+    queues = {q.name: Queue(name=q.name, weight=q.weight, guaranteed_gpus=q.guaranteed_gpus, limit_gpus=q.limit_gpus,
+                            parent=q.parent) for q in cluster.queues}  # as the fold holds them, for its limit walk
+    levels = ("node", "cluster", *cluster.level_names)
+    listed = ", ".join(["node", *cluster.level_names])
+    models = sorted({g.gpu_model for g in cluster.groups})
+
+    def problems(spec: JobSpec) -> list[str]:
+        out = []
+        total = spec.total_gpus
+        if total > cluster.total_gpus:
+            out.append(f"needs {total} GPUs, more than the cluster's {cluster.total_gpus}")
+        elif spec.gpus_per_rank > cluster.gpus_per_node:
+            out.append(f"a rank needs {spec.gpus_per_rank} GPUs, the largest node has {cluster.gpus_per_node}")
+        queue = spec.queue if spec.queue in queues or cluster.default_queue not in queues else cluster.default_queue
+        if names and queue not in queues:
+            out.append(f"queue {spec.queue!r} is not in the cluster spec (queues: {', '.join(names)}; "
+                       f"no {cluster.default_queue!r} queue to run it in)")
+        elif (over := first_over_limit(queues, lambda _name: 0, queue, total)) is not None:
+            out.append(f"needs {total} GPUs, more than queue {over[0]}'s limit_gpus {over[1]}")
+        if spec.topology is not None and spec.topology.level not in levels:
+            out.append(f"topology level {spec.topology.level!r} is not in the cluster spec (levels: {listed})")
+        if spec.gpu_model is not None and not any(spec.gpu_model.lower() in m.lower() for m in models):
             out.append(f"gpu_model {spec.gpu_model!r} matches no GPU of the cluster (models: {', '.join(models)})")
-    return out
+        return out
 
-
-def _queues(cluster: ClusterSpec) -> dict[str, Queue]:
-    """The spec's queues as the fold holds them, for the scheduler's own limit walk."""
-    return {q.name: Queue(name=q.name, weight=q.weight, guaranteed_gpus=q.guaranteed_gpus, limit_gpus=q.limit_gpus,
-                          parent=q.parent) for q in cluster.queues}
+    return problems
 
 
 def spec_of(job: TraceJob, cluster: ClusterSpec) -> JobSpec:
@@ -112,6 +113,7 @@ def sim_jobs(jobs: Iterable[TraceJob], cluster: ClusterSpec, source: str = "<tra
     """Every trace job as a SimJob; TraceError listing each job this cluster cannot take."""
     out: list[SimJob] = []
     problems: list[str] = []
+    check = cluster_check(cluster)
     for j in jobs:
         where = f"{source}:{j.line}: " if j.line else f"{source}: job {j.job_id}: "
         try:
@@ -119,7 +121,7 @@ def sim_jobs(jobs: Iterable[TraceJob], cluster: ClusterSpec, source: str = "<tra
         except ValueError as e:
             problems.append(where + str(e))
             continue
-        problems += [where + p for p in cluster_problems(spec, cluster)]
+        problems += [where + p for p in check(spec)]
         out.append(SimJob(j.job_id, j.submit_time, j.duration, spec, j.line))
     if problems:
         raise TraceError(problems)
@@ -128,4 +130,5 @@ def sim_jobs(jobs: Iterable[TraceJob], cluster: ClusterSpec, source: str = "<tra
 
 def unfit_jobs(jobs: Iterable[SimJob], cluster: ClusterSpec, source: str) -> list[str]:
     """"file:line: job J: why" for each job (of a log) that `cluster` could never run."""
-    return [f"{source}:{j.line}: job {j.job_id}: {p}" for j in jobs for p in cluster_problems(j.spec, cluster)]
+    check = cluster_check(cluster)
+    return [f"{source}:{j.line}: job {j.job_id}: {p}" for j in jobs for p in check(j.spec)]
