@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import NamedTuple, TextIO
+from typing import NamedTuple, TextIO, TypeVar
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus", "queue")
 OPTIONAL = ("priority", "preemptible", "gpu_model", "topology", "time_limit")
@@ -29,6 +29,8 @@ MAX_ERRORS = 20
 _TRUE = {"1", "true", "yes", "y", "t"}
 _FALSE = {"0", "false", "no", "n", "f"}
 
+
+_Row = TypeVar("_Row")
 
 class TraceError(ValueError):
     """A trace that cannot be simulated; `problems` are "file:line: what" strings."""
@@ -212,29 +214,25 @@ def read_outages(f: TextIO, name: str = "<outages>") -> list[Outage]:
 
 
 def load_trace(path: str | Path, outages: str | Path | None = None) -> Trace:
-    """Jobs from `path` in submit order (ties: file order), plus outages from a second CSV.
+    """Jobs from `path` in submit order (ties: file order), plus outages from a second CSV."""
+    p = Path(path)
+    jobs = _read_csv(p, read_jobs)
+    outs = _read_csv(Path(outages), read_outages) if outages is not None else []
+    return Trace(jobs=sort_jobs(jobs), outages=tuple(sorted(outs, key=lambda o: (o.time, o.line))), source=str(p))
+
+
+def _read_csv(p: Path, read: Callable[[TextIO, str], list[_Row]]) -> list[_Row]:
+    """`read` over the file; TraceError for a file that cannot be read or is not UTF-8.
 
     Read as utf-8-sig: a spreadsheet's "CSV UTF-8" export starts with a byte-order mark.
     """
-    p = Path(path)
     try:
         with p.open(newline="", encoding="utf-8-sig") as f:
-            jobs = read_jobs(f, str(p))
+            return read(f, str(p))
     except OSError as e:
         raise TraceError([f"{p}: cannot read: {e.strerror}"]) from None
     except UnicodeDecodeError as e:
         raise TraceError([f"{p}: not UTF-8 text (byte {e.start})"]) from None
-    outs: list[Outage] = []
-    if outages is not None:
-        q = Path(outages)
-        try:
-            with q.open(newline="", encoding="utf-8-sig") as f:
-                outs = read_outages(f, str(q))
-        except OSError as e:
-            raise TraceError([f"{q}: cannot read: {e.strerror}"]) from None
-        except UnicodeDecodeError as e:
-            raise TraceError([f"{q}: not UTF-8 text (byte {e.start})"]) from None
-    return Trace(jobs=sort_jobs(jobs), outages=tuple(sorted(outs, key=lambda o: (o.time, o.line))), source=str(p))
 
 
 def sort_jobs(jobs: Iterable[TraceJob]) -> tuple[TraceJob, ...]:
