@@ -109,7 +109,7 @@ def _text(ev: object, job_id: str, before: Job | None, state: ClusterState) -> s
         case Preempted():
             frm = ev.resume_from or (before.newest_checkpoint if before else None)
             return (f"preempted: GPUs yielded to {ev.preemptor_job_id or 'the preemptor'}; requeued as attempt "
-                    f"{ev.attempt + 1}, resumes from {frm or 'scratch (no checkpoint)'}")
+                    f"{ev.attempt + 1} (its place in line is now), resumes from {frm or 'scratch (no checkpoint)'}")
         case JobRequeued():
             frm = ev.resume_from or (before.newest_checkpoint if before else None)
             return f"requeued as attempt {ev.attempt}: {ev.reason}; resumes from {frm or 'scratch'}"

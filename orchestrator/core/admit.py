@@ -452,8 +452,8 @@ def _rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: dict[tuple[str, i
     """
     assert line.head is not None
     head = line.head[1]
-    if c.now - head.submitted_at > c.policies.starving_after_s:
-        return (0, head.submitted_at)
+    if c.now - head.waiting_since > c.policies.starving_after_s:
+        return (0, head.waiting_since)
     # A queue's load changes only with a charge: its key is kept until then.
     key = (queue, plan.charges)
     found = ranks.get(key)

@@ -444,11 +444,18 @@ def _preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
     state.jobs[e.preemptor_job_id] = replace(preemptor, earmark=plan)
 
 
-def _requeue(state: ClusterState, job: Job, attempt: int, resume_from: str | None, at: float) -> None:
-    """Release the gang and put the job back in line as `attempt` (same submit order)."""
+def _requeue(
+    state: ClusterState, job: Job, attempt: int, resume_from: str | None, at: float, *, rejoin: bool
+) -> None:
+    """Release the gang and put the job back in line as `attempt`.
+
+    `rejoin` (a preemption): its place is now, behind what queued before -- as
+    Kueue requeues an evicted workload by its eviction time. Otherwise (node
+    failure, lost workers) it lost its GPUs through no choice of the scheduler
+    and keeps its submit-time place.
+    """
     _release(state, job, at)
-    _enqueue(state, job)
-    state.jobs[job.job_id] = replace(
+    state.jobs[job.job_id] = job = replace(
         job,
         status="pending",
         attained_s=job.attained_s + job.gpus * max(0.0, at - job.reserved_at),
@@ -466,21 +473,23 @@ def _requeue(state: ClusterState, job: Job, attempt: int, resume_from: str | Non
         preempt_at=0.0,
         preempt_grace_s=0.0,
         waiting=None,
+        rejoined_at=at if rejoin else job.rejoined_at,
     )
+    _enqueue(state, job)
 
 
 def _preempted(state: ClusterState, e: Preempted) -> None:
     job = _active(state, e.job_id, e.attempt)
     if job is None or job.status != "preempting":
         return
-    _requeue(state, job, job.attempt + 1, e.resume_from or job.newest_checkpoint, e.occurred_at)
+    _requeue(state, job, job.attempt + 1, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=True)
 
 
 def _job_requeued(state: ClusterState, e: JobRequeued) -> None:
     job = _active(state, e.job_id, e.attempt - 1)
     if job is None:
         return
-    _requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, e.occurred_at)
+    _requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=False)
 
 
 def _gang_restarted(state: ClusterState, e: GangRestarted) -> None:

@@ -113,7 +113,7 @@ def preemption_threat(state: ClusterState) -> Callable[[Job], bool]:
         if not keys:
             continue
         q = resolve_queue(state, name)
-        top[q] = max(top.get(q, -(2**63)), -keys[0][0])  # LineKey: (-priority, submitted_at, job_id)
+        top[q] = max(top.get(q, -(2**63)), -keys[0][0])  # LineKey: (-priority, waiting_since, job_id)
         queue = state.queues.get(q)
         owed = owed or (queue is not None and low.get(q, 0) < queue.guaranteed_gpus)
 

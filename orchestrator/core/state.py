@@ -181,10 +181,18 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     end_reason: str = ""
     #: GPU-seconds its earlier attempts held GPUs (least-attained-service policies read it).
     attained_s: float = 0.0
+    #: When a preemption put it back in line (0: never). A preempted gang was being served; it
+    #: waits again behind work that queued before it lost its GPUs, not ahead of all of it.
+    rejoined_at: float = 0.0
+
+    @property
+    def waiting_since(self) -> float:
+        """Its place in line: the submit time, or the last preemption's time if later."""
+        return max(self.submitted_at, self.rejoined_at)
 
     @property
     def line_key(self) -> LineKey:
-        return (-self.spec.priority, self.submitted_at, self.job_id)
+        return (-self.spec.priority, self.waiting_since, self.job_id)
 
     @property
     def newest_checkpoint(self) -> str | None:

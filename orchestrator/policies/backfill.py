@@ -166,8 +166,8 @@ def _release(
 
 
 def longest_waiting(job: Job) -> tuple[float, str]:
-    """Reservation order: the gang submitted first (so every gang's turn comes, whatever its queue's share)."""
-    return (job.submitted_at, job.job_id)
+    """Reservation order: the gang waiting longest (so every gang's turn comes, whatever its queue's share)."""
+    return (job.waiting_since, job.job_id)
 
 
 def may_use_held(ends_at: float, hold: Hold) -> bool:

@@ -18,13 +18,13 @@ from typing import Any
 from orchestrator.core.plan import QueueLoad
 from orchestrator.core.state import Job
 
-#: Any comparable tuple; the default is the fold's line key (-priority, submitted_at, job_id).
+#: Any comparable tuple; the default is the fold's line key (-priority, waiting_since, job_id).
 JobKey = tuple[Any, ...]
 QueueKey = tuple[int, float, str]
 
 
 def job_order_key(job: Job) -> JobKey:
-    """Inside a queue: higher priority first, then earlier submit, then job id."""
+    """Inside a queue: higher priority first, then the longest waiting (submit or preemption), then job id."""
     return job.line_key
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.core.queries import node_work
+from orchestrator.policies.backfill import longest_waiting
 from schemas.events import GangReserved, JobWaiting, Preempted, PreemptionRequested
 from tests.core.harness import Sim, of_type
 
@@ -281,3 +282,42 @@ def test_least_attained_service_rule_preempts_the_most_served_gang_and_remembers
     s.decide()
     s.tick(120)
     assert not of_type(s.decide(), PreemptionRequested)
+
+
+def test_a_preempted_gang_rejoins_its_line_behind_work_that_queued_before_it_was_preempted() -> None:
+    s = Sim()
+    s.node("n0")
+    s.submit("exp", gpus_per_rank=8)
+    s.run()
+    s.tick(100)
+    s.submit("later", gpus_per_rank=8)  # same priority: waits, no preemption
+    s.run()
+    s.tick(100)
+    s.submit("urgent", gpus_per_rank=8, priority=10)
+    s.run()
+    assert s.job("exp").status == "pending" and s.job("exp").attempt == 2
+    assert s.job("exp").waiting_since == s.now and s.job("later").waiting_since < s.now
+    assert longest_waiting(s.job("later")) < longest_waiting(s.job("exp"))  # reservations follow the same order
+    s.tick(100)
+    s.finish("urgent")
+    # `later` queued while exp was running: it goes first, though exp was submitted earlier.
+    assert [g.job_id for g in of_type(s.run(), GangReserved)] == ["later"]
+    assert s.job("exp").status == "pending"
+
+
+def test_a_gang_requeued_by_a_node_failure_keeps_its_place_in_line() -> None:
+    s = Sim()
+    s.node("n0")
+    s.submit("exp", gpus_per_rank=8)
+    s.run()
+    s.tick(100)
+    s.submit("later", gpus_per_rank=8)
+    s.run()
+    s.tick(100)
+    s.fail_node("n0")
+    s.run()
+    assert s.job("exp").status == "pending" and s.job("exp").attempt == 2
+    assert s.job("exp").waiting_since == s.job("exp").submitted_at
+    s.tick(10)
+    s.recover_node("n0")
+    assert [g.job_id for g in of_type(s.run(), GangReserved)] == ["exp"]
