@@ -89,7 +89,7 @@ def test_explain_shows_the_preemption_chain(cluster: Up, preemption: Preemption)
     text = corral("explain", victim, url=url).stdout
     assert text.splitlines()[0].startswith(f"{victim} (") and "preempted 1x" in text.splitlines()[0]
     assert f"preemption requested by {preemption.preemptor}" in text
-    assert f"preempted: GPUs yielded to {preemption.preemptor}; requeued as attempt 2, resumes from {ckpt}" in text
+    assert f"preempted: GPUs yielded to {preemption.preemptor}; requeued as attempt 2 (its place in line is now), resumes from {ckpt}" in text
 
 
 def test_explain_the_preemptor_names_its_victims(cluster: Up, preemption: Preemption) -> None:
