@@ -40,6 +40,7 @@ from orchestrator.core.evolve import evolve
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.queries import preemption_threat
 from orchestrator.core.state import HOLDING, RESERVING, ClusterState, Job
+from orchestrator.policies import Policies
 from orchestrator.sim.agents import checkpointed, workers_exited, workers_started
 from orchestrator.sim.baselines import policies_for
 from orchestrator.sim.cluster import EPOCH
@@ -141,11 +142,13 @@ class _LogWriter:
 
 class Simulation:
     def __init__(self, scenario: Scenario, policy: str = "corral", config: SimConfig | None = None,
-                 log: IO[bytes] | None = None, on_instant: Callable[[Simulation], None] | None = None) -> None:
+                 log: IO[bytes] | None = None, on_instant: Callable[[Simulation], None] | None = None,
+                 policies: Policies | None = None) -> None:
+        """`policies` runs a what-if record (a changed field) instead of `policy`'s, under its name."""
         self.scenario = scenario
         self.policy = policy
         self.config = config if config is not None else SimConfig()
-        self.policies = policies_for(policy)
+        self.policies = policies if policies is not None else policies_for(policy)
         self.state = ClusterState()
         self.timeline = Timeline()
         self.work: dict[str, Work] = {}
@@ -403,5 +406,5 @@ class Simulation:
 
 
 def simulate(scenario: Scenario, policy: str = "corral", config: SimConfig | None = None,
-             log: IO[bytes] | None = None) -> SimResult:
-    return Simulation(scenario, policy, config, log).run()
+             log: IO[bytes] | None = None, policies: Policies | None = None) -> SimResult:
+    return Simulation(scenario, policy, config, log, policies=policies).run()
