@@ -26,8 +26,11 @@ corral: j2 blocks at 10 and takes the backfill reservation (n0001, until
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from orchestrator.policies import DEFAULT_POLICIES
 from orchestrator.sim.engine import SimConfig, simulate
 from orchestrator.sim.metrics import summarize
 from orchestrator.sim.trace import TraceJob
@@ -106,6 +109,29 @@ def test_preemption_loses_work_since_the_checkpoint_plus_the_restart() -> None:
     # The baselines never preempt: high waits for low.
     fifo = simulate(scenario(cluster, jobs), "fifo", cfg).timeline
     assert (fifo.first_start["high"], fifo.end["low"]) == (300, 300)
+
+
+def test_a_preempted_job_waits_behind_the_job_that_queued_while_it_ran() -> None:
+    """1 GPU. low (300 s) runs from 0; mid (50 s) queues at 100; high (priority 10) preempts low at 250.
+
+    low rejoins the line at 250, behind mid (queued at 100): high runs 250-300,
+    mid 300-350, then low resumes from step 200 with the 20 s overhead and
+    needs 100 s more: 350 + 20 + 100 = 470. (With low keeping its submit-time
+    place, low would end at 420 and mid at 470.)
+    """
+    cluster = tiny_cluster(nodes=1, queues=[{"name": "a"}])
+    jobs = [TraceJob("low", 0, 300, 1, "a"), TraceJob("mid", 100, 50, 1, "a"),
+            TraceJob("high", 250, 50, 1, "a", priority=10)]
+    cfg = SimConfig(checkpoint_interval_s=100, restart_overhead_s=20, strict=True)
+    tl = simulate(scenario(cluster, jobs), "corral", cfg).timeline
+    assert (tl.first_start["high"], tl.end["high"]) == (250, 300)
+    assert (tl.first_start["mid"], tl.end["mid"]) == (300, 350)
+    assert tl.end["low"] == 470
+    # A what-if record runs under the policy's name. Without preemption low runs to 300, and mid, which has
+    # held the backfill reservation since 100, starts before high.
+    what_if = replace(DEFAULT_POLICIES, preemption_searches=0)
+    tl = simulate(scenario(cluster, jobs), "corral", cfg, policies=what_if).timeline
+    assert (tl.end["low"], tl.first_start["mid"], tl.first_start["high"]) == (300, 300, 350)
 
 
 def test_node_failure_requeues_from_the_checkpoint() -> None:
