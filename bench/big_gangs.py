@@ -31,7 +31,7 @@ from sim import machine, scenario  # bench/sim.py: the same trace and cluster
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from orchestrator.sim.baselines import policies_for
 from orchestrator.sim.engine import SimConfig, simulate
-from orchestrator.sim.metrics import big_gang_waits, percentile, summarize
+from orchestrator.sim.metrics import big_gang_waits, percentile, summarize, waits_longer
 
 HOUR = 3600.0
 
@@ -62,8 +62,9 @@ def compare(corral: dict[str, float], fifo_backfill: dict[str, float]) -> dict[s
         v = sorted(w.values())
         return {"longest_h": v[-1] / HOUR, "mean_h": sum(v) / len(v) / HOUR, "p95_h": percentile(v, 95) / HOUR}
 
-    longer = [corral[j] - fifo_backfill[j] for j in corral if j in fifo_backfill and corral[j] > fifo_backfill[j]]
-    return {"corral": stats(corral), "fifo_backfill": stats(fifo_backfill), "compared": len(corral),
+    longer = waits_longer(corral, fifo_backfill)
+    return {"corral": stats(corral), "fifo_backfill": stats(fifo_backfill),
+            "compared": sum(1 for j in corral if j in fifo_backfill),
             "longer": len(longer), "longer_by_1h": sum(1 for d in longer if d > HOUR),
             "excess_h": sum(longer) / HOUR}
 

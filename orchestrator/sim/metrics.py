@@ -181,3 +181,8 @@ def big_gang_waits(result: SimResult) -> dict[str, float]:
     """Queueing delay of every >= 32-GPU gang that started, by job id (for per-job comparisons)."""
     tl = result.timeline
     return {j: tl.first_start[j] - tl.submit[j] for j in tl.first_start if tl.gpus[j] >= BIG_GANG_GPUS}
+
+
+def waits_longer(waits: dict[str, float], baseline: dict[str, float]) -> list[float]:
+    """By how much each gang waited longer than under `baseline`, for the gangs that did (1 us slack)."""
+    return [w - baseline[j] for j, w in waits.items() if j in baseline and w > baseline[j] + 1e-6]

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from orchestrator.sim import plots
 from orchestrator.sim.baselines import POLICY_NAMES
 from orchestrator.sim.engine import Scenario, SimConfig, SimResult, simulate
-from orchestrator.sim.metrics import big_gang_waits, summarize
+from orchestrator.sim.metrics import big_gang_waits, summarize, waits_longer
 from orchestrator.sim.table import json_figures, side_by_side
 
 #: The figures a run draws into the output directory.
@@ -60,7 +60,7 @@ def compare(metrics: dict[str, dict[str, Any]], waits: dict[str, dict[str, float
         cw, bw = waits["corral"], waits["fifo-backfill"]
         both = [j for j in cw if j in bw]
         out["big_gangs_compared"] = len(both)
-        out["big_gangs_waiting_longer_under_corral"] = sum(1 for j in both if cw[j] > bw[j] + 1e-6)
+        out["big_gangs_waiting_longer_under_corral"] = len(waits_longer(cw, bw))
     out["jain_corral"] = get("corral", "jain_index")
     return out
 
