@@ -450,9 +450,9 @@ def _requeue(
     """Release the gang and put the job back in line as `attempt`.
 
     `rejoin` (a preemption): its place is now, behind what queued before -- as
-    Kueue requeues an evicted workload by its eviction time. Otherwise (node
-    failure, lost workers) it lost its GPUs through no choice of the scheduler
-    and keeps its submit-time place.
+    Kueue, by default, orders a workload it evicted for not starting in time
+    by the eviction. Otherwise (node failure, lost workers) it lost its GPUs
+    through no choice of the scheduler and keeps its submit-time place.
     """
     _release(state, job, at)
     state.jobs[job.job_id] = job = replace(
