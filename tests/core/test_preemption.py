@@ -284,15 +284,21 @@ def test_least_attained_service_rule_preempts_the_most_served_gang_and_remembers
     assert not of_type(s.decide(), PreemptionRequested)
 
 
-def test_a_preempted_gang_rejoins_its_line_behind_work_that_queued_before_it_was_preempted() -> None:
+def _exp_running_later_waiting() -> Sim:
+    """n0 runs exp; 100 s later `later` (same priority) queues behind it, without preempting; 100 s pass."""
     s = Sim()
     s.node("n0")
     s.submit("exp", gpus_per_rank=8)
     s.run()
     s.tick(100)
-    s.submit("later", gpus_per_rank=8)  # same priority: waits, no preemption
+    s.submit("later", gpus_per_rank=8)
     s.run()
     s.tick(100)
+    return s
+
+
+def test_a_preempted_gang_rejoins_its_line_behind_work_that_queued_before_it_was_preempted() -> None:
+    s = _exp_running_later_waiting()
     s.submit("urgent", gpus_per_rank=8, priority=10)
     s.run()
     assert s.job("exp").status == "pending" and s.job("exp").attempt == 2
@@ -306,14 +312,7 @@ def test_a_preempted_gang_rejoins_its_line_behind_work_that_queued_before_it_was
 
 
 def test_a_gang_requeued_by_a_node_failure_keeps_its_place_in_line() -> None:
-    s = Sim()
-    s.node("n0")
-    s.submit("exp", gpus_per_rank=8)
-    s.run()
-    s.tick(100)
-    s.submit("later", gpus_per_rank=8)
-    s.run()
-    s.tick(100)
+    s = _exp_running_later_waiting()
     s.fail_node("n0")
     s.run()
     assert s.job("exp").status == "pending" and s.job("exp").attempt == 2
