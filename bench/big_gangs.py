@@ -51,8 +51,7 @@ def parse_sets(items: list[str]) -> dict[str, float]:
 
 
 def run(seed: int, jobs: int, policy: str, overrides: dict[str, float]) -> tuple[dict[str, Any], dict[str, float]]:
-    result = simulate(scenario(jobs, seed, 0.9), policy,
-                      SimConfig(checkpoint_interval_s=1800.0, restart_overhead_s=120.0),
+    result = simulate(scenario(jobs, seed, 0.9), policy, SimConfig(),  # bench/sim.py's defaults: 1,800 s, 120 s
                       policies=replace(policies_for(policy), **overrides))
     return summarize(result, buckets=10), big_gang_waits(result)
 
