@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from orchestrator.core.decide import decide, decide_cycle
+from orchestrator.policies import DEFAULT_POLICIES
 from schemas.events import GangReserved, JobWaiting
 from tests.core.harness import Sim, of_type
 
@@ -337,3 +341,31 @@ def test_an_older_head_that_fits_now_starts_before_a_younger_gang_takes_the_free
     waits = {e.job_id: e for e in of_type(events, JobWaiting)}
     assert waits["young-b"].code == "backfill_head"  # b goes first by share, yet it is younger
     assert s.state.holders == ["young-b"]
+
+
+def test_a_placement_on_held_gpus_leaves_nothing_for_the_next_cycle_to_decide() -> None:
+    """It ends before the reservation starts, so the told reservation stands; the heads judged before it are
+    told their reasons on the final plan. Admission is complete: the next round only marks it running."""
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1), min_runtime_s=60)
+    s.node("n0")
+    s.node("n1")
+    s.submit("long", gpus_per_rank=8, time_limit_s=1000)
+    s.submit("half", gpus_per_rank=4, time_limit_s=1000)
+    s.agents(s.run())
+    s.submit("big", ranks=2, gpus_per_rank=8)
+    s.tick(1)
+    s.submit("unbounded", gpus_per_rank=4)
+    s.tick(1)
+    s.submit("short", gpus_per_rank=4, time_limit_s=100)
+    cycle = decide_cycle(s.state, s.now, epoch=s.epoch, policies=s.policies)
+    assert [g.job_id for g in of_type(cycle.events, GangReserved)] == ["short"]  # on the GPUs held for big
+    waits = {e.job_id: e for e in of_type(cycle.events, JobWaiting)}
+    assert waits["big"].code == "backfill_head"
+    # Judged before `short` took the held GPUs: "reserved by backfill" no longer holds after the cycle.
+    assert waits["unbounded"].message == "needs 4 GPUs on one node, the largest free node has 0"
+    assert cycle.complete
+    s.emit_all(cycle.events)  # type: ignore[arg-type]
+    s.start("short")
+    full = decide(s.state, s.now, epoch=s.epoch, policies=s.policies)
+    assert [type(e).__name__ for e in full] == ["JobRunning"]
+    assert decide_cycle(s.state, s.now, epoch=s.epoch, policies=s.policies, after_complete=True).events == full

@@ -9,9 +9,12 @@ numbers in each waiting job's message.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
+from orchestrator.core.decide import decide_cycle
 from orchestrator.core.explain import REFRESH_S
 from orchestrator.core.facts import SETTLE_S
+from orchestrator.policies import DEFAULT_POLICIES
 from schemas.events import GangReserved, JobRejected, JobWaiting
 from tests.core.harness import Sim, of_type
 
@@ -71,3 +74,23 @@ def test_reasons_are_told_once_more_after_settling_and_numbers_refresh_slowly() 
     assert len(of_type(s.log, GangReserved)) - started >= 20  # the queue moved meanwhile
     assert [j for j in s.state.jobs.values() if j.status == "pending"]
     assert max(per_job.values(), default=0) <= 1, per_job.most_common(3)
+
+
+def test_a_head_judged_before_a_later_placement_is_told_why_it_waits_after_the_cycle() -> None:
+    """The reason reads the final plan: "the largest free node has 2", not the 4 it had before `small` took two."""
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=0), min_runtime_s=60)
+    s.node("n0")
+    s.node("n1")
+    s.queue("a", weight=4.0)
+    s.queue("b", weight=1.0)
+    s.submit("fill", queue="a", gpus_per_rank=8)
+    s.submit("part", queue="b", gpus_per_rank=4)
+    s.agents(s.run())
+    s.submit("wide", queue="a", gpus_per_rank=8)  # a goes first (share 8/4 against b's 4/1)
+    s.submit("small", queue="b", gpus_per_rank=2)
+    cycle = decide_cycle(s.state, s.now, epoch=s.epoch, policies=s.policies)
+    assert [e.job_id for e in of_type(cycle.events, GangReserved)] == ["small"]
+    (told,) = of_type(cycle.events, JobWaiting)
+    assert told.job_id == "wide"
+    assert told.message == "needs 8 GPUs on one node, the largest free node has 2"
+    assert cycle.complete
