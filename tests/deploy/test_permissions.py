@@ -134,8 +134,8 @@ async def _watch_heartbeats(c: Ctx) -> None:
     watcher = await kv.watchall()
     entry = await watcher.updates(timeout=2)
     if entry is None:
-        # nats-py's "initial values done" marker can come first when the server has already pushed
-        # every entry before the watch asked for its consumer info (seen in CI, stop 15).
+        # nats-py's "initial values done" marker comes first when the watch reads its consumer
+        # info (0 pending) before the entries the server pushed (seen in CI, stop 15).
         entry = await watcher.updates(timeout=2)
     assert entry is not None and entry.value
     await watcher.stop()
