@@ -132,9 +132,9 @@ class _Admission:
         self.held_until: tuple[int, float] = (0, math.inf)
         #: A reservation of this cycle was planned afresh: a later holder cannot keep its told one past returns.
         self.replanned = False
-        # What `Admitted.complete` is judged on: each blocked verdict with the plan's (version,
-        # charges) it was reached at, a placement on held GPUs, a victim search the budget refused.
-        self.blocked: list[tuple[int, int, Job, str, Outcome]] = []
+        # What `Admitted.complete` is judged on: each blocked head (and its queue) with the plan's
+        # (version, charges) it was judged at, a placement on held GPUs, a victim search the budget refused.
+        self.blocked: list[tuple[int, int, Job, str]] = []
         self.through_hold = False
         self.out_of_searches = False
         #: A head looked at first is not holding (or one holding was not looked at first).
@@ -318,7 +318,7 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
         o = outcomes[job.job_id] = _admit_one(adm, job, q)
         code = o.code
         if code not in _UNMOVED:
-            adm.blocked.append((plan.version, plan.charges, job, q, o))
+            adm.blocked.append((plan.version, plan.charges, job, q))
         if code != PLACED and (code == BACKFILL_HEAD) != looked_first:
             adm.holders_differ = True  # the next cycle looks at other heads first
         if code not in (PLACED, QUOTA, PREEMPTING):
@@ -432,7 +432,7 @@ def _final_verdicts(adm: _Admission, outcomes: dict[str, Outcome]) -> bool:
     """
     c, plan = adm.c, adm.plan
     final = (plan.version, plan.charges)
-    stale = [(job, q) for version, charges, job, q, _ in adm.blocked if (version, charges) != final]
+    stale = [(job, q) for version, charges, job, q in adm.blocked if (version, charges) != final]
     if not stale:
         return True
     if len(plan.holds) < c.policies.reservations:
