@@ -28,7 +28,7 @@ from nodeagent.heartbeat import publish_heartbeats
 from nodeagent.rank_env import rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from orchestrator import metrics
-from orchestrator.core.queries import Intent, WorkerKey, node_work
+from orchestrator.core.queries import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.state import Job
 from orchestrator.follow import Follower
 from schemas import (
@@ -245,15 +245,19 @@ class Agent:
         work = node_work(state, self.node_id)
         now = time.monotonic()
         held = self._held_gpus(work)
-        for key, intent in work.items():
+        for key in work:
+            # Asked again of the state as it is now: the pass awaits each start, and meanwhile a
+            # worker may have exited and been forgotten; by the pass's first reading it would
+            # run again (its second run invisible in the log, as its event ids dedupe).
+            intent = rank_intent(self.follower.state, self.node_id, key)
             tr = self.workers.get(key)
             if tr is None:
                 if intent == "run" and key not in self._restarting and not self._blocked(key, held):
                     await self._start(key, restarts=0)
-                continue
-            await self._steer(key, tr, intent, now)
+            elif intent is not None:
+                await self._steer(key, tr, intent, now)
         for key, tr in list(self.workers.items()):
-            if key not in work and tr.ending is None:
+            if tr.ending is None and rank_intent(self.follower.state, self.node_id, key) is None:
                 tr.ending = "killed"
                 tr.stopper = asyncio.ensure_future(
                     stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
@@ -411,13 +415,12 @@ class Agent:
         if tr.ending == "preempted":
             await self._report_checkpoint(key, tr)  # the worker may have written it just before exiting
         reason = tr.ending or info.reason
-        work = node_work(self.follower.state, self.node_id)
         restart = (
             tr.ending is None
             and info.reason in ("crashed", "killed")
             and tr.restart_policy == "rank"
             and tr.spec.restarts < tr.max_restarts
-            and work.get(key) == "run"
+            and rank_intent(self.follower.state, self.node_id, key) == "run"
         )
         if restart:
             self._restarting.add(key)
@@ -436,7 +439,7 @@ class Agent:
     async def _restart_later(self, key: WorkerKey, restarts: int) -> None:
         try:
             await asyncio.sleep(self.config.backoff.delay_for(restarts))
-            if node_work(self.follower.state, self.node_id).get(key) == "run" and key not in self.workers:
+            if rank_intent(self.follower.state, self.node_id, key) == "run" and key not in self.workers:
                 await self._start(key, restarts)
         finally:
             self._restarting.discard(key)

@@ -33,7 +33,7 @@ def node_work(state: ClusterState, node_id: str) -> dict[WorkerKey, Intent]:
     for job_id in state.active:
         job = state.jobs[job_id]
         ranks = state.ranks.get(job_id, {})
-        intent: Intent = "checkpoint" if job.status == "preempting" else "stop" if job.stop is not None else "run"
+        intent = _intent(job)
         for p in job.placement:
             if p.node_id != node_id:
                 continue
@@ -42,6 +42,29 @@ def node_work(state: ClusterState, node_id: str) -> dict[WorkerKey, Intent]:
                 continue
             out[(job_id, job.attempt, p.rank)] = intent
     return out
+
+
+def rank_intent(state: ClusterState, node_id: str, key: WorkerKey) -> Intent | None:
+    """`node_work(state, node_id).get(key)` for one rank, without walking every gang.
+
+    An agent awaits between reading `node_work` and acting on each rank; it asks
+    again here, on the state as it is by then, before it starts a worker.
+    """
+    job_id, attempt, rank = key
+    node = state.nodes.get(node_id)
+    job = state.jobs.get(job_id)
+    if node is None or node.failed or job is None or job_id not in state.active or job.attempt != attempt:
+        return None
+    if not 0 <= rank < len(job.placement) or job.placement[rank].node_id != node_id:
+        return None
+    done = state.ranks.get(job_id, {}).get(rank)
+    if done is not None and done.status == "exited":
+        return None
+    return _intent(job)
+
+
+def _intent(job: Job) -> Intent:
+    return "checkpoint" if job.status == "preempting" else "stop" if job.stop is not None else "run"
 
 
 def why_pending(state: ClusterState, job_id: str) -> Waiting | None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
 from orchestrator.core.facts import SETTLE_S
+from orchestrator.core.queries import node_work, rank_intent
 from orchestrator.core.state import FREE, HOLDING, ClusterState, needs_look, restore, snapshot
 from orchestrator.core.usage import ancestors
 from schemas.events import (
@@ -79,6 +80,12 @@ def check_invariants(state: ClusterState) -> None:
     # usage bookkeeping matches the gangs
     for q, u in state.usage.items():
         assert u.gpus == per_queue.get(q, 0), q
+    # an agent's question about one rank agrees with its question about the whole node
+    asked = {(j, state.jobs[j].attempt - back, rp.rank) for j in state.active for back in (0, 1)
+             for rp in state.jobs[j].placement}
+    for nid in state.nodes:
+        work = node_work(state, nid)
+        assert {k: i for k in asked | set(work) if (i := rank_intent(state, nid, k)) is not None} == work
     # 4. limits (set once, never lowered, in these sequences)
     tree: dict[str, int] = {}
     for q, n in per_queue.items():

@@ -1,0 +1,93 @@
+"""The agent's reconcile pass against a log that moves while the pass awaits.
+
+A pass reads what should run here once, then awaits each start (the runtime,
+the append of WorkerStarted). Meanwhile other workers exit and their exits are
+folded. A rank whose worker ended during the pass must not be started again
+when the pass reaches it: its second run would be invisible in the log (the
+WorkerStarted and WorkerExited ids dedupe) but real on the GPUs. CI's
+scheduler-kill fault test caught it: a burst of placements after an election
+made a long pass on one node, and a 2-rank gang that finished meanwhile ran twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+from events.bus import Bus
+from nodeagent.agent import Agent, AgentConfig
+from nodeagent.runtime.base import ExitInfo, WorkerHandle, WorkerSpec, WorkerStartError
+from nodeagent.runtime.simulated import SimulatedRuntime
+from orchestrator.core.state import ClusterState
+from orchestrator.follow import Follower
+from schemas import GangRestarted
+from tests.core.harness import Sim, inventory
+from tests.integration.harness import wait_until
+
+
+class GatedRuntime(SimulatedRuntime):
+    """Counts starts per job; job A cannot start at attempt 1 and waits for `gate` at attempt 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.starts: Counter[str] = Counter()
+        self.gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.at_gate = asyncio.Event()
+
+    async def start(self, spec: WorkerSpec) -> WorkerHandle:
+        self.starts[spec.job_id] += 1
+        if spec.job_id == "A" and spec.attempt == 1:
+            raise WorkerStartError("no such image")
+        if spec.job_id == "A":
+            self.at_gate.set()
+            await self.gate
+        return await super().start(spec)
+
+    def finish(self, job_id: str) -> None:
+        for w in self._workers.values():
+            if w.spec.job_id == job_id:
+                self._finish(w, ExitInfo.of(0, None))
+
+
+async def test_a_worker_that_ends_while_a_pass_awaits_another_start_is_not_started_again(
+    bus: Bus, tmp_path: Path
+) -> None:
+    sim = Sim()
+    sim.node("n0")
+    sim.submit("A", restart_policy="gang", max_restarts=1, command=("sleep", "3600"))
+    sim.submit("B", command=("sleep", "3600"))
+    sim.decide()
+    assert list(sim.state.active) == ["A", "B"]  # a pass visits A's ranks first
+    await bus.append_many(sim.log)
+
+    runtime = GatedRuntime()
+    agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
+    await agent.follower.catch_up()
+    following = asyncio.create_task(agent.follower.follow())
+    watcher = Follower(bus)
+    tailing = asyncio.create_task(watcher.follow())
+    try:
+        await agent.reconcile()  # A fails to start (reported as a crash), B starts
+        await wait_until(watcher, lambda s: s.jobs["A"].failure and s.ranks["B"][0].status == "started", 10,
+                         "A's crash and B's start in the log")
+        await bus.append(GangRestarted(event_id="restart-A", occurred_at=sim.now, job_id="A", attempt=2, epoch=1))
+        await wait_until(agent.follower, lambda s: s.jobs["A"].attempt == 2, 10, "the gang restart folded")
+
+        second = asyncio.create_task(agent.reconcile())  # waits in A's start at attempt 2
+        await asyncio.wait_for(runtime.at_gate.wait(), 10)
+        runtime.finish("B")
+
+        def a_done(s: ClusterState) -> bool:
+            return s.ranks["B"][0].status == "exited" and ("B", 1, 0) not in agent.workers
+
+        await wait_until(agent.follower, a_done, 10, "B's exit folded and its worker forgotten")
+        runtime.gate.set_result(None)
+        await asyncio.wait_for(second, 10)
+    finally:
+        for t in (following, tailing):
+            t.cancel()
+        await asyncio.gather(following, tailing, return_exceptions=True)
+        await agent.stop_workers(0.1)
+
+    assert runtime.starts == {"A": 2, "B": 1}, f"starts per job: {dict(runtime.starts)}"
