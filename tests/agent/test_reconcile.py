@@ -7,6 +7,7 @@ when the pass reaches it: its second run would be invisible in the log (the
 WorkerStarted and WorkerExited ids dedupe) but real on the GPUs. CI's
 scheduler-kill fault test caught it: a burst of placements after an election
 made a long pass on one node, and a 2-rank gang that finished meanwhile ran twice.
+(tests/faults/test_exit_race.py covers the moment before the exit is folded.)
 """
 
 from __future__ import annotations
