@@ -21,7 +21,6 @@ from nodeagent.agent import Agent, AgentConfig
 from nodeagent.runtime.base import ExitInfo, WorkerHandle, WorkerSpec, WorkerStartError
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.state import ClusterState
-from orchestrator.follow import Follower
 from schemas import GangRestarted
 from tests.core.harness import Sim, inventory
 from tests.integration.harness import wait_until
@@ -66,11 +65,9 @@ async def test_a_worker_that_ends_while_a_pass_awaits_another_start_is_not_start
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
     await agent.follower.catch_up()
     following = asyncio.create_task(agent.follower.follow())
-    watcher = Follower(bus)
-    tailing = asyncio.create_task(watcher.follow())
     try:
         await agent.reconcile()  # A fails to start (reported as a crash), B starts
-        await wait_until(watcher, lambda s: s.jobs["A"].failure and s.ranks["B"][0].status == "started", 10,
+        await wait_until(agent.follower, lambda s: s.jobs["A"].failure and s.ranks["B"][0].status == "started", 10,
                          "A's crash and B's start in the log")
         await bus.append(GangRestarted(event_id="restart-A", occurred_at=sim.now, job_id="A", attempt=2, epoch=1))
         await wait_until(agent.follower, lambda s: s.jobs["A"].attempt == 2, 10, "the gang restart folded")
@@ -79,16 +76,15 @@ async def test_a_worker_that_ends_while_a_pass_awaits_another_start_is_not_start
         await asyncio.wait_for(runtime.at_gate.wait(), 10)
         runtime.finish("B")
 
-        def a_done(s: ClusterState) -> bool:
+        def b_done(s: ClusterState) -> bool:
             return s.ranks["B"][0].status == "exited" and ("B", 1, 0) not in agent.workers
 
-        await wait_until(agent.follower, a_done, 10, "B's exit folded and its worker forgotten")
+        await wait_until(agent.follower, b_done, 10, "B's exit folded and its worker forgotten")
         runtime.gate.set_result(None)
         await asyncio.wait_for(second, 10)
     finally:
-        for t in (following, tailing):
-            t.cancel()
-        await asyncio.gather(following, tailing, return_exceptions=True)
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
         await agent.stop_workers(0.1)
 
     assert runtime.starts == {"A": 2, "B": 1}, f"starts per job: {dict(runtime.starts)}"
