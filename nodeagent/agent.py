@@ -93,6 +93,8 @@ class Agent:
         self.incarnation = uuid.uuid4().hex[:12]
         self.workers: dict[WorkerKey, Tracked] = {}
         self._restarting: set[WorkerKey] = set()
+        #: Ranks whose start failed -> the seq of that WorkerExited: not started again before it is folded.
+        self._failed_starts: dict[WorkerKey, int] = {}
         self._recovery_sent_for = ""
         self._tasks: set[asyncio.Task[object]] = set()
         self._checkpoints_scanned = 0.0
@@ -244,6 +246,8 @@ class Agent:
             )
         work = node_work(state, self.node_id)
         now = time.monotonic()
+        if self._failed_starts:
+            self._failed_starts = {k: seq for k, seq in self._failed_starts.items() if seq > state.seq}
         held = self._held_gpus(work)
         for key in work:
             # Asked again of the state as it is now: the pass awaits each start, and meanwhile a
@@ -252,7 +256,8 @@ class Agent:
             intent = rank_intent(self.follower.state, self.node_id, key)
             tr = self.workers.get(key)
             if tr is None:
-                if intent == "run" and key not in self._restarting and not self._blocked(key, held):
+                if (intent == "run" and key not in self._restarting and key not in self._failed_starts
+                        and not self._blocked(key, held)):
                     await self._start(key, restarts=0)
             elif intent is not None:
                 await self._steer(key, tr, intent, now)
@@ -383,7 +388,8 @@ class Agent:
             handle = await self.runtime.start(spec)
         except Exception as e:  # a worker that cannot start is a crash to report, not ours
             log.warning("worker_start_failed", job_id=job_id, rank=rank, error=str(e))
-            await self._report_exit(
+            # Until this report is folded the state still says the rank runs (as in `_watch`).
+            self._failed_starts[key] = await self._report_exit(
                 key, restarts, ExitInfo(127, None, "crashed", str(e)), "crashed", will_restart=False
             )
             return

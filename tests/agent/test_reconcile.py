@@ -88,3 +88,28 @@ async def test_a_worker_that_ends_while_a_pass_awaits_another_start_is_not_start
         await agent.stop_workers(0.1)
 
     assert runtime.starts == {"A": 2, "B": 1}, f"starts per job: {dict(runtime.starts)}"
+
+
+async def test_a_rank_whose_start_failed_is_not_started_again_before_its_report_is_folded(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """A failed start is reported as the rank's exit; until that report is folded the state still says run."""
+    sim = Sim()
+    sim.node("n0")
+    sim.submit("A", command=("sleep", "3600"))
+    sim.decide()
+    await bus.append_many(sim.log)
+
+    runtime = GatedRuntime()  # A cannot start at attempt 1
+    agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
+    await agent.follower.catch_up()
+    try:
+        await agent.reconcile()  # the start fails; its WorkerExited is appended, and nobody has folded it
+        await agent.reconcile()  # a second pass on that state, as the next tick or another agent's event starts one
+        assert runtime.starts == {"A": 1}, f"starts per job: {dict(runtime.starts)}"
+        await agent.follower.catch_up()
+        assert agent.follower.state.ranks["A"][0].status == "exited"
+        await agent.reconcile()
+    finally:
+        await agent.stop_workers(0.1)
+    assert runtime.starts == {"A": 1}, f"starts per job: {dict(runtime.starts)}"
