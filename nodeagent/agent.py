@@ -258,7 +258,7 @@ class Agent:
             if tr is None:
                 if (intent == "run" and key not in self._restarting and key not in self._failed_starts
                         and not self._blocked(key, held)):
-                    await self._start(key, restarts=0)
+                    await self._start(key, restarts=self._next_generation(key))
             elif intent is not None:
                 await self._steer(key, tr, intent, now)
         for key, tr in list(self.workers.items()):
@@ -274,6 +274,12 @@ class Agent:
             for key, tr in list(self.workers.items()):
                 if tr.ending is None and work.get(key) == "run":
                     await self._report_checkpoint(key, tr)
+
+    def _next_generation(self, key: WorkerKey) -> int:
+        """0, or after the log's "restarting" the generation after it: this process may not be the one that
+        decided the restart, and a reused generation's events would dedupe away (their ids carry it)."""
+        rank = self.follower.state.ranks.get(key[0], {}).get(key[2])
+        return rank.restarts + 1 if rank is not None and rank.status == "restarting" else 0
 
     def _held_gpus(self, work: dict[WorkerKey, Intent]) -> set[int] | None:
         """GPUs still held by workers on their way out; None: unknown, so all of them.

@@ -359,7 +359,7 @@ def _worker_started(state: ClusterState, e: WorkerStarted) -> None:
         live += 1
         if prev.exit_code == 0 and prev.reason == "completed":
             ok -= 1
-    book[e.rank] = RankState(node_id=e.node_id, status="started")
+    book[e.rank] = RankState(node_id=e.node_id, status="started", restarts=e.restarts)
     state.jobs[e.job_id] = replace(job, started=started, live=live, exited_ok=ok)
 
 
@@ -374,10 +374,12 @@ def _worker_exited(state: ClusterState, e: WorkerExited) -> None:
     started = job.started + (1 if prev is None else 0)
     live = job.live - (1 if prev is not None else 0)
     if e.will_restart:
-        book[e.rank] = RankState(node_id=e.node_id, status="restarting", exit_code=e.exit_code, reason=e.reason)
+        book[e.rank] = RankState(node_id=e.node_id, status="restarting", exit_code=e.exit_code, reason=e.reason,
+                                 restarts=e.restarts)
         state.jobs[e.job_id] = replace(job, started=started, live=live + 1)
         return
-    book[e.rank] = RankState(node_id=e.node_id, status="exited", exit_code=e.exit_code, reason=e.reason)
+    book[e.rank] = RankState(node_id=e.node_id, status="exited", exit_code=e.exit_code, reason=e.reason,
+                             restarts=e.restarts)
     ok = e.exit_code == 0 and e.reason == "completed"
     lost = job.lost + (1 if e.reason == "lost" else 0)
     failure = job.failure

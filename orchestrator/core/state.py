@@ -108,6 +108,9 @@ class RankState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     status: RankStatus
     exit_code: int | None = None
     reason: str = ""
+    #: The worker generation last reported (WorkerStarted/WorkerExited `restarts`): an agent that
+    #: restarts a "restarting" rank after its own restart goes on from here.
+    restarts: int = 0
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, gc=False):

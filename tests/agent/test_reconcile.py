@@ -21,7 +21,7 @@ from nodeagent.agent import Agent, AgentConfig
 from nodeagent.runtime.base import ExitInfo, WorkerHandle, WorkerSpec, WorkerStartError
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.state import ClusterState
-from schemas import GangRestarted
+from schemas import GangRestarted, WorkerExited, WorkerStarted
 from tests.core.harness import Sim, inventory
 from tests.integration.harness import wait_until
 
@@ -113,3 +113,33 @@ async def test_a_rank_whose_start_failed_is_not_started_again_before_its_report_
     finally:
         await agent.stop_workers(0.1)
     assert runtime.starts == {"A": 1}, f"starts per job: {dict(runtime.starts)}"
+
+
+async def test_a_new_agent_process_restarts_a_restarting_rank_as_its_next_generation(bus: Bus, tmp_path: Path) -> None:
+    """The count of restarts lives in the log, not in the agent that died during the backoff.
+
+    Started again as generation 0, the worker's WorkerStarted and WorkerExited reuse the first
+    generation's event ids: the log drops them as duplicates, the rank stays "restarting", and
+    a worker that completes is started again and again, each run invisible.
+    """
+    sim = Sim()
+    sim.node("n0")
+    sim.submit("R", restart_policy="rank", max_restarts=2, command=("sleep", "3600"))
+    sim.decide()
+    await bus.append_many(sim.log)
+    await bus.append(WorkerStarted(event_id="started:R:1:0:0", occurred_at=sim.now, job_id="R", attempt=1, rank=0,
+                                   node_id="n0", restarts=0))
+    await bus.append(WorkerExited(event_id="exited:R:1:0:0", occurred_at=sim.now, job_id="R", attempt=1, rank=0,
+                                  node_id="n0", exit_code=1, reason="crashed", restarts=0, will_restart=True))
+
+    runtime = GatedRuntime()  # the agent that reported will_restart died; this is its successor
+    agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
+    await agent.follower.catch_up()
+    assert agent.follower.state.ranks["R"][0].status == "restarting"
+    try:
+        await agent.reconcile()
+        await agent.follower.catch_up()
+        assert [w.spec.restarts for w in runtime._workers.values()] == [1]
+        assert agent.follower.state.ranks["R"][0].status == "started", "its WorkerStarted was dropped as a duplicate"
+    finally:
+        await agent.stop_workers(0.1)
