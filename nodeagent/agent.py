@@ -171,9 +171,11 @@ class Agent:
     async def _adopt(self) -> None:
         """Take over the workers a previous agent process left: track the live, report the dead."""
         state = self.follower.state
+        seen: set[WorkerKey] = set()
         for found in await self.runtime.adopt():
             lb = found.handle.labels
             key = (lb.job_id, lb.attempt, lb.rank)
+            seen.add(key)
             job = state.jobs.get(lb.job_id)
             if found.running:
                 if job is None:
@@ -193,6 +195,15 @@ class Agent:
                 log.info("worker_exited_while_down", job_id=lb.job_id, rank=lb.rank, reason=info.reason)
                 await self._report_exit(key, lb.restarts, info, info.reason, will_restart=False)
             await self.runtime.remove(found.handle)
+        # A rank the log says runs here whose worker left no trace (container removed, runtime state
+        # lost) is lost: the scheduler requeues its gang from the newest checkpoint. Started again
+        # as it is, its events would reuse the vanished worker's ids and dedupe away.
+        for key in node_work(state, self.node_id):
+            rank = state.ranks.get(key[0], {}).get(key[2])
+            if key not in seen and rank is not None and rank.status == "started":
+                log.warning("worker_vanished", job_id=key[0], attempt=key[1], rank=key[2])
+                info = ExitInfo.of(None, None, "no worker of this rank was found after the agent restarted")
+                await self._report_exit(key, rank.restarts, info, info.reason, will_restart=False)
 
     def _track(self, handle: WorkerHandle, job: Job, restarts: int, spec: WorkerSpec | None = None) -> Tracked:
         lb = handle.labels

@@ -21,7 +21,7 @@ from nodeagent.agent import Agent, AgentConfig
 from nodeagent.runtime.base import ExitInfo, WorkerHandle, WorkerSpec, WorkerStartError
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.state import ClusterState
-from schemas import GangRestarted, WorkerExited, WorkerStarted
+from schemas import GangRestarted, JobRequeued, WorkerExited, WorkerStarted
 from tests.core.harness import Sim, inventory
 from tests.integration.harness import wait_until
 
@@ -143,3 +143,33 @@ async def test_a_new_agent_process_restarts_a_restarting_rank_as_its_next_genera
         assert agent.follower.state.ranks["R"][0].status == "started", "its WorkerStarted was dropped as a duplicate"
     finally:
         await agent.stop_workers(0.1)
+
+
+async def test_a_rank_whose_worker_vanished_while_the_agent_was_down_is_reported_lost(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """Not started again under the vanished worker's event ids: lost, so the scheduler requeues the gang."""
+    sim = Sim()
+    sim.node("n0")
+    sim.submit("V", command=("sleep", "3600"))
+    sim.decide()
+    await bus.append_many(sim.log)
+    await bus.append(WorkerStarted(event_id="started:V:1:0:0", occurred_at=sim.now, job_id="V", attempt=1, rank=0,
+                                   node_id="n0"))
+
+    runtime = GatedRuntime()  # adopt() finds nothing: the worker left no trace
+    agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
+    running = asyncio.create_task(agent.run())
+    try:
+        await wait_until(agent.follower, lambda s: s.ranks["V"][0].status == "exited", 10, "the lost rank's report")
+        await asyncio.sleep(0.6)  # a reconcile tick on that state
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await agent.stop_workers(0.1)
+    rank, job = agent.follower.state.ranks["V"][0], agent.follower.state.jobs["V"]
+    assert (rank.reason, job.lost) == ("lost", 1)
+    assert runtime.starts == {}, f"starts per job: {dict(runtime.starts)}"
+    sim.state = agent.follower.state  # the scheduler's answer to that log
+    assert [(e.job_id, e.attempt, e.reason) for e in sim.decide() if isinstance(e, JobRequeued)] == [
+        ("V", 2, "1 rank(s) lost")]
