@@ -185,6 +185,11 @@ class Agent:
                 tr = self._track(found.handle, job, lb.restarts)
                 tr.gpus_unknown = True
                 log.info("worker_adopted", job_id=lb.job_id, attempt=lb.attempt, rank=lb.rank)
+                rank = state.ranks.get(lb.job_id, {}).get(lb.rank)
+                if job.attempt == lb.attempt and (rank is None or rank.status == "restarting"):
+                    # Its agent died between starting it and telling the log: tell it now, under the
+                    # id that agent would have used (so if it did, this one dedupes).
+                    await self._report_started(key, lb.restarts, found.handle.worker_id)
                 tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
                 continue
             rank = (
@@ -415,7 +420,13 @@ class Agent:
         # this attempt resumes from, not a new one to report.
         if (found := newest_manifest(ckpt)) is not None:
             tr.checkpoint_step = found.step
-        await self._append(
+        await self._report_started(key, restarts, handle.worker_id)
+        log.info("worker_started", job_id=job_id, attempt=attempt, rank=rank, gpus=placement.gpus)
+        tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
+
+    async def _report_started(self, key: WorkerKey, restarts: int, worker_id: str) -> int:
+        job_id, attempt, rank = key
+        return await self._append(
             WorkerStarted(
                 event_id=f"started:{job_id}:{attempt}:{rank}:{restarts}",
                 occurred_at=time.time(),
@@ -423,12 +434,10 @@ class Agent:
                 attempt=attempt,
                 rank=rank,
                 node_id=self.node_id,
-                worker_id=handle.worker_id,
+                worker_id=worker_id,
                 restarts=restarts,
             )
         )
-        log.info("worker_started", job_id=job_id, attempt=attempt, rank=rank, gpus=placement.gpus)
-        tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
 
     async def _watch(self, key: WorkerKey, tr: Tracked) -> None:
         info = await self.runtime.wait(tr.handle)

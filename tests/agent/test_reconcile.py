@@ -18,10 +18,10 @@ from pathlib import Path
 
 from events.bus import Bus
 from nodeagent.agent import Agent, AgentConfig
-from nodeagent.runtime.base import ExitInfo, WorkerHandle, WorkerSpec, WorkerStartError
+from nodeagent.runtime.base import ExitInfo, FoundWorker, WorkerHandle, WorkerSpec, WorkerStartError
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.state import ClusterState
-from schemas import GangRestarted, JobRequeued, WorkerExited, WorkerStarted
+from schemas import GangRestarted, JobRequeued, JobRunning, WorkerExited, WorkerStarted
 from tests.core.harness import Sim, inventory
 from tests.integration.harness import wait_until
 
@@ -173,3 +173,36 @@ async def test_a_rank_whose_worker_vanished_while_the_agent_was_down_is_reported
     sim.state = agent.follower.state  # the scheduler's answer to that log
     assert [(e.job_id, e.attempt, e.reason) for e in sim.decide() if isinstance(e, JobRequeued)] == [
         ("V", 2, "1 rank(s) lost")]
+
+
+class SurvivingRuntime(GatedRuntime):
+    """Its workers outlive the agent process, as Docker's and the process runtime's do."""
+
+    async def adopt(self) -> list[FoundWorker]:
+        return [FoundWorker(WorkerHandle(wid, w.spec.labels), running=not w.done.done()) for wid, w in self._workers.items()]
+
+
+async def test_a_worker_started_by_an_agent_that_died_before_telling_the_log_is_told_when_adopted(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """Adopted and watched but never in the log as started, its gang stayed reserved for good."""
+    sim = Sim()
+    sim.node("n0")
+    sim.submit("W", command=("sleep", "3600"))
+    sim.decide()
+    await bus.append_many(sim.log)
+    runtime = SurvivingRuntime()
+    # The previous agent process got this far, and died before appending WorkerStarted.
+    await runtime.start(WorkerSpec(job_id="W", attempt=1, rank=0, node_id="n0", command=("sleep", "3600")))
+
+    agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
+    running = asyncio.create_task(agent.run())
+    try:
+        await wait_until(agent.follower, lambda s: s.ranks["W"][0].status == "started", 10, "the adopted worker's start")
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await agent.stop_workers(0.1)
+    assert runtime.starts == {"W": 1}, f"starts per job: {dict(runtime.starts)}"
+    sim.state = agent.follower.state
+    assert [e.job_id for e in sim.decide() if isinstance(e, JobRunning)] == ["W"]
