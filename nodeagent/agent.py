@@ -195,7 +195,11 @@ class Agent:
             rank = (
                 state.ranks.get(lb.job_id, {}).get(lb.rank) if job is not None and job.attempt == lb.attempt else None
             )
-            if job is not None and job.attempt == lb.attempt and (rank is None or rank.status != "exited"):
+            # Its end is told if the log has this generation (or a later one) exited or restarting: the
+            # agent died after the report, before removing it. Told again past the duplicate window, a
+            # restart would turn into a failure.
+            told = rank is not None and rank.status != "started" and rank.restarts >= lb.restarts
+            if job is not None and job.attempt == lb.attempt and not told:
                 info = found.exit or ExitInfo.of(None, None)
                 log.info("worker_exited_while_down", job_id=lb.job_id, rank=lb.rank, reason=info.reason)
                 await self._report_exit(key, lb.restarts, info, info.reason, will_restart=False)

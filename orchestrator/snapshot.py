@@ -20,7 +20,7 @@ log = structlog.get_logger("corral.snapshot")
 
 SNAPSHOT_BUCKET = "corral-snapshots"
 #: Bump when the state layout changes incompatibly; older snapshots are then skipped.
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2  # 2: RankState.restarts
 
 S = TypeVar("S")
 

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from events.bus import Bus
+from events.server import NatsServer
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.runtime.base import ExitInfo, FoundWorker, WorkerHandle, WorkerSpec, WorkerStartError
 from nodeagent.runtime.simulated import SimulatedRuntime
@@ -48,6 +49,11 @@ class GatedRuntime(SimulatedRuntime):
         for w in self._workers.values():
             if w.spec.job_id == job_id:
                 self._finish(w, ExitInfo.of(0, None))
+
+    def crash(self, job_id: str) -> None:
+        for w in self._workers.values():
+            if w.spec.job_id == job_id:
+                self._finish(w, ExitInfo.of(1, None))
 
 
 async def test_a_worker_that_ends_while_a_pass_awaits_another_start_is_not_started_again(
@@ -179,7 +185,8 @@ class SurvivingRuntime(GatedRuntime):
     """Its workers outlive the agent process, as Docker's and the process runtime's do."""
 
     async def adopt(self) -> list[FoundWorker]:
-        return [FoundWorker(WorkerHandle(wid, w.spec.labels), running=not w.done.done()) for wid, w in self._workers.items()]
+        return [FoundWorker(WorkerHandle(wid, w.spec.labels), running=not w.done.done(),
+                            exit=w.done.result() if w.done.done() else None) for wid, w in self._workers.items()]
 
 
 async def test_a_worker_started_by_an_agent_that_died_before_telling_the_log_is_told_when_adopted(
@@ -206,3 +213,40 @@ async def test_a_worker_started_by_an_agent_that_died_before_telling_the_log_is_
     assert runtime.starts == {"W": 1}, f"starts per job: {dict(runtime.starts)}"
     sim.state = agent.follower.state
     assert [e.job_id for e in sim.decide() if isinstance(e, JobRunning)] == ["W"]
+
+
+async def test_an_exit_told_before_the_agent_died_is_not_told_again_when_its_worker_is_adopted(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The agent reported a crash with will_restart and died before removing the worker.
+
+    Its successor must not report that exit again: past the log's duplicate window the second
+    report (will_restart false) is stored, and the rank that was to restart fails the job.
+    """
+    bus = await Bus.connect(nats_server.url, duplicate_window=1.0)
+    try:
+        sim = Sim()
+        sim.node("n0")
+        sim.submit("R", restart_policy="rank", max_restarts=2, command=("sleep", "3600"))
+        sim.decide()
+        await bus.append_many(sim.log)
+        runtime = SurvivingRuntime()
+        await runtime.start(WorkerSpec(job_id="R", attempt=1, rank=0, node_id="n0", command=("sleep", "3600")))
+        runtime.crash("R")
+        await bus.append(WorkerStarted(event_id="started:R:1:0:0", occurred_at=sim.now, job_id="R", attempt=1,
+                                       rank=0, node_id="n0"))
+        await bus.append(WorkerExited(event_id="exited:R:1:0:0", occurred_at=sim.now, job_id="R", attempt=1,
+                                      rank=0, node_id="n0", exit_code=1, reason="crashed", will_restart=True))
+        await asyncio.sleep(1.5)  # past the duplicate window
+
+        agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
+        running = asyncio.create_task(agent.run())
+        try:
+            await wait_until(agent.follower, lambda s: s.ranks["R"][0].status == "started", 10, "the next generation")
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            await agent.stop_workers(0.1)
+        assert (agent.follower.state.ranks["R"][0].restarts, agent.follower.state.jobs["R"].failure) == (1, "")
+    finally:
+        await bus.close()
