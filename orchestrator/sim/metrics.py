@@ -17,6 +17,9 @@ Definitions (so two runs compare like for like):
   preemption (or node failure): work since the last checkpoint plus restart
   overheads.
 * Longest wait of a >= 32-GPU gang: the largest queueing delay among them.
+* Priority jobs: those above the trace's lowest priority (none if all jobs
+  have one priority). Their queueing delay is what priorities and preemption
+  buy, and what a policy without them does not.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
     t_last_submit = max(submits.values(), default=0.0)
     t_end = max([*tl.end.values(), t_last_submit])
     big = {j: tl.first_start[j] - submits[j] for j in tl.first_start if tl.gpus[j] >= BIG_GANG_GPUS}
+    lowest = min(tl.priority.values(), default=0)
+    urgent = [tl.first_start[j] - submits[j] for j in tl.first_start if tl.priority[j] > lowest]
     worst = max(big, key=lambda j: (big[j], j), default=None)
 
     names = tl.queues
@@ -139,6 +144,8 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
         "unfinished": stats.unfinished,
         "jct_s": _stats(jct),
         "queueing_delay_s": _stats(delay, full=False),
+        "priority_jobs": sum(1 for p in tl.priority.values() if p > lowest),
+        "priority_queueing_delay_s": _stats(urgent, full=False),
         "makespan_s": t_end - t0,
         "gpu_allocation": {
             "mean": alloc_busy / cap_busy if cap_busy else math.nan,

@@ -30,6 +30,7 @@ class Timeline:
         self.end: dict[str, float] = {}
         self.status: dict[str, str] = {}
         self.gpus: dict[str, int] = {}
+        self.priority: dict[str, int] = {}
         self.queue_of: dict[str, int] = {}
         self.preempted: dict[str, int] = {}
         # Counters.
@@ -62,6 +63,7 @@ class Timeline:
         if prev is None:
             self.submit[jid] = job.submitted_at
             self.gpus[jid] = job.spec.total_gpus
+            self.priority[jid] = job.spec.priority
             self.queue_of[jid] = self.queue_index(resolve_queue(state, job.spec.queue))
         q = self.queue_of[jid]
         g = self.gpus[jid]

@@ -26,6 +26,7 @@ corral: j2 blocks at 10 and takes the backfill reservation (n0001, until
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -78,6 +79,7 @@ def test_metrics_of_the_hand_schedule(policy: str, avg_jct: float, avg_delay: fl
     assert m["makespan_s"] == pytest.approx({"fifo": 180, "fifo-backfill": 160, "corral": 160}[policy])
     assert m["longest_wait_32plus_s"] is None  # no gang that big here
     assert m["preemptions"] == 0
+    assert m["priority_jobs"] == 0 and math.isnan(m["priority_queueing_delay_s"]["avg"])  # one priority: none
 
 
 def test_allocation_of_the_fifo_schedule() -> None:
@@ -106,9 +108,11 @@ def test_preemption_loses_work_since_the_checkpoint_plus_the_restart() -> None:
     m = summarize(result)
     assert m["preemptions"] == 1
     assert m["gpu_hours_lost_to_preemption"] * 3600 == pytest.approx(50 + 20)
+    assert (m["priority_jobs"], m["priority_queueing_delay_s"]["avg"]) == (1, 0)
     # The baselines never preempt: high waits for low.
-    fifo = simulate(scenario(cluster, jobs), "fifo", cfg).timeline
-    assert (fifo.first_start["high"], fifo.end["low"]) == (300, 300)
+    fifo = simulate(scenario(cluster, jobs), "fifo", cfg)
+    assert (fifo.timeline.first_start["high"], fifo.timeline.end["low"]) == (300, 300)
+    assert summarize(fifo)["priority_queueing_delay_s"]["avg"] == 300 - 250
 
 
 def test_a_preempted_job_waits_behind_the_job_that_queued_while_it_ran() -> None:
