@@ -169,7 +169,11 @@ class Agent:
     # --- adoption (agent restart) ----------------------------------------------------
 
     async def _adopt(self) -> None:
-        """Take over the workers a previous agent process left: track the live, report the dead."""
+        """Take over the workers a previous agent process left: track the live, report the dead.
+
+        And tell the log what that process could not: a start it never reported, a rank whose
+        worker is gone without a trace.
+        """
         state = self.follower.state
         seen: set[WorkerKey] = set()
         for found in await self.runtime.adopt():
@@ -296,8 +300,11 @@ class Agent:
                     await self._report_checkpoint(key, tr)
 
     def _next_generation(self, key: WorkerKey) -> int:
-        """0, or after the log's "restarting" the generation after it: this process may not be the one that
-        decided the restart, and a reused generation's events would dedupe away (their ids carry it)."""
+        """The generation to start: 0, or the one after a "restarting" rank's in the log.
+
+        From the log, not memory: this process may not be the one that decided the restart, and a
+        reused generation's events would dedupe away (their ids carry it).
+        """
         rank = self.follower.state.ranks.get(key[0], {}).get(key[2])
         return rank.restarts + 1 if rank is not None and rank.status == "restarting" else 0
 
