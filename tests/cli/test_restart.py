@@ -18,7 +18,10 @@ def test_restart_mid_workload_loses_nothing_and_runs_nothing_twice(tmp_path: Pat
     ids = [f"rs-{i}" for i in range(6)]
     try:
         asyncio.run(_with_bus(up.url, lambda bus: Client(bus).define_queue("default")))
-        submit(up.url, {i: job(i, steps=500) for i in ids})  # 5 s each; 4 GPUs: two waves
+        # 15 s each; 4 GPUs: two waves. The first wave must outlive the restart below (stop, a new
+        # process, nats-server, catch-up): at 5 s each, a loaded 2-core machine finished all four
+        # while `corral up` was down, and their exits were told before the nodes registered again.
+        submit(up.url, {i: job(i, steps=1500) for i in ids})
         wait_state(up.url, lambda s: statuses(s, ids).count("running") == 4, 40, "the first wave")
     finally:
         assert up.stop() == 0, "".join(up.lines[-20:])
