@@ -13,8 +13,11 @@ made a long pass on one node, and a 2-rank gang that finished meanwhile ran twic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from events.bus import Bus
 from events.server import NatsServer
@@ -54,6 +57,28 @@ class GatedRuntime(SimulatedRuntime):
         for w in self._workers.values():
             if w.spec.job_id == job_id:
                 self._finish(w, ExitInfo.of(1, None))
+
+
+async def placed(bus: Bus, job_id: str, **spec: Any) -> Sim:
+    """One node, n0, with `job_id` placed on it; the log so far on `bus`."""
+    sim = Sim()
+    sim.node("n0")
+    sim.submit(job_id, command=("sleep", "3600"), **spec)
+    sim.decide()
+    await bus.append_many(sim.log)
+    return sim
+
+
+@contextlib.asynccontextmanager
+async def running(agent: Agent) -> AsyncIterator[None]:
+    """The agent's whole service (adoption, registration, the reconcile loop) while the block runs."""
+    task = asyncio.create_task(agent.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await agent.stop_workers(0.1)
 
 
 async def test_a_worker_that_ends_while_a_pass_awaits_another_start_is_not_started_again(
@@ -100,11 +125,7 @@ async def test_a_rank_whose_start_failed_is_not_started_again_before_its_report_
     bus: Bus, tmp_path: Path
 ) -> None:
     """A failed start is reported as the rank's exit; until that report is folded the state still says run."""
-    sim = Sim()
-    sim.node("n0")
-    sim.submit("A", command=("sleep", "3600"))
-    sim.decide()
-    await bus.append_many(sim.log)
+    await placed(bus, "A")
 
     runtime = GatedRuntime()  # A cannot start at attempt 1
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
@@ -128,11 +149,7 @@ async def test_a_new_agent_process_restarts_a_restarting_rank_as_its_next_genera
     generation's event ids: the log drops them as duplicates, the rank stays "restarting", and
     a worker that completes is started again and again, each run invisible.
     """
-    sim = Sim()
-    sim.node("n0")
-    sim.submit("R", restart_policy="rank", max_restarts=2, command=("sleep", "3600"))
-    sim.decide()
-    await bus.append_many(sim.log)
+    sim = await placed(bus, "R", restart_policy="rank", max_restarts=2)
     await bus.append(WorkerStarted(event_id="started:R:1:0:0", occurred_at=sim.now, job_id="R", attempt=1, rank=0,
                                    node_id="n0", restarts=0))
     await bus.append(WorkerExited(event_id="exited:R:1:0:0", occurred_at=sim.now, job_id="R", attempt=1, rank=0,
@@ -155,24 +172,15 @@ async def test_a_rank_whose_worker_vanished_while_the_agent_was_down_is_reported
     bus: Bus, tmp_path: Path
 ) -> None:
     """Not started again under the vanished worker's event ids: lost, so the scheduler requeues the gang."""
-    sim = Sim()
-    sim.node("n0")
-    sim.submit("V", command=("sleep", "3600"))
-    sim.decide()
-    await bus.append_many(sim.log)
+    sim = await placed(bus, "V")
     await bus.append(WorkerStarted(event_id="started:V:1:0:0", occurred_at=sim.now, job_id="V", attempt=1, rank=0,
                                    node_id="n0"))
 
     runtime = GatedRuntime()  # adopt() finds nothing: the worker left no trace
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
-    running = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         await wait_until(agent.follower, lambda s: s.ranks["V"][0].status == "exited", 10, "the lost rank's report")
         await asyncio.sleep(0.6)  # a reconcile tick on that state
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.stop_workers(0.1)
     rank, job = agent.follower.state.ranks["V"][0], agent.follower.state.jobs["V"]
     assert (rank.reason, job.lost) == ("lost", 1)
     assert runtime.starts == {}, f"starts per job: {dict(runtime.starts)}"
@@ -193,23 +201,14 @@ async def test_a_worker_started_by_an_agent_that_died_before_telling_the_log_is_
     bus: Bus, tmp_path: Path
 ) -> None:
     """Adopted and watched but never in the log as started, its gang stayed reserved for good."""
-    sim = Sim()
-    sim.node("n0")
-    sim.submit("W", command=("sleep", "3600"))
-    sim.decide()
-    await bus.append_many(sim.log)
+    sim = await placed(bus, "W")
     runtime = SurvivingRuntime()
     # The previous agent process got this far, and died before appending WorkerStarted.
     await runtime.start(WorkerSpec(job_id="W", attempt=1, rank=0, node_id="n0", command=("sleep", "3600")))
 
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
-    running = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         await wait_until(agent.follower, lambda s: s.ranks["W"][0].status == "started", 10, "the adopted worker's start")
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.stop_workers(0.1)
     assert runtime.starts == {"W": 1}, f"starts per job: {dict(runtime.starts)}"
     sim.state = agent.follower.state
     assert [e.job_id for e in sim.decide() if isinstance(e, JobRunning)] == ["W"]
@@ -225,11 +224,7 @@ async def test_an_exit_told_before_the_agent_died_is_not_told_again_when_its_wor
     """
     bus = await Bus.connect(nats_server.url, duplicate_window=1.0)
     try:
-        sim = Sim()
-        sim.node("n0")
-        sim.submit("R", restart_policy="rank", max_restarts=2, command=("sleep", "3600"))
-        sim.decide()
-        await bus.append_many(sim.log)
+        sim = await placed(bus, "R", restart_policy="rank", max_restarts=2)
         runtime = SurvivingRuntime()
         await runtime.start(WorkerSpec(job_id="R", attempt=1, rank=0, node_id="n0", command=("sleep", "3600")))
         runtime.crash("R")
@@ -240,13 +235,8 @@ async def test_an_exit_told_before_the_agent_died_is_not_told_again_when_its_wor
         await asyncio.sleep(1.5)  # past the duplicate window
 
         agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
-        running = asyncio.create_task(agent.run())
-        try:
+        async with running(agent):
             await wait_until(agent.follower, lambda s: s.ranks["R"][0].status == "started", 10, "the next generation")
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-            await agent.stop_workers(0.1)
         assert (agent.follower.state.ranks["R"][0].restarts, agent.follower.state.jobs["R"].failure) == (1, "")
     finally:
         await bus.close()
