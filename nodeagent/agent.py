@@ -181,6 +181,8 @@ class Agent:
             key = (lb.job_id, lb.attempt, lb.rank)
             seen.add(key)
             job = state.jobs.get(lb.job_id)
+            current = job is not None and job.attempt == lb.attempt
+            rank = state.ranks.get(lb.job_id, {}).get(lb.rank) if current else None
             if found.running:
                 if job is None:
                     await stop_with_grace(self.runtime, found.handle, UNWANTED_GRACE_S)
@@ -189,21 +191,17 @@ class Agent:
                 tr = self._track(found.handle, job, lb.restarts)
                 tr.gpus_unknown = True
                 log.info("worker_adopted", job_id=lb.job_id, attempt=lb.attempt, rank=lb.rank)
-                rank = state.ranks.get(lb.job_id, {}).get(lb.rank)
-                if job.attempt == lb.attempt and (rank is None or rank.status == "restarting"):
+                if current and (rank is None or rank.status == "restarting"):
                     # Its agent died between starting it and telling the log: tell it now, under the
                     # id that agent would have used (so if it did, this one dedupes).
                     await self._report_started(key, lb.restarts, found.handle.worker_id)
                 tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
                 continue
-            rank = (
-                state.ranks.get(lb.job_id, {}).get(lb.rank) if job is not None and job.attempt == lb.attempt else None
-            )
             # Its end is told if the log has this generation (or a later one) exited or restarting: the
             # agent died after the report, before removing it. Told again past the duplicate window, a
             # restart would turn into a failure.
             told = rank is not None and rank.status != "started" and rank.restarts >= lb.restarts
-            if job is not None and job.attempt == lb.attempt and not told:
+            if current and not told:
                 info = found.exit or ExitInfo.of(None, None)
                 log.info("worker_exited_while_down", job_id=lb.job_id, rank=lb.rank, reason=info.reason)
                 await self._report_exit(key, lb.restarts, info, info.reason, will_restart=False)
