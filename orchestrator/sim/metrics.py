@@ -93,7 +93,8 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
     t_end = max([*tl.end.values(), t_last_submit])
     big = {j: tl.first_start[j] - submits[j] for j in tl.first_start if tl.gpus[j] >= BIG_GANG_GPUS}
     lowest = min(tl.priority.values(), default=0)
-    urgent = [tl.first_start[j] - submits[j] for j in tl.first_start if tl.priority[j] > lowest]
+    urgent = [j for j, p in tl.priority.items() if p > lowest]
+    urgent_delay = [tl.first_start[j] - submits[j] for j in urgent if j in tl.first_start]
     worst = max(big, key=lambda j: (big[j], j), default=None)
 
     names = tl.queues
@@ -144,8 +145,8 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
         "unfinished": stats.unfinished,
         "jct_s": _stats(jct),
         "queueing_delay_s": _stats(delay, full=False),
-        "priority_jobs": sum(1 for p in tl.priority.values() if p > lowest),
-        "priority_queueing_delay_s": _stats(urgent, full=False),
+        "priority_jobs": len(urgent),
+        "priority_queueing_delay_s": _stats(urgent_delay, full=False),
         "makespan_s": t_end - t0,
         "gpu_allocation": {
             "mean": alloc_busy / cap_busy if cap_busy else math.nan,
