@@ -1,4 +1,4 @@
-"""The runtime interface the agent and the supervisor program against.
+"""The runtime interface the agent programs against.
 
 A worker is identified by its labels (node, job, attempt, rank, restarts),
 which every runtime persists with the worker itself (container labels, a state
