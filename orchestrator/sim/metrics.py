@@ -87,14 +87,15 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
     submits = tl.submit
     completed = [j for j, s in tl.status.items() if s == "completed"]
     jct = [tl.end[j] - submits[j] for j in completed]
-    delay = [tl.first_start[j] - submits[j] for j in tl.first_start]
+    waited = {j: tl.first_start[j] - submits[j] for j in tl.first_start}  # queueing delay, per started job
+    delay = list(waited.values())
     t0 = min(submits.values(), default=0.0)
     t_last_submit = max(submits.values(), default=0.0)
     t_end = max([*tl.end.values(), t_last_submit])
-    big = {j: tl.first_start[j] - submits[j] for j in tl.first_start if tl.gpus[j] >= BIG_GANG_GPUS}
+    big = big_gang_waits(result)
     lowest = min(tl.priority.values(), default=0)
     urgent = [j for j, p in tl.priority.items() if p > lowest]
-    urgent_delay = [tl.first_start[j] - submits[j] for j in urgent if j in tl.first_start]
+    urgent_delay = [waited[j] for j in urgent if j in waited]
     worst = max(big, key=lambda j: (big[j], j), default=None)
 
     names = tl.queues
