@@ -414,6 +414,8 @@ class Agent:
             log_dir=str(self.config.data_dir / "logs"),
             checkpoint_dir=str(ckpt),
             restarts=restarts,
+            world_size=len(job.placement),
+            shm_size_mb=job.spec.shm_size_mb,
         )
         try:
             handle = await self.runtime.start(spec)

@@ -12,6 +12,11 @@ instead (immune to any renumbering; CUDA accepts `GPU-...` there too). A
 runtime that exposes only the assigned GPUs (Docker device requests) renumbers
 them from 0 inside the container: pass `isolated_gpus=True` there, and
 NVIDIA_VISIBLE_DEVICES still names the host GPUs for the container toolkit.
+
+MASTER_ADDR is rank 0's node address: right wherever ranks share the node's
+network (processes, containers with host networking). A gang that lives in
+one private network namespace instead (a one-rank job in a Docker bridge
+network) finds rank 0 on its own loopback: `in_private_network`.
 """
 
 from __future__ import annotations
@@ -36,6 +41,19 @@ RANK_KEYS = frozenset(
         "NVIDIA_VISIBLE_DEVICES",
     }
 )
+
+
+#: MASTER_ADDR of a gang whose ranks share one private network namespace.
+LOOPBACK = "127.0.0.1"
+
+
+def in_private_network(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for a rank whose whole gang is in one private network namespace: rank 0 is on loopback.
+
+    The node's address would lead out of the namespace, to the node, where nothing listens on
+    MASTER_PORT: rank 0 bound it inside.
+    """
+    return {**env, "MASTER_ADDR": LOOPBACK} if "MASTER_ADDR" in env else dict(env)
 
 
 def is_reserved(key: str) -> bool:

@@ -55,6 +55,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     max_restarts: int = 3
     time_limit_s: float | None = None
     preemptible: bool = True
+    #: /dev/shm of each container (MiB) where the agent gives containers private IPC; None: the agent's.
+    shm_size_mb: int | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -166,6 +168,8 @@ def jobspec_problems(obj: Any) -> list[Problem]:
     _check_int(obj, "gpus_per_rank", 0, MAX_GPUS_PER_RANK, out)
     _check_int(obj, "min_gpu_memory_mib", 0, 10_000_000, out)
     _check_int(obj, "max_restarts", 0, 1_000, out)
+    if obj.get("shm_size_mb") is not None:
+        _check_int(obj, "shm_size_mb", 1, 1 << 20, out)  # up to 1 TiB
     if obj.get("gpus_per_rank") == 0 and obj.get("gpu_model") is not None:
         out.append(Problem("gpu_model", "makes no sense with gpus_per_rank: 0"))
     for key in ("grace_period_s", "time_limit_s"):

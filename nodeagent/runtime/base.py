@@ -58,6 +58,10 @@ class WorkerSpec:
     #: Mounted read-write (Docker) and created if missing.
     checkpoint_dir: str | None = None
     restarts: int = 0
+    #: Ranks in the gang: the Docker runtime picks the network by it (see runtime/docker_options.py).
+    world_size: int = 1
+    #: The job's /dev/shm size for a container with private IPC; None: the agent's default.
+    shm_size_mb: int | None = None
 
     @property
     def labels(self) -> WorkerLabels:

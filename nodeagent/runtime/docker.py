@@ -6,6 +6,13 @@ corral.managed/node/job/attempt/rank/restarts, which is all `adopt()` needs
 after an agent restart. Images are never pulled: `create` fails fast on a
 missing image instead of reaching for a registry from a GPU node.
 
+Network, IPC, RDMA devices and GPUs follow `DockerOptions` (docker_options.py).
+Bind mounts keep host paths: a checkpoint directory is mounted at the same
+path inside the container, so the manifest a worker writes names a path the
+agent (and the next attempt) can read. That path must be one the Docker
+daemon sees: an agent that itself runs in a container needs its checkpoint
+root bind-mounted at the same path (deploy/README.md).
+
 Exit codes: with `init=True` (docker-init as PID 1, so the worker gets normal
 signal semantics and zombies are reaped) a worker killed by signal N exits
 128+N. Docker cannot tell that from a worker that chose to exit 128+N, so
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import signal as signals
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +31,7 @@ import docker
 import docker.errors
 import requests.exceptions
 from docker.models.containers import Container
-from docker.types import DeviceRequest, Mount
+from docker.types import Mount
 
 from nodeagent.runtime.base import (
     ExitInfo,
@@ -35,6 +43,8 @@ from nodeagent.runtime.base import (
     WorkerStartError,
     stop_with_grace,
 )
+from nodeagent.runtime.docker_options import DockerOptions, host_options
+from schemas.jobspec import Mount as SpecMount
 
 LABEL_PREFIX = "corral."
 MANAGED = f"{LABEL_PREFIX}managed"
@@ -63,29 +73,53 @@ def labels_of(container_labels: dict[str, str]) -> WorkerLabels:
     )
 
 
-def create_kwargs(spec: WorkerSpec, *, init: bool = True) -> dict[str, Any]:
-    """The `containers.create` arguments for a worker: pure, so the GPU request is testable anywhere."""
+def create_kwargs(spec: WorkerSpec, *, init: bool = True, options: DockerOptions | None = None) -> dict[str, Any]:
+    """The `containers.create` arguments for a worker: pure, so every option is testable anywhere."""
     if not spec.image:
         raise WorkerStartError(f"rank {spec.rank} of {spec.job_id}: the Docker runtime needs an image")
-    mounts = [Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only) for m in spec.mounts]
-    if spec.checkpoint_dir and all(m.target != spec.checkpoint_dir for m in spec.mounts):
-        mounts.append(Mount(target=spec.checkpoint_dir, source=spec.checkpoint_dir, type="bind", read_only=False))
     kwargs: dict[str, Any] = {
         "image": spec.image,
         "command": list(spec.command) or None,
         "name": spec.labels.name,
         "labels": container_labels(spec.labels),
-        "environment": dict(spec.env),
-        "mounts": mounts,
+        "mounts": worker_mounts(spec),
         "working_dir": spec.workdir,
         "init": init,
         "detach": True,
     }
-    if spec.gpus:
-        kwargs["device_requests"] = [
-            DeviceRequest(driver="nvidia", device_ids=[str(g) for g in spec.gpus], capabilities=[["gpu"]])
-        ]
+    kwargs.update(host_options(spec, options or DockerOptions()))
     return kwargs
+
+
+def worker_mounts(spec: WorkerSpec) -> list[Mount]:
+    """The job's mounts, its checkpoint dir (read-write) and the one it resumes from (read-only).
+
+    Both at their host paths. The checkpoint to resume from (CORRAL_RESUME_FROM) was written
+    by an earlier attempt, possibly by another rank, in a directory this rank's own
+    checkpoint mount does not cover.
+    """
+    mounts = [Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only) for m in spec.mounts]
+    if spec.checkpoint_dir and not _covered(spec.checkpoint_dir, spec.mounts, exact=True):
+        mounts.append(Mount(target=spec.checkpoint_dir, source=spec.checkpoint_dir, type="bind", read_only=False))
+    resume = spec.env.get("CORRAL_RESUME_FROM")
+    if resume and resume.startswith("/"):
+        resume_dir = str(Path(resume).parent)
+        shown = [*spec.mounts, *([SpecMount(source=spec.checkpoint_dir, target=spec.checkpoint_dir)]
+                                 if spec.checkpoint_dir else [])]
+        if not _covered(resume_dir, shown, exact=False):
+            mounts.append(Mount(target=resume_dir, source=resume_dir, type="bind", read_only=True))
+    return mounts
+
+
+def _covered(path: str, mounts: Iterable[SpecMount], *, exact: bool) -> bool:
+    """Whether `path` is a mount's target (`exact`), or lies under one that shows the same host path."""
+    p = Path(path)
+    for m in mounts:
+        if m.target == path:
+            return True
+        if not exact and m.source == m.target and p.is_relative_to(m.target):
+            return True
+    return False
 
 
 def exit_info_of(state: dict[str, Any], log_tail: str = "") -> ExitInfo:
@@ -110,10 +144,12 @@ class DockerRuntime:
         node_id: str | None = None,
         init: bool = True,
         wait_poll_s: float = 1.0,
+        options: DockerOptions | None = None,
     ) -> None:
         self._client = client
         self.node_id = node_id
         self.init = init
+        self.options = options or DockerOptions()
         self.wait_poll_s = wait_poll_s
 
     @property
@@ -127,7 +163,7 @@ class DockerRuntime:
         return c
 
     async def start(self, spec: WorkerSpec) -> WorkerHandle:
-        kwargs = create_kwargs(spec, init=self.init)
+        kwargs = create_kwargs(spec, init=self.init, options=self.options)
         if spec.checkpoint_dir:
             Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         container = await self._create(kwargs)

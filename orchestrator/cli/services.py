@@ -26,6 +26,7 @@ from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_i
 from schemas import ClusterConfigured, Inventory
 
 if TYPE_CHECKING:
+    from nodeagent.runtime.docker_options import DockerOptions
     from orchestrator.metrics import MetricsServer
 
 log = structlog.get_logger("corral.cli")
@@ -96,7 +97,7 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
                        FAILURE) from None
 
 
-def make_runtime(kind: str, state_dir: Path, node_id: str) -> Runtime:
+def make_runtime(kind: str, state_dir: Path, node_id: str, args: argparse.Namespace | None = None) -> Runtime:
     if kind == "process":
         return ProcessRuntime(state_dir / "workers", node_id=node_id)
     if kind == "simulated":
@@ -106,8 +107,21 @@ def make_runtime(kind: str, state_dir: Path, node_id: str) -> Runtime:
     if kind == "docker":
         from nodeagent.runtime.docker import DockerRuntime
 
-        return DockerRuntime(node_id=node_id)
+        return DockerRuntime(node_id=node_id, options=docker_options(args) if args is not None else None)
     raise CliError(f"unknown runtime {kind!r}: use process, docker or simulated", USAGE)
+
+
+def docker_options(args: argparse.Namespace) -> DockerOptions:
+    """`corral agent --docker-*` as the Docker runtime's options (see nodeagent/runtime/docker_options.py)."""
+    from nodeagent.runtime.docker_options import DockerOptions, infiniband_devices
+
+    try:
+        devices = infiniband_devices(args.docker_infiniband)
+    except (ValueError, OSError) as e:
+        raise CliError(str(e), FAILURE) from None
+    gpus = args.docker_gpus == "request" or (args.docker_gpus == "auto" and not args.fake_gpus)
+    return DockerOptions(network=args.docker_network, ipc=args.docker_ipc, shm_size_mb=args.docker_shm_size,
+                         infiniband_devices=devices, gpus=gpus)
 
 
 def agent_inventory(args: argparse.Namespace, node_id: str) -> Inventory:
@@ -128,7 +142,7 @@ async def run_agent(args: argparse.Namespace) -> int:
     config = AgentConfig(node_id=args.node_id, address=args.address or socket.gethostname(), data_dir=data_dir,
                          checkpoint_root=Path(args.checkpoint_root).resolve() if args.checkpoint_root else None,
                          heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
-    runtime = make_runtime(args.runtime, data_dir, args.node_id)
+    runtime = make_runtime(args.runtime, data_dir, args.node_id, args)
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True) as bus:
         agent = Agent(bus, config, inventory, runtime)
         metrics_server = await start_metrics(args, agents=[agent])
@@ -279,6 +293,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--data-dir", default=".corral/agent", help="worker state and logs (default %(default)s)")
     p.add_argument("--checkpoint-root", help="shared checkpoint storage (default DATA_DIR/checkpoints)")
     p.add_argument("--heartbeat", type=float, default=1.0, metavar="S", help="heartbeat interval")
+    d = p.add_argument_group("Docker runtime", "what worker containers get (nodeagent/runtime/docker_options.py)")
+    d.add_argument("--docker-network", choices=("auto", "host", "bridge"), default="auto",
+                   help="host: the node's network (rank 0 listens on MASTER_ADDR = --address); bridge: a private "
+                        "one, for one-rank jobs only; auto: host for gangs of 2+ ranks (default %(default)s)")
+    d.add_argument("--docker-ipc", choices=("host", "private"), default="host",
+                   help="host: the node's IPC and /dev/shm (NCCL between ranks of one node); private: a /dev/shm "
+                        "of --docker-shm-size per container (default %(default)s)")
+    d.add_argument("--docker-shm-size", type=int, default=8192, metavar="MB",
+                   help="/dev/shm per container with private IPC, unless the job sets shm_size_mb "
+                        "(default %(default)s)")
+    d.add_argument("--docker-infiniband", choices=("auto", "on", "off"), default="auto",
+                   help="pass /dev/infiniband devices, IPC_LOCK and an unlimited memlock ulimit; auto: when "
+                        "/dev/infiniband exists (default %(default)s)")
+    d.add_argument("--docker-gpus", choices=("auto", "request", "none"), default="auto",
+                   help="request the placement's GPUs by index from the NVIDIA runtime; auto: unless "
+                        "--fake-gpus (default %(default)s)")
     p.set_defaults(handler=run_agent)
 
     p = sub.add_parser(
