@@ -244,6 +244,10 @@ class DockerRuntime:
             raw: bytes = await asyncio.to_thread(container.logs, stdout=True, stderr=True, tail=lines)
         except docker.errors.NotFound:
             return ""
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: being removed ("dead or marked for removal"), its logs with it
+                raise
+            return ""
         return raw.decode(errors="replace").rstrip("\n")
 
     async def remove(self, handle: WorkerHandle) -> None:
