@@ -49,13 +49,14 @@ import asyncio
 import contextlib
 import datetime as dt
 import inspect
+import itertools
 import json
 import math
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import nats
@@ -95,6 +96,13 @@ _STORE_FAILED = 10077
 _FULL = frozenset({_STORE_FAILED, 10023, 10047})
 #: Publishes append_many keeps in flight before it waits for their acks.
 _PIPELINE = 8192
+#: JetStream error code: "no suitable peers for placement". A cluster whose meta leader has not
+#: yet met every peer answers a replicated create with it for its first seconds (then it heals).
+_NO_PLACEMENT = 10005
+#: Seconds a setup request (look up or create the stream or a bucket) may go unanswered before it
+#: is asked again; doubled per try up to the last. Short first: a cluster without a meta leader
+#: answers nothing, and one is usually elected within a second of a quorum being up.
+_SETUP_TIMEOUTS = (1.0, 2.0, 4.0, 5.0)
 
 
 class Envelope(msgspec.Struct, frozen=True, gc=False):
@@ -115,10 +123,31 @@ class Envelope(msgspec.Struct, frozen=True, gc=False):
 
 
 Handler = Callable[[Envelope], Awaitable[None] | None]
+_T = TypeVar("_T")
 
 
 class BusError(RuntimeError):
     pass
+
+
+class PermissionDenied(BusError):
+    """The server refused to let this connection's user send a request: its permissions, so no retry helps.
+
+    `subject` is what was refused (e.g. $JS.API.STREAM.CREATE.CORRAL), `operation` what the bus
+    was doing ("create stream CORRAL"), `user` the NATS user when the bus knows it.
+    """
+
+    def __init__(self, operation: str, subject: str, user: str | None) -> None:
+        who = f"user {user!r}" if user else "this connection's user"
+        super().__init__(f"NATS refused {who} permission to {operation}: permissions violation for publish to "
+                         f"{subject}")
+        self.operation = operation
+        self.subject = subject
+        self.user = user
+
+
+class NotReady(BusError):
+    """JetStream could not look up or create the stream (or a bucket) before the deadline; says what it waited for."""
 
 
 class ReadStalled(BusError):
@@ -223,6 +252,13 @@ class Bus:
         self._answers_inbox: str | None = None
         self._awaiting_answer: dict[str, asyncio.Future[Msg]] = {}
         self._last_token = 0
+        #: Setup (see `connect`): the NATS user for error messages, whether to wait for another
+        #: user to create what this one may not, and how long a forming cluster may take.
+        self.user: str | None = None
+        self.wait_for_creator = False
+        self.ready_timeout = 60.0
+        #: Setup requests in flight, by lowercased subject: set when the server refuses that subject.
+        self._refusal_waiters: dict[str, set[asyncio.Future[None]]] = {}
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -236,6 +272,8 @@ class Bus:
         name: str = "corral",
         duplicate_window: float = 300.0,
         connect_attempts: int = 20,
+        wait_for_creator: bool = False,
+        ready_timeout: float = 60.0,
         **nats_opts: Any,
     ) -> Bus:
         """Connect and create-or-update the stream (idempotent: every service may call it).
@@ -244,8 +282,17 @@ class Bus:
         apart by default), so a wrong URL fails in seconds instead of hanging;
         once connected, the bus reconnects forever unless `max_reconnect_attempts`
         says otherwise.
+
+        A cluster that is still forming (no JetStream meta leader yet, or one
+        that has not met every peer) answers nothing or "no suitable peers" for
+        its first seconds: setup asks again for up to `ready_timeout` seconds,
+        then raises NotReady saying what it waited for. A user the server does
+        not let create the stream (or a bucket, in `kv`) gets PermissionDenied
+        at once, or with `wait_for_creator` (agents: only the scheduler's user
+        may create them) waits, as long as it takes, until it exists.
         """
         user_reconnected = nats_opts.pop("reconnected_cb", None)
+        user_error = nats_opts.pop("error_cb", None)
         reconnects = nats_opts.pop("max_reconnect_attempts", -1)
         holder: list[Bus] = []
 
@@ -255,14 +302,25 @@ class Bus:
             if user_reconnected is not None:
                 await user_reconnected()
 
+        async def error(e: Exception) -> None:
+            if holder:
+                holder[0]._note_refusal(e)
+            if user_error is not None:
+                await user_error(e)
+            else:  # nats-py's own callback would print a traceback per failed connect attempt
+                log.warning("nats_error", error=str(e) or type(e).__name__)
+
         nats_opts.setdefault("reconnect_time_wait", 0.25)
         # nats-py applies max_reconnect_attempts to the first connection too (-1 would retry forever).
-        nc = await nats.connect(url, name=name, reconnected_cb=reconnected, max_reconnect_attempts=connect_attempts,
-                                **nats_opts)
+        nc = await nats.connect(url, name=name, reconnected_cb=reconnected, error_cb=error,
+                                max_reconnect_attempts=connect_attempts, **nats_opts)
         nc.options["max_reconnect_attempts"] = reconnects
         try:
             js = nc.jetstream(publish_async_max_pending=8192)
             bus = cls(nc, js, stream, replicas)
+            bus.user = nats_opts.get("user")
+            bus.wait_for_creator = wait_for_creator
+            bus.ready_timeout = ready_timeout
             holder.append(bus)
             await bus._ensure_stream(duplicate_window)
         except BaseException:
@@ -280,21 +338,28 @@ class Bus:
             duplicate_window=duplicate_window,
             allow_direct=True,
         )
+
         # Look before writing: every role may read the stream's info, only the scheduler's
         # may create or change it, so a client or an agent connecting to a ready stream
         # must not attempt a write it is not allowed (deploy/nats/permissions.py).
-        try:
-            current: StreamConfig | None = (await self.js.stream_info(self.stream)).config
-        except nats.js.errors.NotFoundError:
-            current = None
-        if current is None:
+        async def look(js: JetStreamContext) -> StreamConfig | None:
             try:
-                await self.js.add_stream(config)
-                return
+                return (await js.stream_info(self.stream)).config
+            except nats.js.errors.NotFoundError:
+                return None
+
+        async def create(js: JetStreamContext) -> StreamConfig | None:
+            try:
+                await js.add_stream(config)
+                return None
             except nats.js.errors.BadRequestError as e:
                 if e.err_code != _STREAM_NAME_IN_USE:
                     raise
-                current = (await self.js.stream_info(self.stream)).config
+                return await look(js)  # created meanwhile, with other settings
+
+        current = await self._look_or_create(f"stream {self.stream}", self.stream, look, create)
+        if current is None:
+            return  # created just now, as configured
         # Exists, maybe with other settings (limits set by an operator, replicas raised by
         # the deployment): change only what the bus needs, and never lower replicas.
         wanted = current.evolve(
@@ -303,7 +368,105 @@ class Bus:
             num_replicas=max(current.num_replicas or 1, self.replicas),
         )
         if wanted != current:
-            await self.js.update_stream(wanted)
+            await self._until_ready(f"update stream {self.stream}", f"$JS.API.STREAM.UPDATE.{self.stream}",
+                                    lambda js: js.update_stream(wanted))
+
+    async def _look_or_create(
+        self,
+        what: str,
+        stream: str,
+        look: Callable[[JetStreamContext], Awaitable[_T | None]],
+        create: Callable[[JetStreamContext], Awaitable[_T | None]],
+    ) -> _T | None:
+        """What `look` finds (None: missing); else what `create` returns after creating `what` (stream `stream`).
+
+        A user who may not create it waits for one who may (`wait_for_creator`) or gets
+        PermissionDenied; a user who may not even look gets PermissionDenied either way.
+        """
+        found = await self._until_ready(f"look up {what}", f"$JS.API.STREAM.INFO.{stream}", look)
+        if found is not None:
+            return found
+        try:
+            return await self._until_ready(f"create {what}", f"$JS.API.STREAM.CREATE.{stream}", create)
+        except PermissionDenied as e:
+            if not self.wait_for_creator:
+                raise
+            refused = e
+        log.warning("waiting_for_stream", stream=stream, user=self.user, refused=refused.subject,
+                    msg=f"waiting for the scheduler to create {what}: {refused}")
+        since = time.monotonic()
+        while (found := await self._until_ready(f"look up {what}", f"$JS.API.STREAM.INFO.{stream}", look)) is None:
+            await asyncio.sleep(1.0)
+        log.info("stream_ready", stream=stream, waited_s=round(time.monotonic() - since, 1))
+        return found
+
+    async def _until_ready(
+        self, operation: str, subject: str, request: Callable[[JetStreamContext], Awaitable[_T]]
+    ) -> _T:
+        """`request` (one JetStream API request on `subject`), asked again while the cluster is forming.
+
+        What heals by itself within seconds of the servers starting: no answer or a 503 (no
+        meta leader yet), "no suitable peers for placement" (the leader has not met every
+        peer). Each try gets a short timeout of its own (_SETUP_TIMEOUTS); the whole waits
+        `ready_timeout` at most, then NotReady names what it waited for. A refusal of the
+        user's permissions is PermissionDenied at once; any other error is raised as it is.
+        """
+        deadline = time.monotonic() + self.ready_timeout
+        for attempt in itertools.count():
+            js = self.nc.jetstream(timeout=_SETUP_TIMEOUTS[min(attempt, len(_SETUP_TIMEOUTS) - 1)])
+            try:
+                return await self._unless_refused(operation, subject, request(js))
+            except (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as e:
+                reason = "no JetStream meta leader"
+                detail = (f"{subject} got {'no answer' if isinstance(e, TimeoutError) else _describe(e)}; "
+                          "a cluster elects one once a majority of its servers are up and routed to each other")
+            except nats.js.errors.BadRequestError as e:
+                if e.err_code != _NO_PLACEMENT:
+                    raise
+                reason = f"no placement for {self.replicas} replicas"
+                detail = f"{e.description}: are {self.replicas} JetStream servers up and routed to each other?"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NotReady(f"cannot {operation}: {reason} after {self.ready_timeout:.0f} s ({detail})")
+            if attempt == 2:  # a second of retries is normal while servers start; say so if it goes on
+                log.warning("waiting_for_jetstream", operation=operation, reason=reason)
+            await asyncio.sleep(min(0.1 * 2**attempt, 1.0, left))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _unless_refused(self, operation: str, subject: str, request: Awaitable[_T]) -> _T:
+        """`request`, or PermissionDenied as soon as the server refuses `subject` to this user.
+
+        A refused publish is not answered: nats-py would wait out the request timeout and
+        raise a bare TimeoutError. The server's -ERR arrives at once through the error
+        callback (`_note_refusal`), so the request is given up then, naming what was refused.
+        """
+        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._refusal_waiters.setdefault(subject.lower(), set())
+        waiters.add(refused)
+        task = asyncio.ensure_future(request)
+        try:
+            await asyncio.wait((task, refused), return_when=asyncio.FIRST_COMPLETED)
+            if refused.done():
+                raise PermissionDenied(operation, subject, self.user)
+            return task.result()
+        finally:
+            waiters.discard(refused)
+            refused.cancel()
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await task  # retrieved: a refused request's timeout is expected, not news
+
+    def _note_refusal(self, e: Exception) -> None:
+        """Wake the setup requests whose subject the server refused (nats-py lowercases the -ERR text)."""
+        text = str(e).lower()
+        marker = "permissions violation for publish to "
+        if marker not in text:
+            return
+        subject = text.split(marker, 1)[1].strip().strip("'\"")
+        for waiter in self._refusal_waiters.get(subject, ()):
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def close(self) -> None:
         """Drain (deliver what was received, flush what was published), then close. Idempotent."""
@@ -543,19 +706,34 @@ class Bus:
                                ack_wait=ack_wait)
 
     async def kv(self, bucket: str, *, ttl: float | None = None, history: int = 1) -> KeyValue:
-        """A KV bucket (heartbeats, leader lease), created on first use with these settings."""
-        with contextlib.suppress(nats.js.errors.BucketNotFoundError):
-            return await self.js.key_value(bucket)  # look first: agents may use a bucket, not create it
-        try:
-            return await self.js.create_key_value(
-                KeyValueConfig(bucket=bucket, ttl=ttl, history=history, storage=StorageType.FILE,
-                               replicas=self.replicas)
-            )
-        except nats.js.errors.BadRequestError as e:
-            if e.err_code != _STREAM_NAME_IN_USE:
-                raise
-            log.warning("kv bucket exists with other settings; using it as is", bucket=bucket, ttl=ttl, history=history)
+        """A KV bucket (heartbeats, leader lease), created on first use with these settings.
+
+        Like the stream (`connect`): retried while a cluster forms; a user who may not
+        create it waits for one who may, or gets PermissionDenied.
+        """
+
+        # Look first: agents may use a bucket, not create it.
+        async def look(js: JetStreamContext) -> KeyValue | None:
+            try:
+                await js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                return None
+            return await self.js.key_value(bucket)  # bound to the bus's context (its timeout), not the setup one
+
+        async def create(js: JetStreamContext) -> KeyValue | None:
+            try:
+                await js.create_key_value(KeyValueConfig(bucket=bucket, ttl=ttl, history=history,
+                                                         storage=StorageType.FILE, replicas=self.replicas))
+            except nats.js.errors.BadRequestError as e:
+                if e.err_code != _STREAM_NAME_IN_USE:
+                    raise
+                log.warning("kv bucket exists with other settings; using it as is", bucket=bucket, ttl=ttl,
+                            history=history)
             return await self.js.key_value(bucket)
+
+        found = await self._look_or_create(f"KV bucket {bucket}", f"KV_{bucket}", look, create)
+        assert found is not None  # create returns the bucket
+        return found
 
     # -- decoding --------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from typing import Any
 import nats.errors
 import structlog
 
-from events.bus import Bus, BusError
+from events.bus import Bus, BusError, NotReady, PermissionDenied
 from events.security import connect_options
 from orchestrator.cli.errors import DENIED, UNREACHABLE, USAGE, CliError
 
@@ -127,10 +127,24 @@ class _NatsErrors:
         del self.seen[:-20]
         if self.service:  # a service keeps retrying: say why
             log.warning("nats_error", error=str(e) or type(e).__name__)
-        elif (self.command is not None and self.refused is None
-              and "permissions violation for publish" in str(e).lower()):
+        if self.command is not None and self.refused is None and self._fatal(e):
             self.refused = e
             self.command.cancel()
+
+    def _fatal(self, e: Exception) -> bool:
+        """Whether a refusal stops the command: any refused publish; for a service, a write to the log or a bucket.
+
+        A service whose own appends or heartbeats are refused (an agent's user for another node, say)
+        would retry them forever: better to stop, naming the permission. Refused creates of the
+        stream or a bucket are the bus's business (it waits for the scheduler or raises
+        PermissionDenied); anything else a service is refused is logged above and survived.
+        """
+        text = str(e).lower()
+        marker = "permissions violation for publish to "
+        if marker not in text:
+            return False
+        subject = text.split(marker, 1)[1].strip().strip("'\"")
+        return not self.service or subject.startswith(("corral.", "$kv."))
 
     def matching(self, text: str) -> Exception | None:
         return next((e for e in reversed(self.seen) if text in str(e).lower()), None)
@@ -165,12 +179,15 @@ def _connect_failure(args: argparse.Namespace, e: BaseException, errs: _NatsErro
 
 @contextlib.asynccontextmanager
 async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeout: float = 3.0,
-                    forever: bool = False) -> AsyncIterator[Bus]:
+                    forever: bool = False, wait_for_creator: bool = False) -> AsyncIterator[Bus]:
     """A Bus for the command; `forever` (services) keeps reconnecting instead of giving up.
 
     Refused credentials and failed TLS exit with DENIED, an unreachable server with
     UNREACHABLE; a write the server's permissions refuse fails the command with DENIED
-    and the server's words instead of a timeout.
+    and the server's words instead of a timeout. `wait_for_creator` (agents, admission:
+    their users may not create the stream) waits for the scheduler to create the stream
+    and buckets instead of failing; a cluster still electing its JetStream meta leader
+    gets 60 s (services) or 10 s (commands) before UNREACHABLE says so.
     """
     try:
         opts = connect_options(
@@ -188,7 +205,13 @@ async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeo
     servers = [u.strip() for u in args.nats.split(",") if u.strip()]
     try:
         bus = await Bus.connect(servers if len(servers) > 1 else args.nats, name=name,
-                                replicas=getattr(args, "replicas", 1) or 1, **opts)
+                                replicas=getattr(args, "replicas", 1) or 1, wait_for_creator=wait_for_creator,
+                                ready_timeout=60.0 if forever else 10.0, **opts)
+    except PermissionDenied as e:
+        raise CliError(f"NATS refused {_who(args)} permission to {e.operation}: permissions violation for publish "
+                       f"to {e.subject}{_CREATOR_HINT if e.operation.startswith('create') else ''}", DENIED) from None
+    except NotReady as e:
+        raise CliError(f"NATS at {args.nats}: {e}", UNREACHABLE) from None
     except (nats.errors.NoServersError, nats.errors.Error, OSError, TimeoutError) as e:
         raise _connect_failure(args, e, errs) from None
     errs.command = asyncio.current_task()
@@ -209,6 +232,11 @@ async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeo
     finally:
         errs.command = None
         await bus.close()
+
+
+#: Why a create is refused: it was missing, and only the scheduler's user creates it (deploy/nats/permissions.py).
+_CREATOR_HINT = ("; it does not exist yet, and only the `scheduler` user may create it: start `corral scheduler` "
+                 "(as that user) first")
 
 
 def _server_words(e: Exception) -> str:

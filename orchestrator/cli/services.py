@@ -41,7 +41,10 @@ async def until_signalled(coro: Coroutine[Any, Any, None]) -> int:
     try:
         await task
     except asyncio.CancelledError:
-        if not task.cancelled():
+        # A signal cancels the service's task; this one's own cancellation (a permission refused,
+        # see cli/connect.py) is no clean stop and goes on to the caller.
+        current = asyncio.current_task()
+        if not task.cancelled() or (current is not None and current.cancelling()):
             raise
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -143,7 +146,7 @@ async def run_agent(args: argparse.Namespace) -> int:
                          checkpoint_root=Path(args.checkpoint_root).resolve() if args.checkpoint_root else None,
                          heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
     runtime = make_runtime(args.runtime, data_dir, args.node_id, args)
-    async with connected(args, name=f"corral-agent-{args.node_id}", forever=True) as bus:
+    async with connected(args, name=f"corral-agent-{args.node_id}", forever=True, wait_for_creator=True) as bus:
         agent = Agent(bus, config, inventory, runtime)
         metrics_server = await start_metrics(args, agents=[agent])
         try:
@@ -163,7 +166,7 @@ async def run_admission(args: argparse.Namespace) -> int:
         raise CliError(str(e), USAGE) from None
     if not owners.queues:
         raise CliError("no team: give --team TEAM[=QUEUE,...] (or CORRAL_ADMISSION_TEAMS)", USAGE)
-    async with connected(args, name="corral-admission", forever=True) as bus:
+    async with connected(args, name="corral-admission", forever=True, wait_for_creator=True) as bus:
         return await until_signalled(Admission(bus, owners).run())
 
 
