@@ -3,6 +3,10 @@
 Evolution rules (see DESIGN.md): only add fields with defaults; a breaking
 change gets a new tag plus an upcaster in `codec.py`. Tags are stable strings,
 never Python paths, so renaming a class never breaks an old log.
+
+Fencing: every event a scheduler authors has an `epoch`, the leader epoch it
+was decided under; the fold voids one older than the newest SchedulerElected
+(orchestrator/core/evolve.py says how an unstamped 0 in an old log is read).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class JobSubmitted(Event, tag="JobSubmitted", frozen=True):
 class JobRejected(Event, tag="JobRejected", frozen=True):
     job_id: str
     reasons: tuple[str, ...]
+    epoch: int = 0
 
 
 class RankPlacement(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -101,6 +106,7 @@ class JobRunning(Event, tag="JobRunning", frozen=True):
     attempt: int
 
 
+    epoch: int = 0
 class PreemptionRequested(Event, tag="PreemptionRequested", frozen=True):
     job_id: str
     attempt: int
@@ -128,6 +134,7 @@ class Preempted(Event, tag="Preempted", frozen=True):
     resume_from: str | None = None
 
 
+    epoch: int = 0
 class GangRestarted(Event, tag="GangRestarted", frozen=True):
     """All ranks restart together on the same GPUs as `attempt` (the new one)."""
 
@@ -155,23 +162,27 @@ class JobCompleted(Event, tag="JobCompleted", frozen=True):
 class JobFailed(Event, tag="JobFailed", frozen=True):
     job_id: str
     attempt: int
+    epoch: int = 0
     reason: str
 
 
 class CancelRequested(Event, tag="CancelRequested", frozen=True):
     job_id: str
     reason: str = ""
+    epoch: int = 0
     requested_by: str = ""
 
 
 class JobCancelled(Event, tag="JobCancelled", frozen=True):
     job_id: str
     reason: str = ""
+    epoch: int = 0
 
 
 # --- node --------------------------------------------------------------------
 
 
+    epoch: int = 0
 class NodeRegistered(Event, tag="NodeRegistered", frozen=True):
     node_id: str
     incarnation: str
@@ -188,6 +199,7 @@ class NodeFailed(Event, tag="NodeFailed", frozen=True):
 class NodeRecovered(Event, tag="NodeRecovered", frozen=True):
     node_id: str
     incarnation: str
+    epoch: int = 0
 
 
 class NodeCordoned(Event, tag="NodeCordoned", frozen=True):
@@ -234,6 +246,7 @@ class ClusterConfigured(Event, tag="ClusterConfigured", frozen=True):
 AnyEvent = (
     JobSubmitted
     | JobRejected
+    epoch: int = 0
     | GangReserved
     | JobWaiting
     | WorkerStarted

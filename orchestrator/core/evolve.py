@@ -4,9 +4,26 @@ It applies facts and *validates decisions*: a GangReserved whose GPUs are not
 all free (or are earmarked for another job) at its log position, on a failed,
 cordoned or unknown node, for a job not pending at that attempt, over a queue
 limit, or from an epoch older than the newest SchedulerElected is void: it
-changes nothing but the void counter. So is a PreemptionRequested from an old
-epoch or for a preemptor that is no longer pending. Two racing schedulers therefore cannot
+changes nothing but the void counter. So is a PreemptionRequested for a
+preemptor that is no longer pending. Two racing schedulers therefore cannot
 double-book a GPU; the log order decides and every reader agrees.
+
+Fencing (DESIGN.md, "Safety by construction"). Every event a scheduler
+authors carries the epoch it was decided under, and one older than the
+newest SchedulerElected is void: a deposed or paused leader's NodeFailed,
+requeue, restart, preemption, completion or settings change nothing, however
+late they land. Epochs are exactly previous + 1: a SchedulerElected with any
+other epoch (a repeat, a jump, a forged 2^64-1) is void too, so an epoch is
+never elected twice and never skipped. Epoch 0 means "unstamped": the types
+that gained `epoch` with fencing (JobRejected, JobRunning, CancelRequested,
+Preempted, JobCompleted, JobFailed, JobCancelled, NodeFailed,
+ClusterConfigured) were written without one before, and by users (a cancel)
+and tools (the simulator's node failures) still are, so an unstamped one is
+judged by its other checks as it always was. The types that carried an epoch
+from v1 (GangReserved, PreemptionRequested, JobWaiting, GangRestarted,
+JobRequeued) were always stamped by the scheduler, so 0 there is an epoch
+like any other: stale once a leader was elected. Voids are counted and the
+newest one's reason kept (`ClusterState.last_void`) for `corral explain`.
 
 Transitions check the attempt they are about, so a duplicated or late event
 (two schedulers reacting to the same fact) is a no-op rather than a second
@@ -134,16 +151,9 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> Clus
         case QueueDefined():
             _queue_defined(state, event)
         case SchedulerElected():
-            if event.epoch > state.epoch:
-                state.epoch = event.epoch
-                state.scheduler_id = event.scheduler_id
+            _scheduler_elected(state, event)
         case ClusterConfigured():
-            state.config = Config(
-                topology_levels=tuple(event.topology_levels),
-                fairshare_half_life_s=event.fairshare_half_life_s,
-                min_runtime_s=event.min_runtime_s,
-                default_queue=event.default_queue,
-            )
+            _cluster_configured(state, event)
         case Unknown():
             state.unknown_events += 1
         case _:
@@ -156,6 +166,38 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> Clus
     if jid is not None:
         _track(state, jid)
     return state
+
+
+def _stale(state: ClusterState, event_id: str, epoch: int, *, unstamped_ok: bool) -> bool:
+    """Whether a scheduler's decision comes from an epoch older than the newest election; records it void.
+
+    `unstamped_ok`: the event's type gained its epoch with fencing, so 0 is an old or a
+    non-scheduler writer's "no epoch" and is not judged here (module docstring).
+    """
+    if epoch >= state.epoch or (unstamped_ok and epoch == 0):
+        return False
+    _void(state, event_id, f"stale epoch {epoch} < {state.epoch}")
+    return True
+
+
+def _scheduler_elected(state: ClusterState, e: SchedulerElected) -> None:
+    """Epochs are exactly previous + 1: two candidates cannot both hold one, and none is skipped."""
+    if e.epoch != state.epoch + 1:
+        _void(state, e.event_id, f"epoch {e.epoch} does not follow {state.epoch} (elections go previous + 1)")
+        return
+    state.epoch = e.epoch
+    state.scheduler_id = e.scheduler_id
+
+
+def _cluster_configured(state: ClusterState, e: ClusterConfigured) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
+    state.config = Config(
+        topology_levels=tuple(e.topology_levels),
+        fairshare_half_life_s=e.fairshare_half_life_s,
+        min_runtime_s=e.min_runtime_s,
+        default_queue=e.default_queue,
+    )
 
 
 def _track(state: ClusterState, job_id: str) -> None:
@@ -207,6 +249,8 @@ def _dequeue(state: ClusterState, job: Job) -> None:
 
 
 def _job_rejected(state: ClusterState, e: JobRejected) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
     job = state.jobs.get(e.job_id)
     if job is None or job.status != "pending":
         return
@@ -309,8 +353,10 @@ def _gang_reserved(state: ClusterState, e: GangReserved) -> None:
 
 
 def _job_waiting(state: ClusterState, e: JobWaiting) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
     job = state.jobs.get(e.job_id)
-    if job is None or job.status != "pending" or e.epoch < state.epoch:
+    if job is None or job.status != "pending":
         return
     if job.earmark and e.code != "preempting":
         # The scheduler no longer waits on a preemption for it: release what it held.
@@ -392,6 +438,8 @@ def _worker_exited(state: ClusterState, e: WorkerExited) -> None:
 
 
 def _job_running(state: ClusterState, e: JobRunning) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
     job = _active(state, e.job_id, e.attempt)
     if job is None or job.status != "reserved":
         return
@@ -425,8 +473,7 @@ def _checkpointed(state: ClusterState, e: Checkpointed) -> None:
 
 
 def _preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
-    if e.epoch < state.epoch:
-        _void(state, e.event_id, f"stale epoch {e.epoch} < {state.epoch}")
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=False):
         return
     job = _active(state, e.job_id, e.attempt)
     if job is None or job.status == "preempting":
@@ -486,6 +533,8 @@ def _preempted(state: ClusterState, e: Preempted) -> None:
         return
     _requeue(state, job, job.attempt + 1, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=True)
 
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
 
 def _job_requeued(state: ClusterState, e: JobRequeued) -> None:
     job = _active(state, e.job_id, e.attempt - 1)
@@ -493,6 +542,8 @@ def _job_requeued(state: ClusterState, e: JobRequeued) -> None:
         return
     _requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=False)
 
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
 
 def _gang_restarted(state: ClusterState, e: GangRestarted) -> None:
     """Same GPUs, next attempt: agents replace every worker of the old attempt."""
@@ -501,6 +552,8 @@ def _gang_restarted(state: ClusterState, e: GangRestarted) -> None:
         return
     state.ranks[e.job_id] = {}
     state.jobs[e.job_id] = replace(
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
         job,
         status="reserved",
         attempt=e.attempt,
@@ -543,12 +596,16 @@ def _job_completed(state: ClusterState, e: JobCompleted) -> None:
         _finish(state, job, "completed", "", e.occurred_at)
 
 
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
 def _job_failed(state: ClusterState, e: JobFailed) -> None:
     job = state.jobs.get(e.job_id)
     if job is None or job.status in TERMINAL or job.attempt != e.attempt:
         return
     _finish(state, job, "failed", e.reason, e.occurred_at)
 
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
 
 def _cancel_requested(state: ClusterState, e: CancelRequested) -> None:
     job = state.jobs.get(e.job_id)
@@ -556,6 +613,8 @@ def _cancel_requested(state: ClusterState, e: CancelRequested) -> None:
         return
     stop = Stop(
         reason=e.reason, requested_by=e.requested_by, requested_at=e.occurred_at, fail=e.requested_by == SCHEDULER
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return  # (a user's cancel is unstamped; the scheduler's own stops carry its epoch)
     )
     state.stopping[e.job_id] = job.submit_seq
     state.jobs[e.job_id] = replace(job, stop=stop)
@@ -568,6 +627,8 @@ def _job_cancelled(state: ClusterState, e: JobCancelled) -> None:
         return
     _finish(state, job, "cancelled", e.reason, e.occurred_at)
 
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
 
 # --- GPUs --------------------------------------------------------------------
 
@@ -684,6 +745,8 @@ def _node_failed(state: ClusterState, e: NodeFailed) -> None:
         return  # unknown, already failed, or about an older incarnation
     state.nodes[e.node_id] = replace(node, failed=True)
 
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return  # a paused leader judged heartbeat ages by its own stale clock
 
 def _node_recovered(state: ClusterState, e: NodeRecovered) -> None:
     node = state.nodes.get(e.node_id)

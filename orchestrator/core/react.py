@@ -22,6 +22,9 @@ agents need one stop protocol only (signal, grace, kill); the fold marks the
 stop `fail`, and rule 2 turns it into JobFailed instead of JobCancelled.
 """
 
+Every follow-up carries the cycle's epoch: one decided by a leader that has
+since been deposed (it was paused, say) is void when it lands (evolve.py).
+
 from __future__ import annotations
 
 from orchestrator.core.cycle import Cycle
@@ -112,7 +115,8 @@ def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
             return _preempted(c, job)
         return None
     if job.exited_ok >= spec.ranks:
-        return JobCompleted(event_id=c.event_id("completed", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt)
+        return JobCompleted(event_id=c.event_id("completed", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt,
+                            epoch=c.epoch)
     if job.failure:
         if spec.restart_policy == "gang" and job.restarts < spec.max_restarts:
             return GangRestarted(
@@ -134,26 +138,27 @@ def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
     if limit is not None and now >= job.reserved_at + limit:
         return _stop_and_fail(c, job, f"time limit {limit:g}s exceeded")
     if job.status == "reserved" and job.started >= spec.ranks:
-        return JobRunning(event_id=c.event_id("running", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt)
+        return JobRunning(event_id=c.event_id("running", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt,
+                          epoch=c.epoch)
     return None
 
 
 def _stop_and_fail(c: Cycle, job: Job, reason: str) -> Event:
     if job.live == 0:
-        return JobFailed(event_id=c.event_id("failed", job), occurred_at=c.now, job_id=job.job_id, attempt=job.attempt, reason=reason)
-    return CancelRequested(
-        event_id=c.event_id("stop", job), occurred_at=c.now, job_id=job.job_id, reason=reason, requested_by=SCHEDULER
-    )
+        return JobFailed(event_id=c.event_id("failed", job), occurred_at=c.now, job_id=job.job_id, attempt=job.attempt,
+                         reason=reason, epoch=c.epoch)
+    return CancelRequested(event_id=c.event_id("stop", job), occurred_at=c.now, job_id=job.job_id, reason=reason,
+                           requested_by=SCHEDULER, epoch=c.epoch)
 
 
 def _end(c: Cycle, job: Job) -> Event:
     """The end of a stopped job: JobFailed for the scheduler's stops, JobCancelled for users'."""
     assert job.stop is not None
     if job.stop.fail:
-        return JobFailed(
-            event_id=c.event_id("failed", job), occurred_at=c.now, job_id=job.job_id, attempt=job.attempt, reason=job.stop.reason
-        )
-    return JobCancelled(event_id=c.event_id("cancelled", job), occurred_at=c.now, job_id=job.job_id, reason=job.stop.reason)
+        return JobFailed(event_id=c.event_id("failed", job), occurred_at=c.now, job_id=job.job_id, attempt=job.attempt,
+                         reason=job.stop.reason, epoch=c.epoch)
+    return JobCancelled(event_id=c.event_id("cancelled", job), occurred_at=c.now, job_id=job.job_id,
+                        reason=job.stop.reason, epoch=c.epoch)
 
 
 def _preempted(c: Cycle, job: Job) -> Event:
@@ -165,3 +170,4 @@ def _preempted(c: Cycle, job: Job) -> Event:
         preemptor_job_id=job.preemptor,
         resume_from=job.newest_checkpoint,
     )
+        epoch=c.epoch,

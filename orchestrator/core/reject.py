@@ -31,6 +31,7 @@ def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
         if reasons:
             plan.busy.add(job.job_id)
             out.append(
-                JobRejected(event_id=c.event_id("rejected", job), occurred_at=c.now, job_id=job.job_id, reasons=reasons)
+                JobRejected(event_id=c.event_id("rejected", job), occurred_at=c.now, job_id=job.job_id, reasons=reasons,
+                            epoch=c.epoch)
             )
     return out
