@@ -7,6 +7,7 @@ same binary on them. SIGKILL and restart on the same store dir are the point.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -18,10 +19,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import StreamConfig, StreamInfo
+
 from deploy.nats.render import password_envs, to_conf
+
+#: JetStream error code: "no suitable peers for placement" (a meta leader that has not met every peer yet).
+_NO_PLACEMENT = 10005
 
 
 def nats_server_binary() -> Path:
@@ -137,3 +147,58 @@ class Server:
         with contextlib.suppress(OSError):
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         return "(no log)"
+
+
+def wait_meta_leader(servers: Sequence[Server], timeout: float = 60.0) -> Server:
+    """Until every server names one JetStream meta leader and it sees all the others current; that leader.
+
+    /healthz says a server is up; a replicated stream can be created only once the cluster has
+    elected its meta leader (before that `$JS.API.STREAM.CREATE` goes unanswered) and the leader
+    has met every peer (before that: "no suitable peers for placement").
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = _meta_views(servers)
+        leaders = {view.get("leader") for view in seen.values()}
+        name = leaders.pop() if len(leaders) == 1 else None
+        if name is not None:
+            current = {r.get("name") for r in seen[name].get("replicas", []) if r.get("current") and not r.get("offline")}
+            if current >= {s.name for s in servers} - {name}:
+                return next(s for s in servers if s.name == name)
+        if time.monotonic() > deadline:
+            views = {n: {"leader": v.get("leader"), "cluster_size": v.get("cluster_size")} for n, v in seen.items()}
+            raise TimeoutError(f"no JetStream meta leader after {timeout:.0f} s that all {len(servers)} servers agree "
+                               f"on and that sees them all: {views}")
+        time.sleep(0.1)
+
+
+def _meta_views(servers: Sequence[Server]) -> dict[str, dict[str, Any]]:
+    """Each server's own view of the JetStream meta group (its /jsz meta_cluster); {} where it did not answer."""
+    out: dict[str, dict[str, Any]] = {}
+    for s in servers:
+        try:
+            out[s.name] = s.monitor("jsz").get("meta_cluster") or {}
+        except (urllib.error.URLError, OSError, ValueError):
+            out[s.name] = {}
+    return out
+
+
+async def add_stream_when_ready(js: JetStreamContext, config: StreamConfig, timeout: float = 60.0) -> StreamInfo:
+    """Create a (replicated) stream, asking again while the cluster still forms; bounded by `timeout`.
+
+    A retried create whose first try went through after all is answered with the same stream
+    (same config), so asking again is safe.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await js.add_stream(config)
+        except (TimeoutError, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError) as e:
+            why = f"no JetStream meta leader ({type(e).__name__})"
+        except nats.js.errors.BadRequestError as e:
+            if e.err_code != _NO_PLACEMENT:
+                raise
+            why = f"no placement for {config.num_replicas} replicas ({e.description})"
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"cannot create stream {config.name}: {why} after {timeout:.0f} s")
+        await asyncio.sleep(0.2)
