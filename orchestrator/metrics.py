@@ -30,7 +30,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from orchestrator.core.state import FREE, ClusterState
 from orchestrator.core.usage import ancestors, resolve_queue
-from schemas import GangRestarted, PreemptionRequested, WorkerStarted, tag_of
+from schemas import GangRestarted, PreemptionRequested, Unknown, WorkerStarted, tag_of
+from schemas.events import UNREADABLE_REASONS
 
 if TYPE_CHECKING:
     from events.bus import Envelope
@@ -55,7 +56,11 @@ PREEMPTIONS = Counter("corral_preemptions", "Preemptions requested (PreemptionRe
 RESTARTS = Counter("corral_restarts", "Restarts folded from the log: gang (GangRestarted) or rank (a worker "
                    "started again by its agent)", ["kind"], registry=None)
 
-PROCESS_METRICS = (EVENTS_APPENDED, EVENTS_READ, DECIDE_SECONDS, PREEMPTIONS, RESTARTS)
+UNREADABLE_EVENTS = Counter("corral_unreadable_events", "Messages this process could not decode and folded as no "
+                            "change, by why (schemas.events.UNREADABLE_REASONS)", ["service", "reason"],
+                            registry=None)
+
+PROCESS_METRICS = (EVENTS_APPENDED, EVENTS_READ, DECIDE_SECONDS, PREEMPTIONS, RESTARTS, UNREADABLE_EVENTS)
 
 
 def count_folded(follower: Follower, service: str, *, cluster_facts: bool) -> None:
@@ -64,7 +69,13 @@ def count_folded(follower: Follower, service: str, *, cluster_facts: bool) -> No
 
     def on_event(env: Envelope) -> None:
         ev = env.event
-        tag = tag_of(ev)
+        if isinstance(ev, Unknown):
+            # Labelled by the closed set of reasons, not by the tag it claimed: a publisher picks that.
+            reason = ev.reason if ev.reason in UNREADABLE_REASONS else "malformed"
+            UNREADABLE_EVENTS.labels(service, reason).inc()
+            tag = "Unknown"
+        else:
+            tag = tag_of(ev)
         child = children.get(tag)
         if child is None:
             child = children[tag] = EVENTS_READ.labels(service, tag)

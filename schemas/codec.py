@@ -35,6 +35,10 @@ class _Peek(msgspec.Struct):
     type: str | None = None
 
 
+#: Longest tag an Unknown keeps: real tags are short, and a hostile one must not grow logs and labels.
+MAX_TAG_CHARS = 64
+
+
 class Codec:
     def __init__(self, upcasters: dict[str, Upcaster] | None = None) -> None:
         self._enc = msgspec.json.Encoder()
@@ -47,19 +51,45 @@ class Codec:
         return self._enc.encode(event)
 
     def decode(self, raw: bytes | memoryview) -> AnyEvent | Unknown:
+        """The event in `raw`, or `Unknown` saying why not: never raises, whatever the bytes.
+
+        msgspec raises DecodeError/ValidationError for bad JSON or fields, but
+        UnicodeDecodeError for invalid UTF-8 inside a string: one message from
+        any publisher would stop every reader, so anything the fast path raises
+        goes to the slow path. The try costs nothing while no exception flies.
+        """
         try:
             event: AnyEvent = self._dec.decode(raw)
             return event
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except Exception as e:
             return self._slow_decode(bytes(raw), e)
 
     def _slow_decode(self, raw: bytes, first: Exception) -> AnyEvent | Unknown:
         try:
+            return self._classified(raw, first)
+        except Exception as e:  # decoding is total: what the slow path trips on makes the message unreadable
+            return Unknown(raw=raw, error=f"{type(e).__name__}: {e}", reason="malformed")
+
+    def _tag(self, raw: bytes) -> str | None:
+        try:
             tag = self._peek.decode(raw).type
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            tag = None
-        if tag is None or tag not in self._upcasters:
-            return Unknown(raw=raw, error=str(first), type=tag)
+        except Exception:
+            return None
+        return tag if tag is None or len(tag) <= MAX_TAG_CHARS else tag[:MAX_TAG_CHARS] + "..."
+
+    def _classified(self, raw: bytes, first: Exception) -> AnyEvent | Unknown:
+        tag = self._tag(raw)
+        if isinstance(first, UnicodeDecodeError):
+            return Unknown(raw=raw, error=_utf8_problem(raw, first), type=tag, reason="invalid_utf8")
+        if tag is not None and tag in self._upcasters:
+            return self._upcast(raw, tag)
+        if tag is None:
+            return Unknown(raw=raw, error=f"not a corral event: {first}", reason="malformed")
+        if tag not in EVENT_TAGS:
+            return Unknown(raw=raw, error=f"unknown event type {tag!r}", type=tag, reason="unknown_type")
+        return Unknown(raw=raw, error=f"{tag}: {first}", type=tag, reason="invalid_fields")
+
+    def _upcast(self, raw: bytes, tag: str) -> AnyEvent | Unknown:
         try:
             payload = self._raw.decode(raw)
             for _ in range(32):  # an upcaster chain longer than this is a cycle
@@ -71,9 +101,19 @@ class Codec:
                 if up is None:
                     break
                 payload = up(payload)
-            return Unknown(raw=raw, error=f"upcasting {tag} did not reach a known type", type=tag)
+            error = f"upcasting {tag} did not reach a known type"
         except Exception as e:
-            return Unknown(raw=raw, error=f"upcasting {tag}: {e}", type=tag)
+            error = f"upcasting {tag}: {e}"
+        return Unknown(raw=raw, error=error, type=tag, reason="upcast_failed")
+
+
+def _utf8_problem(raw: bytes, first: UnicodeDecodeError) -> str:
+    """Where the message stops being UTF-8: its byte offset (msgspec's error counts from the string's start)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return f"invalid UTF-8 at byte {e.start} (0x{raw[e.start]:02x})"
+    return f"invalid UTF-8: {first.reason}"
 
 
 #: Shared instance; encoders and decoders are reusable and thread-safe to read.

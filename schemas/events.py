@@ -277,12 +277,21 @@ EVENT_TAGS: dict[str, type[Event]] = {t.__struct_config__.tag: t for t in EVENT_
 Entity = Literal["job", "node", "queue", "sched"]
 
 
+#: Why a message is unreadable (`Unknown.reason`): a closed set, so it can label a metric.
+UNREADABLE_REASONS = ("invalid_utf8", "malformed", "unknown_type", "invalid_fields", "upcast_failed")
+
+
 class Unknown(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """What a reader got but could not decode; folds to "no change"."""
+    """What a reader got but could not decode; folds to "no change".
+
+    `error` says why for a human (it may quote the payload, so display code
+    escapes it); `reason` is one of UNREADABLE_REASONS, for counting.
+    """
 
     raw: bytes
     error: str
     type: str | None = None
+    reason: str = "malformed"
 
 
 def tag_of(event: Event | Unknown) -> str:

@@ -58,10 +58,18 @@ async def replay(args: argparse.Namespace) -> int:
     at_time = env.stream_time if env is not None else None  # 0.0 is a time: a simulated log starts there
     view = cluster_summary(state, at.time if at_time is None else at_time)
     if args.json:
-        print_json({"at": {"seq": state.seq, "time": at_time}, **view})
+        print_json({"at": {"seq": state.seq, "time": at_time}, **view, "unreadable_events": state.unknown_events})
     else:
         print("\n".join(cluster_lines(view, at_time, clock)))
+        if state.unknown_events:
+            print(unreadable_summary(state.unknown_events, state.seq))
     return OK
+
+
+def unreadable_summary(count: int, seq: int) -> str:
+    """One line for the unreadable messages the fold skipped: the cluster above is what the rest of the log says."""
+    return (f"unreadable: {count} message(s) up to #{seq}, folded as no change "
+            "(`corral tail --no-follow` shows each as 'unreadable at position N: why')")
 
 
 # --- explain -----------------------------------------------------------------------------

@@ -102,13 +102,37 @@ def essentials(event: object) -> str:
         case ClusterConfigured():
             return f"levels={'>'.join(event.topology_levels) or '-'} min_runtime={event.min_runtime_s:g}s"
         case Unknown():
-            return f"undecodable: {event.error[:80]}"
+            return printable(event.error, WHY_CHARS)
         case _:
             return ""
+
+
+#: Most characters of an unreadable message's reason a line shows (`--json` has all of it).
+WHY_CHARS = 160
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """`text` as one line of printable characters, cut at `limit`.
+
+    Whatever a publisher put in a payload can reach a reader's screen (a tag, a
+    name, msgspec quoting a bad value): escaped, a line break or a terminal
+    escape cannot split one event into two lines or repaint the terminal.
+    """
+    cut = text if limit is None else text[:limit]
+    if not cut.isprintable():
+        cut = "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
+    return cut if limit is None or len(text) <= limit else cut + "..."
+
+
+def unreadable(seq: int, event: Unknown) -> str:
+    """What `tail`, `replay` and `explain` say about a message no reader can decode: where and why, one line."""
+    return f"unreadable at position {seq}: {printable(event.error, WHY_CHARS)}"
 
 
 def line(env: Envelope) -> str:
     ts = dt.datetime.fromtimestamp(env.stream_time).strftime("%H:%M:%S.%f")[:-3]
     ev = env.event
     entity = env.subject.split(".")[2] if env.subject.count(".") >= 3 else "-"
-    return f"{ts} #{env.seq:<6} {tag_of(ev):<20} {entity:<16} {essentials(ev)}".rstrip()
+    if isinstance(ev, Unknown):
+        return printable(f"{ts} #{env.seq:<6} {'Unreadable':<20} {entity:<16} {unreadable(env.seq, ev)}")
+    return printable(f"{ts} #{env.seq:<6} {tag_of(ev):<20} {entity:<16} {essentials(ev)}".rstrip())

@@ -30,7 +30,7 @@ from events.subjects import ALL, ROOT, normalize_filters, type_filters
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK, USAGE, CliError
 from orchestrator.cli.listing import checked_id
-from orchestrator.cli.render import line
+from orchestrator.cli.render import line, unreadable
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.timespec import parse_instant
 from orchestrator.core.usage import resolve_queue
@@ -150,14 +150,19 @@ _json = msgspec.json.Encoder()
 
 
 def json_line(env: Envelope) -> str:
-    """One event as a JSON object on one line (NDJSON), with its log position and stream time."""
-    return _json.encode({
-        "seq": env.seq,
-        "subject": env.subject,
-        "time": env.stream_time,
-        "type": tag_of(env.event),
-        "event": msgspec.to_builtins(env.event),
-    }).decode()
+    """One event as a JSON object on one line (NDJSON), with its log position and stream time.
+
+    An unreadable message is type "Unknown" (not the tag it claimed: its `event` is not that type's
+    fields) with the one-line `unreadable` text; its `event` keeps the raw bytes (base64) and the error.
+    """
+    ev = env.event
+    record = {"seq": env.seq, "subject": env.subject, "time": env.stream_time}
+    if isinstance(ev, Unknown):
+        record.update(type="Unknown", unreadable=unreadable(env.seq, ev))
+    else:
+        record["type"] = tag_of(ev)
+    record["event"] = msgspec.to_builtins(ev)
+    return _json.encode(record).decode()
 
 
 async def _events(bus: Bus, subjects: list[str], *, from_seq: int | None, since: float | None,

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from events.bus import Envelope
-from orchestrator.cli.render import placement_summary
+from orchestrator.cli.render import placement_summary, unreadable
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, Job
 from schemas import (
@@ -124,8 +124,6 @@ def _text(ev: object, job_id: str, before: Job | None, state: ClusterState) -> s
             return f"failed (attempt {ev.attempt}): {ev.reason}"
         case JobCancelled():
             return "cancelled" + (f": {ev.reason}" if ev.reason else "")
-        case Unknown():
-            return f"undecodable event: {ev.error[:80]}"
         case _:
             return tag_of(ev)  # type: ignore[arg-type]
 
@@ -149,6 +147,11 @@ class Story:
         evolve(s, ev, env.seq)
         self.end = env.stream_time
         self.job = s.jobs.get(self.job_id, self.job)
+        if isinstance(ev, Unknown):  # about this job if published on its subjects: its story shows the gap
+            parts = env.subject.split(".")
+            if len(parts) >= 4 and parts[1] == "job" and parts[2] == self.job_id:
+                self.entries.append(Entry(env.seq, env.stream_time, "Unknown", unreadable(env.seq, ev), False, ev))
+            return
         text = _text(ev, self.job_id, before, s)
         if text is None:
             return
