@@ -10,6 +10,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from schemas.specinput import SpecError, load_json, load_yaml, spec_text
+from schemas.specinput import shown as _show
+
 TopologyMode = Literal["require", "prefer"]
 RestartPolicy = Literal["never", "rank", "gang"]
 
@@ -20,6 +23,9 @@ CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
 MAX_RANKS = 65_536
 MAX_GPUS_PER_RANK = 64
 MAX_NAME_LEN = 128
+#: Largest job spec file read: a spec is a few hundred bytes, and the event carrying it must fit in one
+#: NATS message (1 MiB by default). Checked before parsing, so a 50 MB file is refused at once.
+MAX_JOBSPEC_BYTES = 1 << 20
 
 
 class Topology(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -73,13 +79,38 @@ class Problem(msgspec.Struct, frozen=True):
         return f"{self.path}: {self.message}"
 
 
-class InvalidJobSpec(ValueError):
+class InvalidJobSpec(SpecError):
+    """A job spec that was read but is not valid: every problem, each with its field path."""
+
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
         super().__init__("; ".join(str(p) for p in problems))
 
 
 _FIELDS = {f.name: f for f in msgspec.structs.fields(JobSpec)}
+
+
+def _text_problems(v: Any, path: str, out: list[Problem], depth: int = 0) -> None:
+    """Strings that are not Unicode text (a lone surrogate from a "\\ud800" escape cannot go on the wire)."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            out.append(Problem(path, f"is not valid Unicode text (character {e.start} is a lone surrogate)"))
+    elif depth < 8 and isinstance(v, dict):
+        for k, x in v.items():
+            _text_problems(k, f"{path}.{_key(k)}" if path else _key(k), out, depth + 1)
+            _text_problems(x, f"{path}.{_key(k)}" if path else _key(k), out, depth + 1)
+    elif depth < 8 and isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            _text_problems(x, f"{path}[{i}]", out, depth + 1)
+
+
+def _key(k: Any) -> str:
+    """A mapping key as a field path part (keys of YAML need not be strings)."""
+    if isinstance(k, str):
+        return k.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _show(k)
 
 
 def _is_int(v: Any) -> bool:
@@ -95,9 +126,9 @@ def _check_int(obj: dict[str, Any], key: str, lo: int, hi: int, out: list[Proble
         return
     v = obj[key]
     if not _is_int(v):
-        out.append(Problem(key, f"must be an integer, got {v!r}"))
+        out.append(Problem(key, f"must be an integer, got {_show(v)}"))
     elif not lo <= v <= hi:
-        out.append(Problem(key, f"must be between {lo} and {hi}, got {v}"))
+        out.append(Problem(key, f"must be between {lo} and {hi}, got {_show(v)}"))
 
 
 def _check_str(obj: dict[str, Any], key: str, out: list[Problem], *, optional: bool = False) -> None:
@@ -105,7 +136,7 @@ def _check_str(obj: dict[str, Any], key: str, out: list[Problem], *, optional: b
         return
     v = obj[key]
     if not isinstance(v, str) or not v.strip():
-        out.append(Problem(key, f"must be a non-empty string, got {v!r}"))
+        out.append(Problem(key, f"must be a non-empty string, got {_show(v)}"))
 
 
 def _topology_problems(t: Any, out: list[Problem]) -> None:
@@ -118,11 +149,11 @@ def _topology_problems(t: Any, out: list[Problem]) -> None:
         return
     for k in t:
         if k not in ("level", "mode"):
-            out.append(Problem(f"topology.{k}", "unknown field; expected level, mode"))
+            out.append(Problem(f"topology.{_key(k)}", "unknown field; expected level, mode"))
     if not isinstance(t.get("level"), str) or not t.get("level"):
         out.append(Problem("topology.level", "must name a topology level such as node, leaf or block"))
     if t.get("mode", "prefer") not in ("require", "prefer"):
-        out.append(Problem("topology.mode", f"must be 'require' or 'prefer', got {t.get('mode')!r}"))
+        out.append(Problem("topology.mode", f"must be 'require' or 'prefer', got {_show(t.get('mode'))}"))
 
 
 def _mount_problems(mounts: Any, out: list[Problem]) -> None:
@@ -137,12 +168,12 @@ def _mount_problems(mounts: Any, out: list[Problem]) -> None:
         for key in ("source", "target"):
             v = m.get(key)
             if not isinstance(v, str) or not v.startswith("/"):
-                out.append(Problem(f"{p}.{key}", f"must be an absolute path, got {v!r}"))
+                out.append(Problem(f"{p}.{key}", f"must be an absolute path, got {_show(v)}"))
         if "read_only" in m and not isinstance(m["read_only"], bool):
             out.append(Problem(f"{p}.read_only", "must be true or false"))
         for k in m:
             if k not in ("source", "target", "read_only"):
-                out.append(Problem(f"{p}.{k}", "unknown field; expected source, target, read_only"))
+                out.append(Problem(f"{p}.{_key(k)}", "unknown field; expected source, target, read_only"))
 
 
 def jobspec_problems(obj: Any) -> list[Problem]:
@@ -152,7 +183,7 @@ def jobspec_problems(obj: Any) -> list[Problem]:
     out: list[Problem] = []
     for key in obj:
         if key not in _FIELDS:
-            out.append(Problem(str(key), f"unknown field; known fields are {', '.join(sorted(_FIELDS))}"))
+            out.append(Problem(_key(key), f"unknown field; known fields are {', '.join(sorted(_FIELDS))}"))
     if "name" not in obj:
         out.append(Problem("name", "is required"))
     else:
@@ -176,15 +207,16 @@ def jobspec_problems(obj: Any) -> list[Problem]:
         if key in obj and obj[key] is not None:
             v = obj[key]
             if not _is_num(v) or v != v or v < 0 or v > 365 * 86400:
-                out.append(Problem(key, f"must be a number of seconds between 0 and one year, got {v!r}"))
+                out.append(Problem(key, f"must be a number of seconds between 0 and one year, got {_show(v)}"))
     if obj.get("time_limit_s") == 0:
         out.append(Problem("time_limit_s", "must be positive (omit it for no limit)"))
     if "checkpoint_signal" in obj and obj["checkpoint_signal"] not in CHECKPOINT_SIGNALS:
         out.append(
-            Problem("checkpoint_signal", f"must be one of {', '.join(CHECKPOINT_SIGNALS)}, got {obj['checkpoint_signal']!r}")
+            Problem("checkpoint_signal",
+                    f"must be one of {', '.join(CHECKPOINT_SIGNALS)}, got {_show(obj['checkpoint_signal'])}")
         )
     if "restart_policy" in obj and obj["restart_policy"] not in ("never", "rank", "gang"):
-        out.append(Problem("restart_policy", f"must be never, rank or gang, got {obj['restart_policy']!r}"))
+        out.append(Problem("restart_policy", f"must be never, rank or gang, got {_show(obj['restart_policy'])}"))
     if "preemptible" in obj and not isinstance(obj["preemptible"], bool):
         out.append(Problem("preemptible", "must be true or false"))
     if "command" in obj:
@@ -200,12 +232,15 @@ def jobspec_problems(obj: Any) -> list[Problem]:
         else:
             for k, v in e.items():
                 if not isinstance(k, str) or not k or "=" in k or k.startswith("CORRAL_"):
-                    out.append(Problem(f"env.{k}", "must be a variable name without '=' and not starting with CORRAL_"))
+                    out.append(Problem(f"env.{_key(k)}", "must be a variable name without '=' and not starting with CORRAL_"))
                 elif not isinstance(v, (str, int, float, bool)):
-                    out.append(Problem(f"env.{k}", "value must be a string or number"))
+                    out.append(Problem(f"env.{_key(k)}", "value must be a string or number"))
+                elif isinstance(v, int) and v.bit_length() > 128:
+                    out.append(Problem(f"env.{_key(k)}", "is too large a number; quote it to pass it as text"))
     if "mounts" in obj:
         _mount_problems(obj["mounts"], out)
     _topology_problems(obj.get("topology"), out)
+    _text_problems(obj, "", out)
     return out
 
 
@@ -226,3 +261,14 @@ def parse_jobspec(obj: Any) -> JobSpec:
         return msgspec.convert(obj, JobSpec)
     except msgspec.ValidationError as e:  # a gap in jobspec_problems: still one clear error
         raise InvalidJobSpec([Problem("$", str(e))]) from e
+
+
+def read_jobspec(data: bytes, *, json: bool = False) -> JobSpec:
+    """A validated JobSpec from the bytes of a spec file (YAML, a superset of JSON; `json`: JSON only).
+
+    Raises only SpecError: SpecInputError when the bytes are not readable spec
+    text (over MAX_JOBSPEC_BYTES, not UTF-8, not YAML/JSON, past the YAML
+    bounds), InvalidJobSpec listing every problem of a readable one.
+    """
+    text = spec_text(data, MAX_JOBSPEC_BYTES, "a job spec")
+    return parse_jobspec(load_json(text) if json else load_yaml(text))

@@ -1,44 +1,42 @@
-"""Reading a JobSpec from a YAML or JSON file, with every problem reported at once."""
+"""Reading a JobSpec from a YAML or JSON file, with every problem reported at once.
+
+The file is read up to schemas.jobspec.MAX_JOBSPEC_BYTES (1 MiB) and refused
+past it before anything is parsed; the text and YAML bounds are
+schemas.specinput's. Every way a spec can be wrong exits 2 (USAGE) with one
+line, or with one line per problem of a readable spec.
+"""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from orchestrator.cli.errors import NOT_FOUND, USAGE, CliError
-from schemas import InvalidJobSpec, JobSpec, parse_jobspec
+from schemas import InvalidJobSpec, JobSpec
+from schemas.jobspec import MAX_JOBSPEC_BYTES, read_jobspec
+from schemas.specinput import SpecInputError
 
 
-def _load(path: str) -> Any:
+def _read(path: str) -> bytes:
+    """The file's bytes, at most one past the limit (so an oversized file or pipe is never read whole)."""
     if path == "-":
-        text, name = sys.stdin.read(), "<stdin>"
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise CliError(f"no such job spec file: {path}", NOT_FOUND)
-        text, name = p.read_text(), path
+        return sys.stdin.buffer.read(MAX_JOBSPEC_BYTES + 1)
+    p = Path(path)
+    if not p.is_file():
+        raise CliError(f"no such job spec file: {path}", NOT_FOUND)
     try:
-        if name.endswith(".json"):
-            return json.loads(text)
-        return yaml.safe_load(text)  # YAML is a superset of JSON: stdin may be either
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        where = ""
-        mark = getattr(e, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        elif isinstance(e, json.JSONDecodeError):
-            where = f" at line {e.lineno}, column {e.colno}"
-        problem = e.msg if isinstance(e, json.JSONDecodeError) else getattr(e, "problem", None) or str(e)
-        raise CliError(f"{name} is not valid YAML/JSON{where}: {problem}", USAGE) from None
+        with p.open("rb") as f:
+            return f.read(MAX_JOBSPEC_BYTES + 1)
+    except OSError as e:
+        raise CliError(f"cannot read job spec {path}: {e.strerror or e}", USAGE) from None
 
 
 def load_jobspec(path: str) -> JobSpec:
+    name = "<stdin>" if path == "-" else path
     try:
-        return parse_jobspec(_load(path))
+        return read_jobspec(_read(path), json=name.endswith(".json"))
+    except SpecInputError as e:
+        raise CliError(f"{name}: {e}", USAGE) from None
     except InvalidJobSpec as e:
         lines = "\n".join(f"  {p.path}: {p.message}" for p in e.problems)
         raise CliError(f"{path} has {len(e.problems)} problem(s):\n{lines}", USAGE) from None

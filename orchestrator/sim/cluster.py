@@ -29,6 +29,7 @@ import yaml
 
 from schemas.events import ClusterConfigured, Event, NodeRegistered, QueueDefined, SchedulerElected
 from schemas.inventory import Gpu, Inventory
+from schemas.specinput import BoundedLoader, SpecInputError, load_yaml, shown, spec_text
 
 KNOWN_KEYS = (
     "nodes", "gpus_per_node", "gpu_model", "gpu_memory_mib", "topology", "queues",
@@ -40,6 +41,8 @@ QUEUE_KEYS = ("name", "weight", "guaranteed_gpus", "limit_gpus", "parent")
 
 #: The scheduler epoch every simulation runs under.
 EPOCH = 1
+#: Largest cluster spec file read (checked before parsing): a spec of a 100,000-node cluster is a few KiB.
+MAX_CLUSTER_SPEC_BYTES = 1 << 20
 
 
 class ClusterSpecError(ValueError):
@@ -160,8 +163,8 @@ class _Seq(list[Any]):
     line = 0
 
 
-class _LineLoader(yaml.SafeLoader):
-    pass
+class _LineLoader(BoundedLoader):
+    """Bounded like every spec loader (depth, alias expansion), and remembering each node's line."""
 
 
 def _map(loader: _LineLoader, node: yaml.MappingNode) -> _Map:
@@ -194,7 +197,7 @@ class _Reader:
     def keys(self, m: dict[str, Any], path: str, known: tuple[str, ...]) -> None:
         for k in m:
             if k not in known:
-                self.bad(m, f"{path}{k}", f"unknown key; known keys: {', '.join(known)}")
+                self.bad(m, f"{path}{k if isinstance(k, str) else shown(k)}", f"unknown key; known keys: {', '.join(known)}")
 
     def integer(self, m: dict[str, Any], key: str, path: str, default: int | None, lo: int) -> int | None:
         """The whole number at `key`; a bad one is reported and comes back as None (the caller says nothing more)."""
@@ -202,24 +205,24 @@ class _Reader:
         if v is None:
             return None
         if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            self.bad(m, f"{path}{key}", f"must be a whole number >= {lo}, got {v!r}")
+            self.bad(m, f"{path}{key}", f"must be a whole number >= {lo}, got {shown(v)}")
             return None
         return v
 
     def number(self, m: dict[str, Any], key: str, path: str, default: float, *, positive: bool = False) -> float:
         v = m.get(key, default)
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 if positive else v >= 0)
-        if not ok:
-            self.bad(m, f"{path}{key}", f"must be a number {'> 0' if positive else '>= 0'}, got {v!r}")
+        f = float(v) if isinstance(v, float) or (isinstance(v, int) and v.bit_length() <= 1000) else math.nan
+        if isinstance(v, bool) or not math.isfinite(f) or not (f > 0 if positive else f >= 0):
+            self.bad(m, f"{path}{key}", f"must be a number {'> 0' if positive else '>= 0'}, got {shown(v)}")
             return default
-        return float(v)
+        return f
 
     def text(self, m: dict[str, Any], key: str, path: str, default: str | None) -> str | None:
         v = m.get(key, default)
         if v is None:
             return None
         if not isinstance(v, str) or not v.strip():
-            self.bad(m, f"{path}{key}", f"must be a non-empty string, got {v!r}")
+            self.bad(m, f"{path}{key}", f"must be a non-empty string, got {shown(v)}")
             return default
         return v
 
@@ -264,7 +267,7 @@ def _node_groups(r: _Reader, doc: dict[str, Any]) -> list[NodeGroup]:
     elif nodes is None:
         r.bad(doc, "nodes", "is required: a node count or a list of groups")
     else:
-        r.bad(doc, "nodes", f"must be a node count or a list of groups, got {nodes!r}")
+        r.bad(doc, "nodes", f"must be a node count or a list of groups, got {shown(nodes)}")
     return groups
 
 
@@ -400,18 +403,24 @@ def _guarantee_above(queues: Sequence[QueueSpec], q: QueueSpec) -> bool:
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
+    """The cluster spec in a YAML file; ClusterSpecError (and nothing else) for any problem, with its line."""
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            data = f.read(MAX_CLUSTER_SPEC_BYTES + 1)
     except OSError as e:
-        raise ClusterSpecError([f"{p}: cannot read: {e.strerror}"]) from None
+        raise ClusterSpecError([f"{p}: cannot read: {e.strerror or e}"]) from None
+    return read_cluster(data, str(p))
+
+
+def read_cluster(data: bytes, name: str = "<cluster>") -> ClusterSpec:
+    """The cluster spec in a YAML file's bytes; ClusterSpecError (and nothing else) for any problem."""
     try:
-        doc = yaml.load(text, Loader=_LineLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise ClusterSpecError([f"{where}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
-    return parse_cluster(doc, str(p))
+        doc = load_yaml(spec_text(data, MAX_CLUSTER_SPEC_BYTES, "a cluster spec"), _LineLoader)
+    except SpecInputError as e:
+        where = f"{name}:{e.line}" if e.line is not None else name
+        raise ClusterSpecError([f"{where}: {e.problem}"]) from None
+    return parse_cluster(doc, name)
 
 
 def dump_cluster(spec: ClusterSpec) -> str:

@@ -156,20 +156,23 @@ def _header_problems(name: str, header: list[str] | None, required: Iterable[str
 
 def _rows(f: TextIO, name: str, required: tuple[str, ...], optional: tuple[str, ...]) -> tuple[list[tuple[int, dict[str, str]]], list[str]]:
     reader = csv.reader(f)
-    header = next(reader, None)
-    problems = _header_problems(name, header, required, optional)
-    if problems or header is None:
-        return [], problems
-    cols = [h.strip() for h in header]
-    rows = []
-    for fields in reader:
-        line = reader.line_num
-        if not fields or all(not x.strip() for x in fields) or fields[0].lstrip().startswith("#"):
-            continue
-        if len(fields) != len(cols):
-            problems.append(f"{name}:{line}: {len(fields)} fields, the header has {len(cols)}")
-            continue
-        rows.append((line, dict(zip(cols, fields, strict=True))))
+    rows: list[tuple[int, dict[str, str]]] = []
+    try:
+        header = next(reader, None)
+        problems = _header_problems(name, header, required, optional)
+        if problems or header is None:
+            return [], problems
+        cols = [h.strip() for h in header]
+        for fields in reader:
+            line = reader.line_num
+            if not fields or all(not x.strip() for x in fields) or fields[0].lstrip().startswith("#"):
+                continue
+            if len(fields) != len(cols):
+                problems.append(f"{name}:{line}: {len(fields)} fields, the header has {len(cols)}")
+                continue
+            rows.append((line, dict(zip(cols, fields, strict=True))))
+    except csv.Error as e:  # a field past csv's size limit: the file is told, not a traceback
+        return [], [f"{name}:{reader.line_num}: not readable as CSV: {e}"]
     return rows, problems
 
 
