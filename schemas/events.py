@@ -104,9 +104,9 @@ class WorkerExited(Event, tag="WorkerExited", frozen=True):
 class JobRunning(Event, tag="JobRunning", frozen=True):
     job_id: str
     attempt: int
-
-
     epoch: int = 0
+
+
 class PreemptionRequested(Event, tag="PreemptionRequested", frozen=True):
     job_id: str
     attempt: int
@@ -132,9 +132,9 @@ class Preempted(Event, tag="Preempted", frozen=True):
     attempt: int
     preemptor_job_id: str = ""
     resume_from: str | None = None
-
-
     epoch: int = 0
+
+
 class GangRestarted(Event, tag="GangRestarted", frozen=True):
     """All ranks restart together on the same GPUs as `attempt` (the new one)."""
 
@@ -157,20 +157,21 @@ class JobRequeued(Event, tag="JobRequeued", frozen=True):
 class JobCompleted(Event, tag="JobCompleted", frozen=True):
     job_id: str
     attempt: int
+    epoch: int = 0
 
 
 class JobFailed(Event, tag="JobFailed", frozen=True):
     job_id: str
     attempt: int
-    epoch: int = 0
     reason: str
+    epoch: int = 0
 
 
 class CancelRequested(Event, tag="CancelRequested", frozen=True):
     job_id: str
     reason: str = ""
-    epoch: int = 0
     requested_by: str = ""
+    epoch: int = 0
 
 
 class JobCancelled(Event, tag="JobCancelled", frozen=True):
@@ -182,7 +183,6 @@ class JobCancelled(Event, tag="JobCancelled", frozen=True):
 # --- node --------------------------------------------------------------------
 
 
-    epoch: int = 0
 class NodeRegistered(Event, tag="NodeRegistered", frozen=True):
     node_id: str
     incarnation: str
@@ -194,12 +194,12 @@ class NodeFailed(Event, tag="NodeFailed", frozen=True):
     node_id: str
     incarnation: str
     reason: str = ""
+    epoch: int = 0
 
 
 class NodeRecovered(Event, tag="NodeRecovered", frozen=True):
     node_id: str
     incarnation: str
-    epoch: int = 0
 
 
 class NodeCordoned(Event, tag="NodeCordoned", frozen=True):
@@ -241,12 +241,12 @@ class ClusterConfigured(Event, tag="ClusterConfigured", frozen=True):
     #: A running job younger than this cannot be preempted.
     min_runtime_s: float = 60.0
     default_queue: str = "default"
+    epoch: int = 0
 
 
 AnyEvent = (
     JobSubmitted
     | JobRejected
-    epoch: int = 0
     | GangReserved
     | JobWaiting
     | WorkerStarted

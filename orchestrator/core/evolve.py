@@ -528,32 +528,32 @@ def _requeue(
 
 
 def _preempted(state: ClusterState, e: Preempted) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
     job = _active(state, e.job_id, e.attempt)
     if job is None or job.status != "preempting":
         return
     _requeue(state, job, job.attempt + 1, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=True)
 
-    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
-        return
 
 def _job_requeued(state: ClusterState, e: JobRequeued) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
     job = _active(state, e.job_id, e.attempt - 1)
     if job is None:
         return
     _requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=False)
 
-    if _stale(state, e.event_id, e.epoch, unstamped_ok=False):
-        return
 
 def _gang_restarted(state: ClusterState, e: GangRestarted) -> None:
     """Same GPUs, next attempt: agents replace every worker of the old attempt."""
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
     job = _active(state, e.job_id, e.attempt - 1)
     if job is None or job.status == "preempting":
         return
     state.ranks[e.job_id] = {}
     state.jobs[e.job_id] = replace(
-    if _stale(state, e.event_id, e.epoch, unstamped_ok=False):
-        return
         job,
         status="reserved",
         attempt=e.attempt,
@@ -591,30 +591,30 @@ def _retire(state: ClusterState, job_id: str) -> None:
 
 
 def _job_completed(state: ClusterState, e: JobCompleted) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
     job = _active(state, e.job_id, e.attempt)
     if job is not None:
         _finish(state, job, "completed", "", e.occurred_at)
 
 
+def _job_failed(state: ClusterState, e: JobFailed) -> None:
     if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return
-def _job_failed(state: ClusterState, e: JobFailed) -> None:
     job = state.jobs.get(e.job_id)
     if job is None or job.status in TERMINAL or job.attempt != e.attempt:
         return
     _finish(state, job, "failed", e.reason, e.occurred_at)
 
-    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
-        return
 
 def _cancel_requested(state: ClusterState, e: CancelRequested) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return  # (a user's cancel is unstamped; the scheduler's own stops carry its epoch)
     job = state.jobs.get(e.job_id)
     if job is None or job.status in TERMINAL or job.stop is not None:
         return
     stop = Stop(
         reason=e.reason, requested_by=e.requested_by, requested_at=e.occurred_at, fail=e.requested_by == SCHEDULER
-    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
-        return  # (a user's cancel is unstamped; the scheduler's own stops carry its epoch)
     )
     state.stopping[e.job_id] = job.submit_seq
     state.jobs[e.job_id] = replace(job, stop=stop)
@@ -622,13 +622,13 @@ def _cancel_requested(state: ClusterState, e: CancelRequested) -> None:
 
 
 def _job_cancelled(state: ClusterState, e: JobCancelled) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
     job = state.jobs.get(e.job_id)
     if job is None or job.status in TERMINAL:
         return
     _finish(state, job, "cancelled", e.reason, e.occurred_at)
 
-    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
-        return
 
 # --- GPUs --------------------------------------------------------------------
 
@@ -740,13 +740,13 @@ def _node_registered(state: ClusterState, e: NodeRegistered) -> None:
 
 
 def _node_failed(state: ClusterState, e: NodeFailed) -> None:
+    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return  # a paused leader judged heartbeat ages by its own stale clock
     node = state.nodes.get(e.node_id)
     if node is None or node.failed or (e.incarnation and e.incarnation != node.incarnation):
         return  # unknown, already failed, or about an older incarnation
     state.nodes[e.node_id] = replace(node, failed=True)
 
-    if _stale(state, e.event_id, e.epoch, unstamped_ok=True):
-        return  # a paused leader judged heartbeat ages by its own stale clock
 
 def _node_recovered(state: ClusterState, e: NodeRecovered) -> None:
     node = state.nodes.get(e.node_id)

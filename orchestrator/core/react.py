@@ -20,10 +20,10 @@ gang per cycle, the next one comes once the first is folded:
 The scheduler's stop is a CancelRequested with requested_by=SCHEDULER so the
 agents need one stop protocol only (signal, grace, kill); the fold marks the
 stop `fail`, and rule 2 turns it into JobFailed instead of JobCancelled.
-"""
 
 Every follow-up carries the cycle's epoch: one decided by a leader that has
 since been deposed (it was paused, say) is void when it lands (evolve.py).
+"""
 
 from __future__ import annotations
 
@@ -169,5 +169,5 @@ def _preempted(c: Cycle, job: Job) -> Event:
         attempt=job.attempt,
         preemptor_job_id=job.preemptor,
         resume_from=job.newest_checkpoint,
-    )
         epoch=c.epoch,
+    )
