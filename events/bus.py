@@ -94,6 +94,8 @@ _APPEND_ATTEMPTS = 4
 #: exceeded", ...), 10023 the server's storage, 10047 the account's storage.
 _STORE_FAILED = 10077
 _FULL = frozenset({_STORE_FAILED, 10023, 10047})
+#: JetStream error code: "wrong last sequence: N" (an expected-last-sequence header did not hold).
+_WRONG_LAST_SEQUENCE = 10071
 #: Publishes append_many keeps in flight before it waits for their acks.
 _PIPELINE = 8192
 #: JetStream error code: "no suitable peers for placement". A cluster whose meta leader has not
@@ -186,6 +188,17 @@ class IdSquatted(BusError):
         self.seq = seq
         self.subject = subject
         self.found = found
+
+
+class NotLast(AppendRefused):
+    """`append_after` refused: another message was stored on the subject after the one expected.
+
+    `last_seq` is the stream sequence of the subject's newest message now (0 if the server did not say).
+    """
+
+    def __init__(self, refused: AppendRefused, last_seq: int) -> None:
+        super().__init__(str(refused), code=refused.code, err_code=refused.err_code, description=refused.description)
+        self.last_seq = last_seq
 
 
 def _pub_ack(msg: Msg) -> PubAck:
@@ -505,6 +518,43 @@ class Bus:
         message on another subject, another BusError when the server stays out of reach.
         """
         return await self._append_raw(*self._message(event))
+
+    async def append_after(self, event: Event, last_seq: int) -> int:
+        """`append`, only if the newest message on the event's subject is at stream sequence `last_seq` (0: none).
+
+        The server checks it as it stores (Nats-Expected-Last-Subject-Sequence), so of two writers
+        that read the same `last_seq`, one stores and the other gets NotLast: a compare-and-set on
+        the subject (two candidates cannot both store epoch N+1). A retry after a lost ack returns
+        the sequence it was stored at, as in `append`.
+        """
+        subject, payload, headers = self._message(event)
+        headers["Nats-Expected-Last-Subject-Sequence"] = str(last_seq)
+        try:
+            return await self._append_raw(subject, payload, headers)
+        except AppendRefused as e:
+            if e.err_code != _WRONG_LAST_SEQUENCE:
+                raise
+            found = e.description.rpartition(":")[2].strip()
+            newest = int(found) if found.isdigit() else 0
+            if newest and await self._stored_under(newest, subject, event.event_id):
+                return newest  # our own first try, whose ack was lost: stored once
+            raise NotLast(e, newest) from e
+
+    async def _stored_under(self, seq: int, subject: str, event_id: str) -> bool:
+        """Whether the stream's message at `seq` is on `subject` and was published under `event_id`.
+
+        The server checks an expected sequence *before* the id (measured on nats-server 2.15), so
+        `append_after`'s retry of a publish that was stored but whose ack was lost is refused as not
+        last; the newest message being that very publish says it was stored.
+        """
+        try:
+            try:
+                stored = await self.js.get_msg(self.stream, seq, direct=True)
+            except nats.errors.NoRespondersError:  # a stream made without allow_direct
+                stored = await self.js.get_msg(self.stream, seq)
+        except (nats.errors.Error, TimeoutError):
+            return False  # not known to be ours: NotLast, and the caller looks at the log
+        return stored.subject == subject and (stored.headers or {}).get("Nats-Msg-Id") == event_id
 
     async def append_many(self, events: Iterable[Event], *, timeout: float = 10.0) -> list[int]:
         """Store events in order, pipelined; their sequences.
