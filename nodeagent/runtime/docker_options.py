@@ -27,13 +27,18 @@ and pinned memory: IPC_LOCK and an unlimited memlock ulimit. "auto" passes
 them when /dev/infiniband exists on the node (in the agent's view: an agent in
 a container needs the directory mounted), "on" requires it, "off" never.
 
-GPUs. By NVML index from the placement, through a device request the NVIDIA
-container runtime answers (`--gpus "device=2,5"`). Fake GPUs (simulation, CI)
-have nothing to request: `gpus=False` leaves the request out.
+GPUs. The placement's GPUs, through a device request the NVIDIA container
+runtime answers (`--gpus "device=..."`): by UUID when the agent knows them
+(`gpu_uuids`, from its inventory), else by NVML index. UUIDs name the same GPU
+in every namespace; indices do not: an agent in a container that was given
+GPUs 4-7 of its host sees them as 0-3, and the host's engine would hand a
+worker asking for "0" the host's GPU 0. NVIDIA_VISIBLE_DEVICES says the same
+UUIDs. Fake GPUs (simulation, CI) have nothing to request: `gpus=False`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -64,6 +69,8 @@ class DockerOptions:
     memlock: int = -1
     #: Request the placement's GPUs from the NVIDIA runtime; False for fake GPUs.
     gpus: bool = True
+    #: NVML index (as this agent sees it) -> GPU UUID; None: request by index.
+    gpu_uuids: Mapping[int, str] | None = None
 
 
 def infiniband_devices(mode: InfinibandMode, root: Path = INFINIBAND_DIR) -> tuple[str, ...]:
@@ -105,7 +112,9 @@ def host_options(spec: WorkerSpec, options: DockerOptions) -> dict[str, Any]:
         kwargs["cap_add"] = ["IPC_LOCK"]
         kwargs["ulimits"] = [Ulimit(name="memlock", soft=options.memlock, hard=options.memlock)]
     if options.gpus and spec.gpus:
-        kwargs["device_requests"] = [
-            DeviceRequest(driver="nvidia", device_ids=[str(g) for g in spec.gpus], capabilities=[["gpu"]])
-        ]
+        uuids = options.gpu_uuids or {}
+        ids = [uuids.get(g, str(g)) for g in spec.gpus]
+        kwargs["device_requests"] = [DeviceRequest(driver="nvidia", device_ids=ids, capabilities=[["gpu"]])]
+        if uuids:
+            kwargs["environment"]["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
     return kwargs

@@ -100,7 +100,7 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
                        FAILURE) from None
 
 
-def make_runtime(kind: str, state_dir: Path, node_id: str, args: argparse.Namespace | None = None) -> Runtime:
+def make_runtime(kind: str, state_dir: Path, node_id: str, docker: DockerOptions | None = None) -> Runtime:
     if kind == "process":
         return ProcessRuntime(state_dir / "workers", node_id=node_id)
     if kind == "simulated":
@@ -110,12 +110,16 @@ def make_runtime(kind: str, state_dir: Path, node_id: str, args: argparse.Namesp
     if kind == "docker":
         from nodeagent.runtime.docker import DockerRuntime
 
-        return DockerRuntime(node_id=node_id, options=docker_options(args) if args is not None else None)
+        return DockerRuntime(node_id=node_id, options=docker)
     raise CliError(f"unknown runtime {kind!r}: use process, docker or simulated", USAGE)
 
 
-def docker_options(args: argparse.Namespace) -> DockerOptions:
-    """`corral agent --docker-*` as the Docker runtime's options (see nodeagent/runtime/docker_options.py)."""
+def docker_options(args: argparse.Namespace, inventory: Inventory) -> DockerOptions:
+    """`corral agent --docker-*` as the Docker runtime's options (see nodeagent/runtime/docker_options.py).
+
+    Real GPUs are requested by the UUIDs discovery found: this agent's NVML indices need not be
+    the host's (an agent in a container given some of the host's GPUs).
+    """
     from nodeagent.runtime.docker_options import DockerOptions, infiniband_devices
 
     try:
@@ -123,8 +127,9 @@ def docker_options(args: argparse.Namespace) -> DockerOptions:
     except (ValueError, OSError) as e:
         raise CliError(str(e), FAILURE) from None
     gpus = args.docker_gpus == "request" or (args.docker_gpus == "auto" and not args.fake_gpus)
+    uuids = None if args.fake_gpus else {g.index: g.uuid for g in inventory.gpus}
     return DockerOptions(network=args.docker_network, ipc=args.docker_ipc, shm_size_mb=args.docker_shm_size,
-                         infiniband_devices=devices, gpus=gpus)
+                         infiniband_devices=devices, gpus=gpus, gpu_uuids=uuids)
 
 
 def agent_inventory(args: argparse.Namespace, node_id: str) -> Inventory:
@@ -145,7 +150,8 @@ async def run_agent(args: argparse.Namespace) -> int:
     config = AgentConfig(node_id=args.node_id, address=args.address or socket.gethostname(), data_dir=data_dir,
                          checkpoint_root=Path(args.checkpoint_root).resolve() if args.checkpoint_root else None,
                          heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
-    runtime = make_runtime(args.runtime, data_dir, args.node_id, args)
+    docker = docker_options(args, inventory) if args.runtime == "docker" else None
+    runtime = make_runtime(args.runtime, data_dir, args.node_id, docker)
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True, wait_for_creator=True) as bus:
         agent = Agent(bus, config, inventory, runtime)
         metrics_server = await start_metrics(args, agents=[agent])

@@ -20,7 +20,7 @@ ENV = {"MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "29501", "RANK": "0"}
 
 
 def rank(world_size: int, **kw: Any):  # type: ignore[no-untyped-def]
-    return spec(["true"], image="img", env=ENV, world_size=world_size, **kw)
+    return spec(["true"], image="img", world_size=world_size, **{"env": ENV, **kw})
 
 
 # --- pure rules -----------------------------------------------------------------------
@@ -77,6 +77,15 @@ def test_gpus_by_index_unless_fake() -> None:
     (req,) = create_kwargs(rank(2, gpus=(3, 6)))["device_requests"]
     assert req["DeviceIDs"] == ["3", "6"]
     assert "device_requests" not in create_kwargs(rank(2, gpus=(3, 6)), options=DockerOptions(gpus=False))
+
+
+def test_gpus_by_uuid_when_known() -> None:
+    """An agent whose container got host GPUs 4-7 sees them as 0-3: only the UUID names the right one."""
+    options = DockerOptions(gpu_uuids={i: f"GPU-host-{i + 4}" for i in range(4)})
+    kw = create_kwargs(rank(2, gpus=(0, 2), env={**ENV, "NVIDIA_VISIBLE_DEVICES": "0,2"}), options=options)
+    (req,) = kw["device_requests"]
+    assert req["DeviceIDs"] == ["GPU-host-4", "GPU-host-6"]
+    assert kw["environment"]["NVIDIA_VISIBLE_DEVICES"] == "GPU-host-4,GPU-host-6"
 
 
 def test_the_checkpoint_to_resume_from_is_mounted_read_only_at_its_host_path(tmp_path: Path) -> None:
