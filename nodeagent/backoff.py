@@ -13,12 +13,15 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from orchestrator.core.backoff import BASE_S, CAP_S, FACTOR, restart_delay
+
 
 @dataclass
 class Backoff:
-    base_s: float = 1.0
-    factor: float = 2.0
-    cap_s: float = 60.0
+    #: The exponential part is the one gang restarts use too (orchestrator.core.backoff).
+    base_s: float = BASE_S
+    factor: float = FACTOR
+    cap_s: float = CAP_S
     #: Fraction of the delay to randomise, both ways: 0.1 -> delay * [0.9, 1.1).
     jitter: float = 0.1
     stable_after_s: float = 60.0
@@ -33,7 +36,7 @@ class Backoff:
 
     def delay_for(self, failures: int) -> float:
         """The delay before restart number `failures` (1-based), jitter included."""
-        raw = min(self.cap_s, self.base_s * self.factor ** max(failures - 1, 0))
+        raw = restart_delay(failures, self.base_s, self.factor, self.cap_s)
         jittered = raw * (1 + self.jitter * (2 * self.rand() - 1))
         return max(0.0, min(self.cap_s, jittered))
 
