@@ -142,6 +142,9 @@ class GangRestarted(Event, tag="GangRestarted", frozen=True):
     attempt: int
     reason: str = ""
     epoch: int = 0
+    #: Wall-clock time (the scheduler's) before which no agent starts a worker of `attempt`: the
+    #: restart backoff, written into the log so every node of the gang waits the same (0: at once).
+    not_before: float = 0.0
 
 
 class JobRequeued(Event, tag="JobRequeued", frozen=True):

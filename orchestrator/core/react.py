@@ -12,7 +12,8 @@ gang per cycle, the next one comes once the first is folded:
    Preempted(resume_from = newest checkpoint);
 4. every rank exited 0 -> JobCompleted;
 5. a rank failed for good: restart policy gang with restarts left ->
-   GangRestarted(attempt+1, same GPUs); otherwise stop it and fail it;
+   GangRestarted(attempt+1, same GPUs, not before the restart backoff);
+   otherwise stop it and fail it;
 6. time limit passed -> stop it (CancelRequested by the scheduler), then it
    ends as JobFailed("time limit ...") through rule 2;
 7. every rank started -> JobRunning.
@@ -27,6 +28,7 @@ since been deposed (it was paused, say) is void when it lands (evolve.py).
 
 from __future__ import annotations
 
+from orchestrator.core.backoff import restart_delay
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.state import FREE, SCHEDULER, ClusterState, Job
 from schemas.events import (
@@ -119,13 +121,17 @@ def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
                             epoch=c.epoch)
     if job.failure:
         if spec.restart_policy == "gang" and job.restarts < spec.max_restarts:
+            # Decided now, so the old attempt's surviving ranks stop at once; its workers wait out
+            # the backoff in the log (`not_before`), as a crashing rank's agent waits before restarting it.
+            delay = restart_delay(job.restarts + 1)
             return GangRestarted(
                 event_id=c.event_id("restart", job),
                 occurred_at=now,
                 job_id=job.job_id,
                 attempt=job.attempt + 1,
-                reason=f"{job.failure}; restart {job.restarts + 1} of {spec.max_restarts}",
+                reason=f"{job.failure}; restart {job.restarts + 1} of {spec.max_restarts} in {delay:g}s",
                 epoch=c.epoch,
+                not_before=now + delay,
             )
         if spec.restart_policy == "gang":
             why = f"{job.failure}; no restarts left ({spec.max_restarts} used)"
