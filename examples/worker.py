@@ -6,8 +6,10 @@ Pure standard library, so it runs in any image with a Python. What it shows:
 - resume from CORRAL_RESUME_FROM (a state file, or a manifest naming one);
 - on the checkpoint signal (CORRAL_CHECKPOINT_SIGNAL, default SIGUSR1), save
   at the next step boundary: the state file first, then the manifest
-  {"step", "path", "rank"} in CORRAL_CHECKPOINT_DIR, each via tmp + rename,
-  so the agent never reads a manifest that points at half a file;
+  {"step", "path", "rank", "attempt"} in CORRAL_CHECKPOINT_DIR, each via tmp
+  + rename, so the agent never reads a manifest that points at half a file
+  (the attempt, CORRAL_ATTEMPT, lets it tell this attempt's checkpoints from
+  those of an orphaned earlier one);
 - then exit 0 (preemption) or keep going (--on-checkpoint continue).
 
 The "model" is a running sum of step numbers: after any number of
@@ -25,6 +27,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +56,15 @@ def load_state(resume_from: str) -> dict[str, Any]:
     return data
 
 
-def checkpoint(ckpt_dir: str | None, rank: int, step: int, value: int) -> Path | None:
+def attempt_of(env: Mapping[str, str]) -> int:
+    """CORRAL_ATTEMPT, or 0 (unknown) when it is missing or not a number."""
+    try:
+        return int(env.get("CORRAL_ATTEMPT", "0"))
+    except ValueError:
+        return 0
+
+
+def checkpoint(ckpt_dir: str | None, rank: int, step: int, value: int, attempt: int = 0) -> Path | None:
     if not ckpt_dir:
         log("no CORRAL_CHECKPOINT_DIR: cannot checkpoint")
         return None
@@ -61,7 +72,7 @@ def checkpoint(ckpt_dir: str | None, rank: int, step: int, value: int) -> Path |
     d.mkdir(parents=True, exist_ok=True)
     state = d / f"rank{rank}-step{step:08d}.state.json"
     write_atomic(state, {"step": step, "value": value, "rank": rank})
-    write_atomic(d / f"manifest-rank{rank}.json", {"step": step, "path": str(state), "rank": rank})
+    write_atomic(d / f"manifest-rank{rank}.json", {"step": step, "path": str(state), "rank": rank, "attempt": attempt})
     log(f"checkpoint step {step} -> {state}")
     return state
 
@@ -109,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.step_ms / 1000)
         periodic = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
         if requested or periodic:
-            checkpoint(ckpt_dir, rank, step, value)
+            checkpoint(ckpt_dir, rank, step, value, attempt_of(env))
             if requested and args.on_checkpoint == "exit":
                 log(f"exiting after checkpoint at step {step}")
                 return 0

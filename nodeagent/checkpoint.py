@@ -1,12 +1,17 @@
 """Checkpoint manifests: how a worker tells the agent "step N is saved at PATH".
 
 A worker writes its state, then `manifest-rank<R>.json` = {"step", "path",
-"rank"} via tmp + rename, so a reader sees the previous manifest or the new
-one, never half of one (examples/worker.py does exactly that). The agent
-watches the directory and appends `Checkpointed(step, path)`; the newest
+"rank", "attempt"} via tmp + rename, so a reader sees the previous manifest or
+the new one, never half of one (examples/worker.py does exactly that). The
+agent watches the directory and appends `Checkpointed(step, path)`; the newest
 manifest's path is what a preempted job later gets as CORRAL_RESUME_FROM.
 The manifest, not the state file, is the commit point: a state file without
 a manifest is an interrupted write and is ignored.
+
+A checkpoint belongs to one attempt (DESIGN.md, "Safety by construction"): a
+worker of an earlier attempt may outlive its agent and keep writing. So each
+attempt gets its own directory (`checkpoint_dir`), and a manifest that names
+its attempt (CORRAL_ATTEMPT) is reported only for that attempt.
 """
 
 from __future__ import annotations
@@ -25,6 +30,12 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     step: int
     path: str
     rank: int = 0
+    #: The attempt that wrote it (CORRAL_ATTEMPT); 0: not said (a worker older than this field).
+    attempt: int = 0
+
+    def belongs_to(self, attempt: int) -> bool:
+        """Whether this may be reported as `attempt`'s checkpoint (unsaid: its directory decides)."""
+        return self.attempt in (0, attempt)
 
 
 _decoder = msgspec.json.Decoder(Manifest)
@@ -35,11 +46,16 @@ def manifest_name(rank: int) -> str:
     return f"manifest-rank{rank}.json"
 
 
+def checkpoint_dir(base: str | Path, attempt: int, rank: int) -> Path:
+    """Where `rank` of `attempt` checkpoints under a job's `base` directory: nothing else writes there."""
+    return Path(base) / f"attempt-{attempt}" / f"rank-{rank}"
+
+
 def read_manifest(path: str | Path) -> Manifest | None:
     """The manifest at `path`, or None if it is missing or malformed (never raises for bad content)."""
     try:
         return _decoder.decode(Path(path).read_bytes())
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+    except (OSError, UnicodeDecodeError, msgspec.DecodeError):  # msgspec lets invalid UTF-8 in a string through
         return None
 
 
@@ -55,8 +71,10 @@ def write_manifest(directory: str | Path, manifest: Manifest) -> Path:
     return final
 
 
-def newest_manifest(directory: str | Path, *, rank: int | None = None) -> Manifest | None:
-    """The manifest with the highest step (newest file on ties), optionally of one rank only."""
+def newest_manifest(
+    directory: str | Path, *, rank: int | None = None, attempt: int | None = None
+) -> Manifest | None:
+    """The manifest with the highest step (newest file on ties), optionally of one rank or attempt only."""
     best: tuple[int, int, Manifest] | None = None
     try:
         paths = list(Path(directory).glob(MANIFEST_GLOB))
@@ -64,7 +82,7 @@ def newest_manifest(directory: str | Path, *, rank: int | None = None) -> Manife
         return None
     for p in paths:
         m = read_manifest(p)
-        if m is None or (rank is not None and m.rank != rank):
+        if m is None or (rank is not None and m.rank != rank) or (attempt is not None and not m.belongs_to(attempt)):
             continue
         try:
             mtime = p.stat().st_mtime_ns

@@ -447,9 +447,14 @@ def _job_running(state: ClusterState, e: JobRunning) -> None:
 
 
 def _checkpointed(state: ClusterState, e: Checkpointed) -> None:
-    """Rank 0's checkpoint counts at once; other ranks' once every rank reported that step."""
+    """Rank 0's checkpoint counts at once; other ranks' once every rank reported that step.
+
+    Only the current attempt's: a worker of an earlier one may still run (an orphan whose agent
+    died, a stale worker behind a partition) and its checkpoints are not the new attempt's
+    progress; the new attempt resumes from what the log held when it began (`resume_from`).
+    """
     job = state.jobs.get(e.job_id)
-    if job is None or job.status in TERMINAL or e.attempt > job.attempt:
+    if job is None or job.status in TERMINAL or e.attempt != job.attempt:
         return
     if job.checkpoint is not None and e.step < job.checkpoint.step:
         return

@@ -40,6 +40,18 @@ def test_manifest_helpers(tmp_path: Path) -> None:
     assert read_manifest(tmp_path / "manifest-garbage.json") is None
 
 
+def test_a_manifest_counts_only_for_the_attempt_that_wrote_it(tmp_path: Path) -> None:
+    """An orphan of attempt 1 writing on (its agent died) is never taken for attempt 2's progress."""
+    write_manifest(tmp_path, Manifest(step=900, path="/orphan", rank=0, attempt=1))
+    write_manifest(tmp_path, Manifest(step=300, path="/mine", rank=1, attempt=2))
+    write_manifest(tmp_path, Manifest(step=100, path="/unsaid", rank=2))  # an older worker: its directory decides
+    assert newest_manifest(tmp_path, attempt=2) == Manifest(step=300, path="/mine", rank=1, attempt=2)
+    assert newest_manifest(tmp_path, attempt=1) == Manifest(step=900, path="/orphan", rank=0, attempt=1)
+    assert newest_manifest(tmp_path, attempt=3) == Manifest(step=100, path="/unsaid", rank=2)
+    (tmp_path / "manifest-rank3.json").write_bytes(b'{"step": 5, "path": "' + bytes([0xFF]) + b'"}')
+    assert read_manifest(tmp_path / "manifest-rank3.json") is None, "invalid UTF-8 is a bad manifest, not a crash"
+
+
 async def test_watch_yields_each_newer_manifest(tmp_path: Path) -> None:
     seen: list[int] = []
 
@@ -94,7 +106,8 @@ async def test_continue_mode_periodic_checkpoints_and_manifest_resume(tmp_path: 
     h = await rt.start(spec([*WORKER, "--steps", "60", "--step-ms", "0", "--checkpoint-every", "25"], env=env))
     info = await asyncio.wait_for(rt.wait(h), 20)
     assert info.exit_code == 0 and "done at step 60" in info.log_tail
-    assert newest_manifest(ckpt) == Manifest(step=50, path=str(ckpt / "rank1-step00000050.state.json"), rank=1)
+    assert newest_manifest(ckpt) == Manifest(step=50, path=str(ckpt / "rank1-step00000050.state.json"), rank=1,
+                                             attempt=1), "the manifest names the attempt that wrote it"
     # a manifest is also accepted as CORRAL_RESUME_FROM
     h2 = await rt.start(
         spec([*WORKER, "--steps", "70", "--step-ms", "0"], env=_env(ckpt, resume=str(ckpt / "manifest-rank1.json")))
