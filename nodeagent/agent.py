@@ -19,23 +19,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
+from nats.js.kv import KeyValue
 
-from events.bus import Bus, BusError, append_reclaiming
+from events.bus import Bus, BusError, Envelope, append_reclaiming
 from events.cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
-from nodeagent.checkpoint import newest_manifest
-from nodeagent.heartbeat import publish_heartbeats
+from nodeagent.checkpoint import checkpoint_dir, newest_manifest
+from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.rank_env import rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from orchestrator import metrics
 from orchestrator.core.queries import Intent, WorkerKey, node_work, rank_intent
-from orchestrator.core.state import Job
+from orchestrator.core.state import ClusterState, Job
 from orchestrator.follow import Follower
 from schemas import (
     Checkpointed,
     Event,
     GangReserved,
+    GangRestarted,
     Inventory,
+    NodeFailed,
     NodeRecovered,
     NodeRegistered,
     WorkerExited,
@@ -67,6 +70,8 @@ class Tracked:
     stopper: asyncio.Task[ExitInfo] | None = None
     #: Adopted after a restart: which GPUs it holds is not recorded with the worker.
     gpus_unknown: bool = False
+    #: Its WorkerStarted is in the log; False for one whose attempt ended while it was starting.
+    told: bool = True
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,16 @@ class Agent:
         self._restarting: set[WorkerKey] = set()
         #: Ranks whose start failed -> the seq of that WorkerExited: not started again before it is folded.
         self._failed_starts: dict[WorkerKey, int] = {}
-        self._recovery_sent_for = ""
+        #: Position of the NodeFailed that failed this incarnation (0: not failed), and the failure
+        #: our last NodeRecovered answered: one recovery per failure, however many partitions.
+        self._failed_at = 0
+        self._recovered_for = 0
+        #: (job, attempt) -> wall-clock time before which a gang restart's workers wait (its backoff).
+        self._not_before: dict[tuple[str, int], float] = {}
+        self._hb_kv: KeyValue | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._checkpoints_scanned = 0.0
+        self.follower.on_event(self._observe)
 
     @property
     def node_id(self) -> str:
@@ -122,7 +134,7 @@ class Agent:
                 inventory=self.inventory,
             )
         )
-        hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
+        hb_kv = self._hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
         log.info("agent_started", node_id=self.node_id, incarnation=self.incarnation, gpus=self.inventory.gpu_count)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -139,6 +151,27 @@ class Agent:
             for t in list(self._tasks):
                 with contextlib.suppress(BaseException):
                     await t
+
+    def _observe(self, env: Envelope) -> None:
+        """Note, as each event is folded, what the state keeps no record of.
+
+        Which NodeFailed failed this incarnation (its position names our answer to it, so a
+        repeated answer dedupes and the next failure gets a new one), and a gang restart's
+        `not_before` (the first GangRestarted that moved the job to that attempt: a void or
+        duplicate one changes nothing). Both rebuild from the log when the agent restarts.
+        """
+        e = env.event
+        if isinstance(e, NodeFailed | NodeRecovered | NodeRegistered):
+            if e.node_id == self.node_id:
+                me = self.follower.state.nodes.get(self.node_id)
+                if me is None or not me.failed or me.incarnation != self.incarnation:
+                    self._failed_at = 0
+                elif not self._failed_at:
+                    self._failed_at = env.seq
+        elif isinstance(e, GangRestarted) and e.not_before > 0:
+            job = self.follower.state.jobs.get(e.job_id)
+            if job is not None and job.attempt == e.attempt:
+                self._not_before.setdefault((e.job_id, e.attempt), e.not_before)
 
     def _spawn(self, coro: object) -> asyncio.Task[object]:
         task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
@@ -228,7 +261,7 @@ class Agent:
                 node_id=lb.node_id,
                 command=job.spec.command,
                 restarts=restarts,
-                checkpoint_dir=str(self._checkpoint_dir(job, lb.rank)),
+                checkpoint_dir=str(self._checkpoint_dir(job, lb.attempt, lb.rank)),
             ),
             grace_s=job.spec.grace_period_s,
             signal_name=job.spec.checkpoint_signal,
@@ -249,28 +282,17 @@ class Agent:
 
     async def reconcile(self) -> None:
         state = self.follower.state
-        me = state.nodes.get(self.node_id)
-        if (
-            me is not None
-            and me.failed
-            and me.incarnation == self.incarnation
-            and self._recovery_sent_for != self.incarnation
-        ):
-            # We were declared dead (a partition) but are alive: our gangs were requeued; come back.
-            self._recovery_sent_for = self.incarnation
-            await self._append(
-                NodeRecovered(
-                    event_id=f"recovered:{self.node_id}:{self.incarnation}:{state.seq}",
-                    occurred_at=time.time(),
-                    node_id=self.node_id,
-                    incarnation=self.incarnation,
-                )
-            )
+        await self._recover(state)
         work = node_work(state, self.node_id)
         now = time.monotonic()
         if self._failed_starts:
             self._failed_starts = {k: seq for k, seq in self._failed_starts.items() if seq > state.seq}
+        # Stale workers first (a superseded attempt, a requeued gang, orphans adopted after a
+        # restart): their stop begins before anything is started, and until they are gone their
+        # GPUs are held (`_held_gpus`).
+        self._stop_unwanted()
         held = self._held_gpus(work)
+        waiting = self._backoffs(state)
         for key in work:
             # Asked again of the state as it is now: the pass awaits each start, and meanwhile a
             # worker may have exited and been forgotten; by the pass's first reading it would
@@ -279,16 +301,11 @@ class Agent:
             tr = self.workers.get(key)
             if tr is None:
                 if (intent == "run" and key not in self._restarting and key not in self._failed_starts
-                        and not self._blocked(key, held)):
+                        and key[:2] not in waiting and not self._blocked(key, held)):
                     await self._start(key, restarts=self._next_generation(key))
             elif intent is not None:
                 await self._steer(key, tr, intent, now)
-        for key, tr in list(self.workers.items()):
-            if tr.ending is None and rank_intent(self.follower.state, self.node_id, key) is None:
-                tr.ending = "killed"
-                tr.stopper = asyncio.ensure_future(
-                    stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
-                )
+        self._stop_unwanted()  # what the pass's awaits made stale
         if now - self._checkpoints_scanned >= CHECKPOINT_SCAN_S:
             # Periodic checkpoints go into the log as they appear (not only on preemption), so a
             # gang requeued after its node died resumes from the newest one instead of step 0.
@@ -296,6 +313,57 @@ class Agent:
             for key, tr in list(self.workers.items()):
                 if tr.ending is None and work.get(key) == "run":
                     await self._report_checkpoint(key, tr)
+
+    async def _recover(self, state: ClusterState) -> None:
+        """Declared dead (a partition, a pause) but alive: say so, once for each NodeFailed.
+
+        Our gangs were requeued meanwhile; the node takes work again once this is folded.
+        """
+        me = state.nodes.get(self.node_id)
+        if me is None or not me.failed or me.incarnation != self.incarnation:
+            return
+        # (No position seen: a fold that began after the NodeFailed. The current one names it.)
+        self._failed_at = self._failed_at or state.seq
+        if self._recovered_for == self._failed_at:
+            return  # answered; our NodeRecovered is not folded yet
+        self._recovered_for = self._failed_at
+        log.warning("node_recovering", node_id=self.node_id, failed_at_seq=self._failed_at)
+        if self._hb_kv is not None:
+            # A beat first: the scheduler judges silence from the last beat it received, and one
+            # from before the pause would fail the node again the moment it is back.
+            await put_heartbeat(self._hb_kv, self.node_id, self.incarnation, len(self.workers))
+        await self._append(
+            NodeRecovered(
+                event_id=f"recovered:{self.node_id}:{self.incarnation}:{self._failed_at}",
+                occurred_at=time.time(),
+                node_id=self.node_id,
+                incarnation=self.incarnation,
+            )
+        )
+
+    def _stop_unwanted(self) -> None:
+        """Begin stopping every worker the log no longer wants here (at most the usual grace)."""
+        for key, tr in list(self.workers.items()):
+            if tr.ending is None and rank_intent(self.follower.state, self.node_id, key) is None:
+                tr.ending = "killed"
+                tr.stopper = asyncio.ensure_future(
+                    stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
+                )
+
+    def _backoffs(self, state: ClusterState) -> set[tuple[str, int]]:
+        """(job, attempt) of the gang restarts still in their backoff (GangRestarted.not_before).
+
+        Also forgets the ones that are over or superseded, so the memo stays small.
+        """
+        if not self._not_before:
+            return set()
+        wall = time.time()
+        jobs = state.jobs
+        self._not_before = {
+            k: t for k, t in self._not_before.items()
+            if t > wall and (j := jobs.get(k[0])) is not None and j.attempt == k[1]
+        }
+        return set(self._not_before)
 
     def _next_generation(self, key: WorkerKey) -> int:
         """The generation to start: 0, or the one after a "restarting" rank's in the log.
@@ -352,9 +420,15 @@ class Agent:
             tr.stopper = asyncio.ensure_future(stop_with_grace(self.runtime, tr.handle, tr.grace_s))
 
     async def _report_checkpoint(self, key: WorkerKey, tr: Tracked) -> None:
-        if tr.spec.checkpoint_dir is None:
+        """Append the newest checkpoint `key`'s worker wrote, if new and its attempt is current.
+
+        Only a current attempt's, and only manifests of that attempt: a worker of an earlier one
+        (an orphan, a stale worker after a partition) may still be writing, and the log would
+        then credit the new attempt with steps it never reached.
+        """
+        if tr.spec.checkpoint_dir is None or rank_intent(self.follower.state, self.node_id, key) is None:
             return
-        manifest = newest_manifest(tr.spec.checkpoint_dir)
+        manifest = newest_manifest(tr.spec.checkpoint_dir, attempt=key[1])
         if manifest is None or manifest.step <= tr.checkpoint_step:
             return
         tr.checkpoint_step = manifest.step
@@ -371,15 +445,21 @@ class Agent:
             )
         )
 
-    def _checkpoint_dir(self, job: Job, rank: int) -> Path:
-        if job.spec.checkpoint_dir:
-            return Path(job.spec.checkpoint_dir) / f"rank-{rank}"
+    def _checkpoint_dir(self, job: Job, attempt: int, rank: int) -> Path:
+        """One directory per attempt and rank: an earlier attempt's orphan never writes into it.
+
+        A new attempt resumes from the path the log recorded (CORRAL_RESUME_FROM, in an
+        earlier attempt's directory), not from whatever it finds here.
+        """
         root = self.config.checkpoint_root or self.config.data_dir / "checkpoints"
-        return root / job.job_id / f"rank-{rank}"
+        base = Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else root / job.job_id
+        return checkpoint_dir(base, attempt, rank)
 
     async def _start(self, key: WorkerKey, restarts: int) -> None:
         job_id, attempt, rank = key
         state = self.follower.state
+        if rank_intent(state, self.node_id, key) != "run":
+            return  # never a worker for an attempt that is not current in our fold now
         job = state.jobs[job_id]
         reservation = GangReserved(
             event_id="",
@@ -391,7 +471,7 @@ class Agent:
             master_port=job.master_port,
         )
         placement = next(p for p in job.placement if p.rank == rank)
-        ckpt = self._checkpoint_dir(job, rank)
+        ckpt = self._checkpoint_dir(job, attempt, rank)
         env = rank_env(
             reservation,
             rank,
@@ -427,10 +507,19 @@ class Agent:
             )
             return
         tr = self._track(handle, job, restarts, spec)
-        # The rank's checkpoint dir outlives attempts: what is there already is the checkpoint
-        # this attempt resumes from, not a new one to report.
-        if (found := newest_manifest(ckpt)) is not None:
+        # The attempt's checkpoint dir outlives a rank restart: what is there already was
+        # reported by the generation before, not a new one to report.
+        if (found := newest_manifest(ckpt, attempt=attempt)) is not None:
             tr.checkpoint_step = found.step
+        if rank_intent(self.follower.state, self.node_id, key) is None:
+            # The attempt ended while the runtime started it (a JobFailed, restart or requeue
+            # folded meanwhile): the log will not say a worker of an attempt that is over
+            # started. It stops with the other unwanted ones; its GPUs stay held until then.
+            tr.told = False
+            log.warning("worker_start_superseded", job_id=job_id, attempt=attempt, rank=rank)
+            self._stop_unwanted()
+            tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
+            return
         await self._report_started(key, restarts, handle.worker_id)
         log.info("worker_started", job_id=job_id, attempt=attempt, rank=rank, gpus=placement.gpus)
         tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
@@ -455,6 +544,12 @@ class Agent:
         if tr.stopper is not None:
             with contextlib.suppress(Exception):
                 await tr.stopper
+        if not tr.told:  # its start never reached the log, so neither does its end
+            try:
+                await self.runtime.remove(tr.handle)
+            finally:
+                self.workers.pop(key, None)
+            return
         if tr.ending == "preempted":
             await self._report_checkpoint(key, tr)  # the worker may have written it just before exiting
         reason = tr.ending or info.reason
@@ -476,6 +571,8 @@ class Agent:
             await self.follower.wait_for_seq(seq)
         finally:
             self.workers.pop(key, None)
+            # Its GPUs are free here now: a rank deferred on them (`_blocked`) starts at once, not a tick later.
+            self.follower.changed.set()
         if restart:
             self._spawn(self._restart_later(key, tr.spec.restarts + 1))
 
