@@ -181,8 +181,12 @@ class Scheduler:
                 continue
             live = [(n.node_id, n.incarnation) for n in self.state.nodes.values() if not n.failed]
             now = time.time()
+            # The id names the node records' revision judged on: the same silence judged again (a
+            # retry, a round before the first is folded) dedupes, while a node that recovered and
+            # went silent again gets a new NodeFailed (one id per incarnation deduped it away).
+            rev = self.state.nodes_rev
             failed = [
-                NodeFailed(event_id=f"nodefailed:{node_id}:{inc}", occurred_at=now, node_id=node_id,
+                NodeFailed(event_id=f"nodefailed:{node_id}:{inc}:{rev}", occurred_at=now, node_id=node_id,
                            incarnation=inc, reason=f"no heartbeat for {silent:.0f}s")
                 for node_id, inc, silent in monitor.overdue(live)
             ]
