@@ -176,6 +176,26 @@ async def run_admission(args: argparse.Namespace) -> int:
         return await until_signalled(Admission(bus, owners).run())
 
 
+async def run_demo_on_cluster(args: argparse.Namespace) -> int:
+    """`corral demo`: the small demo workload on a running cluster, sized to its nodes' GPUs."""
+    from orchestrator.cli.demo import run_demo
+    from orchestrator.follow import Follower
+
+    async with connected(args, name="corral-demo") as bus:
+        follower = Follower(bus)
+        deadline = asyncio.get_running_loop().time() + args.wait
+        while True:
+            await follower.catch_up()
+            nodes = [n for n in follower.state.nodes.values() if n.schedulable]
+            if len(nodes) >= 2 or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(1.0)
+        if len(nodes) < 2:
+            raise CliError(f"the demo needs two registered nodes, found {len(nodes)} after {args.wait:g} s", FAILURE)
+        gpus = min(n.inventory.gpu_count for n in nodes)
+        return await run_demo(bus, getattr(args, "nats", ""), duration=args.duration, small=(gpus, args.image))
+
+
 # --- corral up ---------------------------------------------------------------------
 
 
@@ -333,6 +353,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="team TEAM (account TEAM_<TEAM>) owns these queues; just TEAM: the queue of that name. "
                         "Repeat per team; env CORRAL_ADMISSION_TEAMS adds space-separated entries")
     p.set_defaults(handler=run_admission)
+
+    p = sub.add_parser("demo", help="submit the small demo workload to a running cluster and narrate it",
+                       description="A two-node gang that an urgent production job preempts and that resumes from "
+                                   "its checkpoint, sized to the registered nodes' GPUs (docker compose runs it). "
+                                   "Defines the queues prod and research: connect as a user that may (admin).")
+    add_connection_args(p)
+    p.add_argument("--image", help="run the workers as containers of IMAGE (it must hold examples/worker.py at "
+                                   "/opt/corral/worker.py: deploy/Dockerfile --target worker)")
+    p.add_argument("--wait", type=float, default=120.0, metavar="S", help="wait this long for two nodes")
+    p.add_argument("--duration", type=float, default=600.0, metavar="S", help="give up after S seconds")
+    p.set_defaults(handler=run_demo_on_cluster)
 
     p = sub.add_parser("up", help="embedded cluster: NATS + scheduler + simulated nodes in one command",
                        description="Start nats-server (bundled), the scheduler and N simulated node agents "

@@ -154,6 +154,60 @@ def test_compose_agents_have_their_own_users() -> None:
         assert f'"$KV.{permissions.HEARTBEATS}.{node}"' in accounts
 
 
+def _agents() -> dict[str, dict[str, Any]]:
+    return {n: s for n, s in _compose()["services"].items() if n.startswith("agent-")}
+
+
+def _flag(cmd: list[str], flag: str) -> str:
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_compose_agents_own_disjoint_gpu_sets() -> None:
+    """Agents on one host never offer the same GPU: each reserves its own device ids, none `count: all`."""
+    seen: dict[str, str] = {}
+    for name, svc in _agents().items():
+        (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert "count" not in dev and dev["driver"] == "nvidia", name
+        ids = dev["device_ids"]
+        assert ids and all(isinstance(i, str) and i.isdigit() for i in ids), name
+        for i in ids:
+            assert i not in seen, f"GPU {i} is offered by {seen[i]} and {name}"
+            seen[i] = name
+    assert len(_agents()) >= 2
+
+
+def test_compose_checkpoints_live_on_a_host_path_mounted_at_the_same_path() -> None:
+    """The engine bind-mounts the agent's checkpoint paths into workers: they must be host paths, same inside.
+
+    A named volume, or a host dir mounted elsewhere, hands the host's engine a path that is not
+    the one the agent reads: the next attempt would find no checkpoint.
+    """
+    for name, svc in _agents().items():
+        cmd = svc["command"]
+        assert _flag(cmd, "--runtime") == "docker"
+        root = Path(_flag(cmd, "--checkpoint-root"))
+        binds = [v.split(":") for v in svc["volumes"]]
+        covering = [(src, dst) for src, dst, *_ in binds if root.is_relative_to(dst)]
+        assert covering, f"{name}: {root} is not on a mounted path"
+        src, dst = covering[-1]
+        assert src.startswith("/") and src == dst, f"{name}: {src}:{dst} is not a host path at the same path"
+        assert ["/var/run/docker.sock", "/var/run/docker.sock"] in [b[:2] for b in binds], name
+
+
+def test_compose_demo_runs_in_worker_containers() -> None:
+    """The demo service submits as admin (it defines queues) with the image a service builds from --target worker."""
+    services = _compose()["services"]
+    demo = services["demo"]["command"]
+    image = _flag(demo, "--image")
+    (builder,) = [s for s in services.values() if s.get("image") == image]
+    assert builder["build"]["target"] == "worker" and builder["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert "FROM python:3.11-slim AS worker" in (DEPLOY / "Dockerfile").read_text()
+    assert "!examples/worker.py" in (DEPLOY / "Dockerfile.dockerignore").read_text()
+    assert _flag(demo, "--user") == "admin" and "admin" in services["demo"]["secrets"]
+    assert services["demo"]["depends_on"]["worker-image"] == {"condition": "service_completed_successfully"}
+    assert {f"agent-{n}" for n in EXAMPLE_NODES} <= set(services["demo"]["depends_on"])
+
+
 # -- Kubernetes ----------------------------------------------------------------
 
 K8S = DEPLOY / "k8s"
@@ -204,7 +258,8 @@ def test_nats_chart_values_cluster_of_three_with_jetstream() -> None:
 
 
 def _commands() -> list[tuple[str, list[str]]]:
-    out = [(f"compose:{name}", svc["command"]) for name, svc in _compose()["services"].items() if "build" in svc]
+    out = [(f"compose:{name}", svc["command"]) for name, svc in _compose()["services"].items()
+           if svc.get("image") == "corral:dev"]
     for (kind, name), obj in _objects().items():
         if kind in ("Deployment", "DaemonSet"):
             for c in obj["spec"]["template"]["spec"]["containers"]:
@@ -221,7 +276,7 @@ def _substituted(argv: list[str]) -> list[str]:
 def test_command_parses_with_the_cli(where: str, argv: list[str]) -> None:
     """`corral scheduler|agent|admission ...` in compose and k8s is accepted by the real argument parser."""
     cli = pytest.importorskip("orchestrator.cli")
-    assert argv[0] == "corral" and argv[1] in ("scheduler", "agent", "admission")
+    assert argv[0] == "corral" and argv[1] in ("scheduler", "agent", "admission", "demo")
     args = _substituted(argv[1:])
     try:
         ns = cli.build_parser().parse_args(args)
