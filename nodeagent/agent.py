@@ -520,11 +520,11 @@ class Agent:
             self._stop_unwanted()
             tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
             return
-        await self._report_started(key, restarts, handle.worker_id)
+        await self._report_started(key, restarts, handle.worker_id, placement.gpus)
         log.info("worker_started", job_id=job_id, attempt=attempt, rank=rank, gpus=placement.gpus)
         tr.waiter = self._spawn(self._watch(key, tr))  # type: ignore[assignment]
 
-    async def _report_started(self, key: WorkerKey, restarts: int, worker_id: str) -> int:
+    async def _report_started(self, key: WorkerKey, restarts: int, worker_id: str, gpus: tuple[int, ...] = ()) -> int:
         job_id, attempt, rank = key
         return await self._append(
             WorkerStarted(
@@ -536,6 +536,7 @@ class Agent:
                 node_id=self.node_id,
                 worker_id=worker_id,
                 restarts=restarts,
+                gpus=gpus,
             )
         )
 

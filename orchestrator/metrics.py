@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from orchestrator.core.state import FREE, ClusterState
+from orchestrator.core.state import FREE, ClusterState, snapshot
 from orchestrator.core.usage import ancestors, resolve_queue
 from schemas import GangRestarted, PreemptionRequested, Unknown, WorkerStarted, tag_of
 from schemas.events import UNREADABLE_REASONS
@@ -92,14 +93,36 @@ def count_folded(follower: Follower, service: str, *, cluster_facts: bool) -> No
     follower.on_event(on_event)
 
 
+def state_digest(state: ClusterState) -> int:
+    """48 bits of a hash of the state's snapshot (a gauge's float holds them exactly).
+
+    Two readers at the same log position with the same digest hold the same projection: how a
+    fault test checks that a service which lived through pauses, kills and reconnects folded the
+    log exactly as a fresh replay does.
+    """
+    return int.from_bytes(hashlib.sha256(snapshot(state)).digest()[:6], "big")
+
+
+def _fold_gauges(states: Iterable[tuple[str | None, ClusterState]]) -> list[Metric]:
+    """Where each reader's fold is (`corral_log_position`) and what it holds (`corral_state_digest`)."""
+    rows = list(states)
+    labels = ["node"] if rows and rows[0][0] is not None else []
+    position = _gauge("corral_log_position", "Last log sequence folded into the state these gauges describe", labels)
+    digest = _gauge("corral_state_digest", "48-bit hash of the folded state's snapshot: equal for equal folds",
+                    labels)
+    for name, state in rows:
+        key = [name] if name is not None else []
+        position.add_metric(key, state.seq)
+        digest.add_metric(key, state_digest(state))
+    return [position, digest]
+
+
 def _gauge(name: str, doc: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
 def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None = None) -> list[Metric]:
     """Gauges of one folded state: a pure function, so a test can check it without HTTP."""
-    position = _gauge("corral_log_position", "Last log sequence folded into the state these gauges describe")
-    position.add_metric([], state.seq)
     epoch = _gauge("corral_scheduler_epoch", "Newest SchedulerElected epoch in the log")
     epoch.add_metric([], state.epoch)
 
@@ -161,8 +184,8 @@ def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None =
     voids = _gauge("corral_void_decisions", "Decisions the fold recorded as void (stale epoch, GPUs taken)")
     voids.add_metric([], state.voids)
 
-    out: list[Metric] = [position, epoch, node_gpus, node_cond, q_alloc, q_free, q_guar, q_limit, q_weight,
-                         q_pending, pending, jobs, voids]
+    out: list[Metric] = [*_fold_gauges([(None, state)]), epoch, node_gpus, node_cond, q_alloc, q_free, q_guar,
+                         q_limit, q_weight, q_pending, pending, jobs, voids]
     if heartbeat_ages is not None:
         hb = _gauge("corral_node_heartbeat_age_seconds", "Seconds since the scheduler last received the node's "
                     "heartbeat (its own clock)", ["node"])
@@ -194,7 +217,7 @@ class AgentCollector:
         workers = _gauge("corral_agent_workers", "Workers an agent runs now", ["node"])
         for agent in self._agents:
             workers.add_metric([agent.node_id], len(agent.workers))
-        return [workers]
+        return [workers, *_fold_gauges((a.node_id, a.follower.state) for a in self._agents)]
 
 
 def scheduler_heartbeat_ages(sched: Scheduler) -> dict[str, float] | None:

@@ -84,6 +84,8 @@ class WorkerStarted(Event, tag="WorkerStarted", frozen=True):
     node_id: str
     worker_id: str = ""
     restarts: int = 0
+    #: The GPUs (node-local indexes) the worker was given; () when not known (an adopted worker).
+    gpus: tuple[int, ...] = ()
 
 
 class WorkerExited(Event, tag="WorkerExited", frozen=True):
