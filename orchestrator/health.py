@@ -4,7 +4,9 @@ Age is measured on the monitor's own monotonic clock from when it *received*
 each heartbeat, so clock skew between machines cannot fail a healthy node.
 A node the monitor has not heard from since it started gets one full timeout
 of grace from the monitor's start (a freshly elected scheduler must not fail
-every node before their next beat arrives).
+every node before their next beat arrives), and so does every node after
+`restart_ages` (the scheduler calls it after a stall of its own process: the
+beats that came meanwhile wait unread, so the ages it measured say nothing).
 
 The watch itself is an ephemeral JetStream consumer, which a nats-server
 restart loses without telling the client: the iterator just goes quiet, and a
@@ -83,6 +85,17 @@ class HeartbeatMonitor:
             finally:
                 with contextlib.suppress(Exception):
                     await watcher.stop()
+
+    def restart_ages(self) -> None:
+        """Count every node's silence from now, as if each had just beaten: one full timeout of grace.
+
+        For a monitor whose process stalled (SIGSTOP, a VM freeze): its clock ran on while the
+        beats sent meanwhile waited unread, so every age it holds is too old. A node that is
+        really dead is failed one timeout later than it could have been; none is failed for the stall.
+        """
+        now = self._clock()
+        self._seen = {node_id: (incarnation, now) for node_id, (incarnation, _) in self._seen.items()}
+        self._waiting.clear()
 
     def silence(self, live_nodes: Iterable[tuple[str, str]]) -> dict[str, float]:
         """Seconds each live (node_id, incarnation) has been silent, on the monitor's clock.

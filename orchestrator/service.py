@@ -7,6 +7,17 @@ and appends what it returns. Its own decisions are *not* applied locally:
 they take effect when they come back from the log, like everyone else's, and
 the leader waits for them before deciding again, so it never decides twice
 on a stale view. A standby follows the log too, so a takeover starts hot.
+
+Fencing (DESIGN.md, "Safety by construction"). Everything the scheduler
+appends carries its epoch, so a deposed leader's late appends are void in
+every fold. An election is the next epoch or nothing: it is appended only if
+no other election was stored since the newest one this scheduler folded
+(`Bus.append_after`). Heartbeat ages and grace periods are judgements of
+time, and a process that was paused (SIGSTOP, a VM freeze, a long GC) cannot
+trust them: it judges only while its lease is provably current by its own
+monotonic clock (`Lease.current`), and after a stall it catches up with the
+log, checks that it still leads and holds the lease, and gives every node a
+full heartbeat timeout from then before it judges again.
 """
 
 from __future__ import annotations
@@ -14,16 +25,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import nats.errors
+import nats.js.errors
 import structlog
 
-from events.bus import Bus, BusError, append_reclaiming
+from events.bus import Bus, BusError, NotLast, append_reclaiming
 from events.cancel import stop_if_cancelled
+from events.subjects import subject_for
 from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.state import ClusterState, Config
@@ -31,10 +46,13 @@ from orchestrator.follow import Follower
 from orchestrator.health import HeartbeatMonitor
 from orchestrator.leader import LEASE_BUCKET, Lease
 from orchestrator.snapshot import SnapshotStore
-from schemas import ClusterConfigured, Event, NodeFailed, SchedulerElected
+from schemas import ClusterConfigured, Event, NodeFailed, SchedulerElected, decode
 from schemas.heartbeat import HEARTBEAT_BUCKET
 
 log = structlog.get_logger("corral.scheduler")
+
+#: The subject every SchedulerElected is stored on (the compare-and-set of an election is on it).
+ELECTIONS = subject_for(SchedulerElected(event_id="-", occurred_at=0.0, epoch=0, scheduler_id="-"))
 
 
 def default_scheduler_id() -> str:
@@ -63,6 +81,13 @@ class Scheduler:
         self._snapshots = SnapshotStore(bus.js, replicas=bus.replicas)
         self._monitor: HeartbeatMonitor | None = None
         self._lease: Lease | None = None
+        #: A stall was seen (or, leading, the lease could not be shown current) and no recovery
+        #: followed yet: no judgement of time until `_recover` (module docstring).
+        self._stalled = False
+        #: A loop that wakes this much later than it asked counts as a stall of the process: the
+        #: heartbeat ages it measured across it are too old by as much. (A stall long enough to matter
+        #: to the lease shows in `Lease.current` whatever this says.)
+        self._stall_s = max(0.5, self.config.heartbeat_timeout_s / 4)
         self.appended = 0
         self.decide_seconds: list[float] = []
 
@@ -130,32 +155,78 @@ class Scheduler:
             await asyncio.sleep(self.config.lease_ttl_s / 3)
 
     async def _elect(self) -> None:
-        self.epoch = self.state.epoch + 1
+        """Append our SchedulerElected as the epoch after the newest election, or stand by.
+
+        The lease keeps candidates from trying at once; the log decides. Our election is stored
+        only if no other was stored since the newest one we folded (`Bus.append_after`), so two
+        candidates never both store epoch N+1 (one whose fold is behind, say after a pause, loses
+        and stands by), and the fold voids any epoch that is not previous + 1.
+        """
         sid = self.config.scheduler_id
-        # Settings first, in the same append: the first decision must already see them.
-        cfg = self.config.cluster
-        first = [cfg] if cfg is not None and self.state.config == Config() else []
         try:
-            await self._append([*first, SchedulerElected(event_id=f"elect:{self.epoch}:{sid}",
-                                                         occurred_at=time.time(), epoch=self.epoch, scheduler_id=sid)])
-        except BusError as e:
-            # Not elected until the log says so: give the lease back and campaign again later.
-            log.error("append_failed", what="election", error=str(e))
-            self.epoch = 0
-            assert self._lease is not None
-            await self._lease.release()
+            last, newest = await self._newest_election()
+            if self.state.seq < last:
+                await self.follower.catch_up(to_seq=last)  # our epoch follows that one
+            epoch = self.state.epoch + 1
+            if newest == epoch:
+                # Folded, that election would hold this epoch already: our fold lacks it (a reader
+                # that skipped events). Electing would store a second epoch N whose void election
+                # we alone would not see, so stand by.
+                log.error("standing_by", reason="the fold is behind the log's newest election", seq=last,
+                          epoch=newest, folded_epoch=self.state.epoch)
+                await self._stand_by()
+                return
+            # A fresh id per try: the compare-and-set makes an epoch unique, and an id someone
+            # squatted (events/bus.py, IdSquatted) must not keep us from ever being elected.
+            elected = SchedulerElected(event_id=f"elect:{epoch}:{sid}:{secrets.token_hex(4)}", occurred_at=time.time(),
+                                       epoch=epoch, scheduler_id=sid)
+            seqs = [await self.bus.append_after(elected, last)]
+            # Settings right after, under the new epoch; we decide only once both are folded.
+            cfg = self.config.cluster
+            if cfg is not None and self.state.config == Config():
+                seqs += await append_reclaiming(self.bus, [msgspec.structs.replace(cfg, epoch=epoch)])
+        except NotLast as e:
+            log.warning("standing_by", reason="another election was stored first", seq=e.last_seq)
+            await self._stand_by()
             return
+        except (BusError, nats.errors.Error, TimeoutError) as e:
+            # Not elected until the log says so: give the lease back and campaign again later.
+            log.error("append_failed", what="election", error=str(e) or repr(e))
+            await self._stand_by()
+            return
+        self.epoch = epoch
+        self.appended += len(seqs)
+        self._awaiting = max(self._awaiting, *seqs)
         await self.follower.wait_for_seq(self._awaiting)
         if self.leading:
             log.info("leading", epoch=self.epoch)
         self.follower.changed.set()
+
+    async def _newest_election(self) -> tuple[int, int | None]:
+        """The stream sequence of the newest SchedulerElected (void or not; 0 if none) and its epoch if readable."""
+        try:
+            msg = await self.bus.js.get_last_msg(self.bus.stream, ELECTIONS)
+        except nats.js.errors.NotFoundError:
+            return 0, None
+        event = decode(msg.data or b"")
+        return int(msg.seq or 0), event.epoch if isinstance(event, SchedulerElected) else None
+
+    async def _stand_by(self) -> None:
+        self.epoch = 0
+        assert self._lease is not None
+        await self._lease.release()
+
+    def _may_judge(self) -> bool:
+        """Whether we may decide now: we lead in the log, our lease is provably current, no stall is pending."""
+        assert self._lease is not None
+        return self.leading and self._lease.current() and not self._stalled
 
     async def _decide_loop(self) -> None:
         while True:
             stop_if_cancelled()
             await self.follower.wait_changed(self.config.tick_s)
             self.follower.changed.clear()
-            if not self.leading or self.state.seq < self._awaiting:
+            if not self._may_judge() or self.state.seq < self._awaiting:
                 continue
             t0 = time.perf_counter()
             events = decide(self.state, time.time(), epoch=self.epoch)
@@ -172,22 +243,45 @@ class Scheduler:
                 log.error("append_failed", what="decisions", events=len(events), error=str(e))
 
     async def _health_loop(self) -> None:
+        """Fail nodes whose heartbeats stopped, judging only what a stall cannot have distorted.
+
+        Ages are measured on our monotonic clock, which runs on while the process is paused,
+        while the beats sent meanwhile wait unread: a resumed leader sees every node silent. So
+        a round that woke far later than it slept, or finds the lease not provably current,
+        stops judging until `_recover` has run.
+        """
         monitor = self._monitor
-        assert monitor is not None
+        lease = self._lease
+        assert monitor is not None and lease is not None
+        period = min(1.0, monitor.timeout_s / 4)
         while True:
             stop_if_cancelled()
-            await asyncio.sleep(min(1.0, monitor.timeout_s / 4))
+            slept_at = time.monotonic()
+            await asyncio.sleep(period)
+            late = time.monotonic() - slept_at - period
+            if late > self._stall_s:
+                self._stalled = True
+                log.warning("stalled", late_s=round(late, 2), leading=self.leading)
             if not self.leading:
+                continue
+            if not lease.current():
+                if not self._stalled:
+                    log.warning("stalled", reason="lease not provably current")
+                self._stalled = True
+                continue
+            if self._stalled:
+                await self._recover()
                 continue
             live = [(n.node_id, n.incarnation) for n in self.state.nodes.values() if not n.failed]
             now = time.time()
             # The id names the node records' revision judged on: the same silence judged again (a
             # retry, a round before the first is folded) dedupes, while a node that recovered and
             # went silent again gets a new NodeFailed (one id per incarnation deduped it away).
+            # The epoch too: a deposed leader's void NodeFailed must not dedupe a later leader's away.
             rev = self.state.nodes_rev
             failed = [
-                NodeFailed(event_id=f"nodefailed:{node_id}:{inc}:{rev}", occurred_at=now, node_id=node_id,
-                           incarnation=inc, reason=f"no heartbeat for {silent:.0f}s")
+                NodeFailed(event_id=f"nodefailed:{node_id}:{inc}:{rev}:{self.epoch}", occurred_at=now,
+                           node_id=node_id, incarnation=inc, reason=f"no heartbeat for {silent:.0f}s", epoch=self.epoch)
                 for node_id, inc, silent in monitor.overdue(live)
             ]
             if failed:
@@ -197,12 +291,30 @@ class Scheduler:
                 except BusError as e:
                     log.error("append_failed", what="NodeFailed", error=str(e))  # still overdue next round
 
+    async def _recover(self) -> None:
+        """After a stall: catch up with the log, check we still lead and hold the lease, restart the ages.
+
+        Until all three hold we stay stalled (the next round tries again): a leader deposed while it
+        was paused learns it from the log, and a node that beat all along is not failed for our pause.
+        """
+        assert self._monitor is not None and self._lease is not None
+        try:
+            await self.follower.catch_up()
+        except (BusError, nats.errors.Error, TimeoutError) as e:
+            log.warning("catch_up_failed", error=str(e) or repr(e))
+            return
+        if self.leading and self._lease.current():
+            self._monitor.restart_ages()
+            self._stalled = False
+            log.info("judging_again", epoch=self.epoch, seq=self.state.seq)
+            self.follower.changed.set()  # decide may have skipped rounds meanwhile
+
     async def run(self) -> None:
         """Run until cancelled; the first fatal error propagates."""
         await self._restore()
         lease_kv = await self.bus.kv(LEASE_BUCKET, ttl=self.config.lease_ttl_s)
         hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
-        self._lease = Lease(lease_kv, self.config.scheduler_id)
+        self._lease = Lease(lease_kv, self.config.scheduler_id, self.config.lease_ttl_s)
         self._monitor = HeartbeatMonitor(hb_kv, self.config.heartbeat_timeout_s)
         try:
             async with asyncio.TaskGroup() as tg:
