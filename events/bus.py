@@ -35,9 +35,12 @@ on the reference machine with nats-py 2.16 (bench/RESULTS.md):
   and let a replay stop exactly at its last sequence;
 - AckPolicy NONE for replays and tails, so max_ack_pending (1,000 by default)
   cannot stall them.
-Every read recovers by itself from a lost consumer, a reconnect or a
-nats-server restart: it creates a new consumer at the sequence after the last
-one it delivered, so nothing is lost or repeated.
+Every read recovers by itself from a lost consumer, a reconnect, a
+nats-server restart or its own process being paused past its watchdog: it
+creates a new consumer at the sequence after the last one it handed to its
+caller (never after one it only buffered), so nothing is lost or repeated.
+Readers of the whole stream check that positions are contiguous as well
+(orchestrator/follow.py) and stop with LogGap rather than skip.
 
 Decoding uses `schemas.decode`, which never raises: an unknown or corrupt event
 arrives as an Envelope carrying `Unknown`, logged once per type.
@@ -154,6 +157,24 @@ class NotReady(BusError):
 
 class ReadStalled(BusError):
     """A read made no progress (no message, no heartbeat) and could not recover in time."""
+
+
+class LogGap(BusError):
+    """A fold needs the event at `expected` next, and the log gave `found` (> expected) instead.
+
+    Readers of the whole stream see contiguous positions, so a gap means a
+    read lost events: the reader reads again from `expected`. Raised out of a
+    reader only when that cannot help (`why`: the log no longer holds the
+    position, or reads keep missing it), so the service stops, naming it,
+    rather than fold a state that skipped events (DESIGN.md, "never skips").
+    """
+
+    def __init__(self, expected: int, found: int, why: str = "") -> None:
+        super().__init__(f"log gap: the fold needs seq {expected} next, the log gave seq {found}"
+                         + (f": {why}" if why else ""))
+        self.expected = expected
+        self.found = found
+        self.why = why
 
 
 class AppendRefused(BusError):
@@ -686,6 +707,30 @@ class Bus:
 
     # -- reading ---------------------------------------------------------------
 
+    async def missing(self, seq: int) -> str | None:
+        """Why the stream holds no message at `seq`; None if it holds one (or the server cannot say now).
+
+        What a reader that must not skip reports when its fold needs `seq`: the
+        stream's head moved past it (limits, a purge), or it was deleted. Read
+        permissions suffice (stream info, direct get).
+        """
+        try:
+            info = await self.js.stream_info(self.stream)
+            first = int(info.state.first_seq)
+            if seq < first:
+                return f"the stream now starts at seq {first}: seq {seq} was removed (stream limits or a purge)"
+            if seq > int(info.state.last_seq):
+                return None
+            try:
+                await self.js.get_msg(self.stream, seq, direct=True)
+            except nats.errors.NoRespondersError:  # a stream made without allow_direct
+                await self.js.get_msg(self.stream, seq)
+        except nats.js.errors.NotFoundError:
+            return f"seq {seq} was deleted from the stream"
+        except (nats.errors.Error, TimeoutError):
+            return None  # the reader reads again, and asks again if that misses it too
+        return None
+
     async def replay(
         self,
         from_seq: int = 1,
@@ -950,6 +995,16 @@ class _Reader:
     be taken (backpressure: a slow reader holds at most ~6 batches in memory).
     Requests expire after _EXPIRES and ask for idle heartbeats, so silence for
     three heartbeats means the consumer or the connection is gone: start over.
+
+    Exactly once, in order, across resets (#19): `resume_at` moves only when a
+    batch is handed to the caller, so a reset re-reads whatever was buffered
+    and not yet taken (at most a few batches) instead of trusting a buffer it
+    is about to drop. A reset first cuts the old subscription off the reader,
+    before any await: the callback ignores messages of any subscription but
+    the current one (`_sid`), so a late batch from a consumer being replaced
+    (a process resumed after SIGSTOP gets its watchdog expiry and the batch
+    the server sent meanwhile in the same loop turn) can neither land in the
+    new consumer's buffer nor end a replay early.
     """
 
     _EXPIRES = 20.0
@@ -973,15 +1028,21 @@ class _Reader:
         self.end = end
         self.stall_timeout = stall_timeout
         self.keep_reply = consumers.ack
-        #: Next stream sequence to ask for after a reset (None: the read's own start).
+        #: Next stream sequence to ask for after a reset (None: the read's own start): the one
+        #: after the last handed to the caller, never after one only buffered.
         self.resume_at: int | None = None
         self._buf: list[Any] = []
         self._wake = asyncio.Event()
+        #: The read is over (a replay's end handed out, or `finish()`): no new consumer.
         self._done = False
+        #: A replay's last message (or the server's "no more") is in the buffer: request nothing more.
+        self._end_seen = False
         self._reset_reason: str | None = None
         self._error: BaseException | None = None
         self._want = 0  # messages requested and not yet delivered or expired
         self._waiting = False  # the reader waits for _wake: only then must a message set it
+        #: The current subscription's id; messages of any other (a replaced consumer's) are ignored.
+        self._sid: int | None = None
         self._next_req = b""
         self._inbox = ""
         self._api = ""
@@ -1010,6 +1071,7 @@ class _Reader:
                     async for items in self._run():
                         yield items
                 except (TimeoutError, _Reset, nats.errors.Error) as e:
+                    self._detach(sub)  # before any await: nothing of this consumer may reach the reader now
                     if isinstance(e, nats.errors.ConnectionClosedError):
                         raise
                     if isinstance(e, nats.js.errors.APIError) and not isinstance(
@@ -1024,8 +1086,8 @@ class _Reader:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 2.0)
                 finally:
+                    self._detach(sub)
                     if sub is not None:
-                        self.bus._direct.pop(sub._id, None)
                         try:
                             await sub.unsubscribe()
                         except nats.errors.Error:
@@ -1035,8 +1097,18 @@ class _Reader:
         finally:
             self.bus._reconnect_listeners.discard(self._on_reconnect)
 
+    def _detach(self, sub: Any) -> None:
+        """Stop `sub` from feeding the reader (synchronous: call it before the first await of a reset)."""
+        if sub is None:
+            return
+        self.bus._direct.pop(sub._id, None)
+        if self._sid == sub._id:
+            self._sid = None
+
     async def _subscribe(self, name: str, info: ConsumerInfo) -> Any:
+        # Whatever is still buffered was never handed out: resume_at is before it, the new consumer re-reads it.
         self._buf = []
+        self._end_seen = False
         self._wake.clear()
         self._reset_reason = None
         self._want = 0
@@ -1048,6 +1120,7 @@ class _Reader:
         self._on_start(info)
         cb = self._on_msg_ack if self.keep_reply else self._on_msg
         sub = await self.nc.subscribe(self._inbox, cb=cb)
+        self._sid = sub._id
         if not self.keep_reply and self.bus._direct_ok:
             self.bus._direct[sub._id] = self  # data messages bypass cb (see _install_direct_dispatch)
         await self._fill()
@@ -1057,15 +1130,22 @@ class _Reader:
         """Hook for durables (consumer sequence tracking)."""
 
     async def _fill(self) -> None:
-        """Keep up to two batches requested, unless the reader is `_high` messages behind."""
-        while self._want < 2 * self.batch and len(self._buf) < self._high and not self._done:
+        """Keep up to two batches requested, unless the reader is `_high` messages behind or must not ask."""
+        while (self._want < 2 * self.batch and len(self._buf) < self._high and not self._done
+               and not self._end_seen and self._reset_reason is None):
             self._want += self.batch
             await self.nc.publish(self._api, self._next_req, reply=self._inbox)
 
     async def _run(self) -> AsyncGenerator[list[Any], None]:
+        """The current consumer's batches; returns at the end of a replay, raises _Reset to start over.
+
+        A reset (`_reset_reason`) is raised only once the buffer is empty: what
+        arrived before it is handed out first, and nothing arrives after it.
+        """
         watchdog = 3 * self._HEARTBEAT
         while True:
-            if not self._buf and not self._done and self._reset_reason is None and self._error is None:
+            if (not self._buf and not self._done and not self._end_seen and self._reset_reason is None
+                    and self._error is None):
                 # Every message and every status (heartbeats included) wakes us: silence means loss.
                 self._wake.clear()
                 self._waiting = True
@@ -1076,18 +1156,27 @@ class _Reader:
                     async with asyncio.timeout(watchdog):
                         await self._wake.wait()
                 except TimeoutError:
-                    raise _Reset("no message or heartbeat from the consumer") from None
+                    # Set, not raised: from here on the callback ignores this consumer. A batch that
+                    # came in the same loop turn as the expiry (a process resumed from a pause) is
+                    # still handed out below; the next consumer starts after it.
+                    self._reset_reason = "no message or heartbeat from the consumer"
                 finally:
                     self._waiting = False
             if self._error is not None:
                 raise self._error
             if self._buf:
                 items, self._buf = self._buf, []
+                last = items[-1]
+                self.resume_at = (last[0] if self.keep_reply else last).seq + 1
                 yield items
             if self._done:
                 return
-            if self._reset_reason is not None:
-                raise _Reset(self._reset_reason)
+            if not self._buf:
+                if self._end_seen:
+                    self._done = True
+                    return
+                if self._reset_reason is not None:
+                    raise _Reset(self._reset_reason)
             await self._fill()
 
     def _on_reconnect(self) -> None:
@@ -1105,7 +1194,7 @@ class _Reader:
             left = hdr.get("Nats-Pending-Messages")
             self._want = max(0, self._want - (int(left) if left and left.isdigit() else self.batch))
             if self.end is not None and code == "404":
-                self._done = True
+                self._end_seen = True
         elif code in ("409", "503"):  # consumer deleted, leadership change, no responders: start over
             self._reset_reason = f"status {code} {hdr.get('Description', '')}".strip()
         else:
@@ -1114,11 +1203,12 @@ class _Reader:
 
     async def _on_msg(self, msg: Msg) -> None:
         """nats-py's callback: status messages, and data messages where direct dispatch is unavailable."""
+        if msg._sid != self._sid:
+            return  # queued for a consumer that was replaced since: its messages are read again
         data = msg.data
         if not data and msg.headers and "Status" in msg.headers:
             self._status(msg)
-            if not self._done and self._reset_reason is None:
-                await self._fill()
+            await self._fill()
             return
         if self._on_data(msg.subject.encode(), msg.reply.encode(), data):
             await self._fill()
@@ -1128,7 +1218,7 @@ class _Reader:
 
         Kept to parsing, decoding and one append.
         """
-        if self._done or self._reset_reason is not None:
+        if self._end_seen or self._reset_reason is not None:
             return False
         try:
             t = reply.split(b".")  # see _ack_fields
@@ -1137,31 +1227,31 @@ class _Reader:
             self._want -= 1
             end = self.end
             if end is not None and sseq > end:
-                self._done = True
+                self._end_seen = True
             else:
                 event = decode(data)
                 subj = subject.decode()
                 if event.__class__ is Unknown:
                     self.bus._log_unknown(event, sseq, subj)
                 self._buf.append(Envelope(sseq, subj, int(t[7 + o]) / 1e9, event))
-                self.resume_at = sseq + 1
                 if end is not None and (sseq >= end or t[8 + o] == b"0"):
-                    self._done = True
-            if self._waiting or self._done:
+                    self._end_seen = True
+            if self._waiting or self._end_seen:
                 self._waiting = False  # one wake-up per batch, not one per message
                 self._wake.set()
-            return self._want <= self.batch and len(self._buf) < self._high and not self._done
+            return self._want <= self.batch and len(self._buf) < self._high and not self._end_seen
         except Exception as e:  # surfaced by batches(), never swallowed by the parser's error path
             self._error = e
             self._wake.set()
             return False
 
     async def _on_msg_ack(self, msg: Msg) -> None:
+        if msg._sid != self._sid:
+            return  # a replaced consumer's: the new one redelivers it (from the durable's last_applied)
         data = msg.data
         if not data and msg.headers and "Status" in msg.headers:
             self._status(msg)
-            if self._reset_reason is None:
-                await self._fill()
+            await self._fill()
             return
         if self._reset_reason is not None:
             return
