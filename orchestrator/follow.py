@@ -4,25 +4,80 @@ The scheduler, the node agents and the live CLI views all hold the same
 projection (`evolve` over the log); this is the IO around it: catch up by the
 fast replay path, then tail live, skipping anything already folded (so a
 redelivery is never applied twice, DESIGN.md invariant 6).
+
+Exactly once and in order, or stop (#19): a follower reads the whole stream,
+whose positions are contiguous, so every fold checks that an event sits at
+exactly `state.seq + 1`. At or below it is a redelivery, skipped silently.
+Beyond it, the read lost events: the follower reads again from its last
+folded position. If the log no longer holds that position (deleted, or the
+stream's head moved past it), or reads keep missing it, it raises LogGap
+naming the position; a service then exits non-zero. It never skips.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from typing import TypeVar
 
-from events.bus import Bus, Envelope
+import structlog
+
+from events.bus import Bus, Envelope, LogGap
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
 
+log = structlog.get_logger("corral.follow")
 
-def fold_batch(state: ClusterState, batch: list[Envelope]) -> ClusterState:
-    """Fold a replay batch into `state`, skipping positions it already holds (every reader's fold loop)."""
+_T = TypeVar("_T")
+
+#: Reads in a row that may miss the same position (which the log still holds) before a reader gives up.
+REREADS = 3
+
+
+def fold_batch(state: ClusterState, batch: list[Envelope], *, contiguous: bool = True) -> ClusterState:
+    """Fold a replay batch into `state`, skipping positions it already holds (every reader's fold loop).
+
+    `contiguous` (a read of the whole stream): an event beyond `state.seq + 1`
+    raises LogGap; the events before it are folded (`evolve` works in place),
+    and the caller reads again from `state.seq + 1`. A log file folds what it
+    holds: an export may be filtered or start anywhere.
+    """
     for env in batch:
-        if env.seq > state.seq:
-            state = evolve(state, env.event, env.seq)
+        seq = env.seq
+        if seq > state.seq:
+            if contiguous and seq != state.seq + 1:
+                raise LogGap(state.seq + 1, seq)
+            state = evolve(state, env.event, seq)
     return state
+
+
+class Rereads:
+    """What a reader of the whole stream does about a gap: read again from the missing position, or stop.
+
+    One per read loop. `check` returns when reading again may deliver the
+    position; it raises LogGap when the log no longer holds it (asked of the
+    stream itself, not inferred from the read that just lost something) or
+    when REREADS reads in a row missed the same position.
+    """
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self._at = 0
+        self._misses = 0
+
+    async def check(self, gap: LogGap) -> None:
+        why = await self.bus.missing(gap.expected)
+        if why is None:
+            self._misses = self._misses + 1 if self._at == gap.expected else 1
+            self._at = gap.expected
+            if self._misses < REREADS:
+                log.warning("log_gap_reread", expected=gap.expected, found=gap.found, attempt=self._misses)
+                return
+            why = f"the log holds seq {gap.expected}, but {self._misses} reads in a row did not deliver it"
+        log.error("log_gap", expected=gap.expected, found=gap.found, why=why)
+        raise LogGap(gap.expected, gap.found, why) from None
 
 
 class Follower:
@@ -39,9 +94,16 @@ class Follower:
         self._listeners.append(listener)
 
     def apply(self, env: Envelope) -> bool:
-        if env.seq <= self.state.seq:
+        """Fold `env` if it is the next position; False if it is folded already (a redelivery).
+
+        Raises LogGap if it is beyond the next position: read again from `state.seq + 1`.
+        """
+        seq = env.seq
+        if seq <= self.state.seq:
             return False
-        self.state = evolve(self.state, env.event, env.seq)
+        if seq != self.state.seq + 1:
+            raise LogGap(self.state.seq + 1, seq)
+        self.state = evolve(self.state, env.event, seq)
         for listener in self._listeners:
             listener(env)
         self.changed.set()
@@ -80,25 +142,39 @@ class Follower:
         await fut
 
     async def catch_up(self, to_seq: int | None = None) -> None:
-        async for batch in self.bus.replay(from_seq=self.state.seq + 1, to_seq=to_seq):
-            self.apply_batch(batch)
+        """Fold the log up to `to_seq` (default: its end now)."""
+        await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=to_seq), self.apply_batch)
 
     def apply_batch(self, batch: list[Envelope]) -> None:
         """`apply` for a replay batch: the same fold, with one wake-up per batch instead of per event.
 
         This loop is most of a rebuild's own cost (bench/rebuild.py), so with
-        nobody listening per event it calls `evolve` and nothing else.
+        nobody listening per event it calls `evolve` and nothing else. A gap
+        raises LogGap with the events before it folded.
         """
         if self._listeners:
             for env in batch:
                 self.apply(env)
             return
-        self.state = fold_batch(self.state, batch)
-        self.changed.set()
-        if self._seq_waiters:
-            self._wake()
+        try:
+            self.state = fold_batch(self.state, batch)
+        finally:
+            self.changed.set()
+            if self._seq_waiters:
+                self._wake()
 
     async def follow(self) -> None:
         """Tail the log forever (after `catch_up`)."""
-        async for env in self.bus.tail(from_seq=self.state.seq + 1):
-            self.apply(env)
+        await self._fold_from(lambda start: self.bus.tail(from_seq=start), self.apply)
+
+    async def _fold_from(self, read: Callable[[int], AsyncGenerator[_T, None]], fold: Callable[[_T], object]) -> None:
+        """`fold` each item of `read(state.seq + 1)`; after a gap, read again from the new `state.seq + 1`."""
+        rereads = Rereads(self.bus)
+        while True:
+            try:
+                async with aclosing(read(self.state.seq + 1)) as items:
+                    async for item in items:
+                        fold(item)
+                return
+            except LogGap as gap:
+                await rereads.check(gap)

@@ -67,10 +67,16 @@ def _unexpected(e: Exception, args: argparse.Namespace) -> int:
     """One line for what escaped the commands (a connection lost midway, a refusal, a bug)."""
     import nats.errors
 
-    from events.bus import BusError
+    from events.bus import BusError, LogGap
 
     if os.environ.get("CORRAL_DEBUG"):
         raise e
+    # A service's fatal error arrives wrapped by its TaskGroup: say what it was.
+    while isinstance(e, ExceptionGroup) and len(e.exceptions) == 1:
+        e = e.exceptions[0]
+    if isinstance(e, LogGap):  # a reader that would have to skip events stops instead (#19)
+        print(f"corral: error: {e}", file=sys.stderr)
+        return errors.FAILURE
     if isinstance(e, (nats.errors.ConnectionClosedError, nats.errors.NoServersError, nats.errors.TimeoutError,
                       nats.errors.StaleConnectionError, BusError, ConnectionError, TimeoutError)):
         print(f"corral: error: lost NATS at {getattr(args, 'nats', '?')}: {e or type(e).__name__}", file=sys.stderr)

@@ -90,7 +90,7 @@ async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot:
     if isinstance(bus, LogFile):  # no snapshots beside a file
         state = ClusterState()
         async for batch in bus.replay(to_seq=target):
-            state = fold_batch(state, batch)
+            state = fold_batch(state, batch, contiguous=False)  # an export may be filtered: fold what it holds
         return state
     start = await newest_snapshot(bus, at_most=target) if use_snapshot else None
     follower = Follower(bus, start)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from events.bus import Bus, Envelope
+from events.bus import Bus, Envelope, LogGap
 from events.subjects import ALL, ROOT, normalize_filters, type_filters
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK, USAGE, CliError
@@ -34,6 +34,7 @@ from orchestrator.cli.render import line, unreadable
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.timespec import parse_instant
 from orchestrator.core.usage import resolve_queue
+from orchestrator.follow import Rereads
 from schemas import EVENT_TAGS, GangReserved, JobSubmitted, Unknown, tag_of
 
 #: Job events that name a node: what `--node` shows besides the node's own events.
@@ -167,6 +168,36 @@ def json_line(env: Envelope) -> str:
 
 async def _events(bus: Bus, subjects: list[str], *, from_seq: int | None, since: float | None,
                   follow: bool) -> AsyncGenerator[Envelope, None]:
+    """The events to print, each once and in log order, or LogGap (exit 1, naming the position).
+
+    Unfiltered, positions are contiguous from the first one read: a gap means
+    the read lost events, so it reads again after the last one printed, and
+    stops where the log no longer holds the next one (orchestrator/follow.py).
+    With filters positions are not contiguous and cannot be checked this way;
+    the bus's reader hands out each event once, in order, across resets.
+    """
+    whole = subjects == [ALL]
+    rereads = Rereads(bus)
+    last: int | None = None
+    while True:
+        try:
+            async with aclosing(_read(bus, subjects, from_seq=from_seq if last is None else last + 1,
+                                      since=since if last is None else None, follow=follow)) as envs:
+                async for env in envs:
+                    if last is not None:
+                        if env.seq <= last:
+                            continue  # a redelivery
+                        if whole and env.seq != last + 1:
+                            raise LogGap(last + 1, env.seq)
+                    last = env.seq
+                    yield env
+            return
+        except LogGap as gap:
+            await rereads.check(gap)
+
+
+async def _read(bus: Bus, subjects: list[str], *, from_seq: int | None, since: float | None,
+                follow: bool) -> AsyncGenerator[Envelope, None]:
     if follow:
         async with aclosing(bus.tail(subjects=subjects, from_seq=from_seq, since=since)) as live:
             async for env in live:
