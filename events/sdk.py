@@ -18,6 +18,7 @@ Two ways to submit and cancel:
 from __future__ import annotations
 
 import asyncio
+import getpass
 import hashlib
 import json
 import secrets
@@ -70,11 +71,30 @@ class AdmissionRefused(Exception):
         self.job_id = job_id
 
 
+def default_user(bus: Bus | None = None) -> str:
+    """Who a submit or cancel is recorded as when the caller does not say: the NATS user of the connection
+    (a password login), else the operating system's user ($USER, ...); "" if neither is known."""
+    options = getattr(getattr(bus, "nc", None), "options", None)
+    nats_user = options.get("user") if isinstance(options, dict) else None
+    if isinstance(nats_user, str) and nats_user:
+        return nats_user
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
 class Client:
-    def __init__(self, bus: Bus, *, user: str = "", via_admission: bool = False,
+    """Submit, cancel, define queues, cordon nodes and follow jobs over a connected `Bus`.
+
+    `user` is recorded as the submitter (`JobSubmitted.submitted_by`, what `corral jobs --by-user` and
+    `corral usage --by user` group by) and canceller; None: `default_user(bus)`.
+    """
+
+    def __init__(self, bus: Bus, *, user: str | None = None, via_admission: bool = False,
                  admission_timeout: float = 10.0) -> None:
         self.bus = bus
-        self.user = user
+        self.user = default_user(bus) if user is None else user
         self.via_admission = via_admission
         self.admission_timeout = admission_timeout
 
@@ -173,9 +193,11 @@ class Client:
                 yield env
 
     async def wait(self, job_id: str, until: Iterable[str] = FINAL, timeout: float | None = None) -> Envelope:
-        """The first event of the job whose tag is in `until` (default: any final one).
+        """The Envelope of the job's first event whose tag is in `until` (default: any final one).
 
-        Raises TimeoutError after `timeout` seconds.
+        The envelope carries the event (`env.event`, e.g. a JobCompleted), its stream
+        sequence (`env.seq`), subject and stream time. Raises TimeoutError after
+        `timeout` seconds.
         """
         wanted = frozenset(until)
         async with asyncio.timeout(timeout), aclosing(self.watch(job_id)) as events:

@@ -6,11 +6,12 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from orchestrator.cli import admin, forensics, jobs, listing, services, tail, top
+    from orchestrator.cli import admin, forensics, jobs, listing, services, tail, top, usage
 
     services.register(sub)
     jobs.register(sub)
     listing.register(sub)
+    usage.register(sub)
     admin.register(sub)
     tail.register(sub)
     forensics.register(sub)

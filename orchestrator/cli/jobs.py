@@ -21,8 +21,12 @@ from orchestrator.core.state import TERMINAL
 from schemas import tag_of
 
 
-def current_user() -> str:
-    """Who submits or cancels, as recorded in the log (`explain` shows it); "" if unknown."""
+def current_user(args: argparse.Namespace | None = None) -> str:
+    """Who submits or cancels, as recorded in the log (`explain`, `jobs --by-user` show it): the NATS user
+    of the connection (--user), else $USER; "" if unknown."""
+    nats_user = getattr(args, "user", None)
+    if isinstance(nats_user, str) and nats_user:
+        return nats_user
     try:
         return getpass.getuser()
     except (KeyError, OSError):
@@ -44,7 +48,7 @@ def _refusals() -> Iterator[None]:
 
 
 def _client(bus: Bus, args: argparse.Namespace) -> Client:
-    return Client(bus, user=current_user(), via_admission=args.via_admission)
+    return Client(bus, user=current_user(args), via_admission=args.via_admission)
 
 
 async def submit(args: argparse.Namespace) -> int:

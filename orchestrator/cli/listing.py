@@ -26,7 +26,7 @@ from orchestrator.cli.views import (
     select_jobs,
     sorted_nodes,
 )
-from orchestrator.core.state import HOLDING, TERMINAL, ClusterState
+from orchestrator.core.state import FINISHED_KEPT, HOLDING, TERMINAL, ClusterState
 
 #: Shorthands `--state` accepts besides the statuses themselves.
 STATE_GROUPS = {"active": HOLDING, "final": TERMINAL}
@@ -65,15 +65,23 @@ async def state_at(args: argparse.Namespace) -> tuple[ClusterState, float]:
         return await load_state(bus, to_seq=at.seq), at.time
 
 
+#: What `corral jobs` lists without --state or --all: jobs not finished (like squeue).
+UNFINISHED: frozenset[str] = frozenset(STATUSES) - TERMINAL
+
+
 async def jobs(args: argparse.Namespace) -> int:
     statuses = parse_states(args.state)
+    if args.all and statuses:
+        raise CliError("give --all or --state, not both (--state final lists finished jobs only)", USAGE)
+    if not statuses and not args.all:
+        statuses = UNFINISHED
     if args.queue is not None:
         checked_id(args.queue, "queue")
     state, now = await state_at(args)
     if args.queue is not None and args.queue not in known_queues(state):
         raise CliError(f"unknown queue {args.queue!r}; known: {', '.join(sorted(known_queues(state))) or 'none'}",
                        NOT_FOUND)
-    selected = select_jobs(state, queue=args.queue, statuses=statuses)
+    selected = select_jobs(state, queue=args.queue, statuses=statuses, user=args.user_filter)
     if args.json:
         print_json({"seq": state.seq, "jobs": [job_summary(state, j) for j in selected]})
     else:
@@ -122,11 +130,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         add_at_arg(p, "the listing")
         p.add_argument("--json", action="store_true", help="machine-readable output (includes the log position)")
 
-    p = sub.add_parser("jobs", help="list jobs", description="Jobs in submit order, folded from the log.")
+    p = sub.add_parser("jobs", help="list jobs not finished (--all: finished ones too)",
+                       description="Jobs in submit order, folded from the log: those not finished yet (pending, "
+                                   "reserved, running, preempting) unless --all or --state says otherwise. The fold "
+                                   f"keeps the newest {FINISHED_KEPT:,} finished jobs; `corral usage` and "
+                                   "`corral explain` read the whole log.")
     common(p)
-    p.add_argument("--queue", metavar="Q", help="only jobs of queue Q (named in the spec or charged)")
-    p.add_argument("--state", metavar="S[,S]", help=f"only jobs in these states: {', '.join(STATUSES)}, "
+    p.add_argument("--all", "-a", action="store_true", help="finished jobs too (completed, failed, cancelled, "
+                   "rejected)")
+    p.add_argument("--queue", "-q", metavar="Q", help="only jobs of queue Q (named in the spec or charged)")
+    p.add_argument("--state", "-s", metavar="S[,S]", help=f"only jobs in these states: {', '.join(STATUSES)}, "
                    "or active (holding GPUs), final")
+    # `--user` is the NATS user of the connection options: the submitter filter is `--by-user`/`-u`.
+    p.add_argument("--by-user", "-u", dest="user_filter", metavar="U", help="only jobs submitted by U (the NATS "
+                   "user or $USER of whoever submitted; `corral job` shows it)")
     p.set_defaults(handler=jobs)
 
     p = sub.add_parser("job", help="one job in detail", description="A job's status, placement, attempt, pending "

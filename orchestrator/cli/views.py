@@ -16,7 +16,17 @@ from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
 from orchestrator.core.queries import queue_loads
-from orchestrator.core.state import FREE, HOLDING, TERMINAL, ClusterState, Job, JobStatus, Node
+from orchestrator.core.state import (
+    FINAL_RANKS_KEPT,
+    FREE,
+    HOLDING,
+    TERMINAL,
+    ClusterState,
+    Job,
+    JobStatus,
+    Node,
+    RankState,
+)
 from orchestrator.core.usage import resolve_queue
 
 #: Every job status, in lifecycle order (what `corral jobs --state` accepts).
@@ -79,13 +89,17 @@ def ran(job: Job) -> bool:
     return job.status == "running" or job.running_at != 0.0 or job.started >= job.spec.ranks
 
 
-def select_jobs(state: ClusterState, *, queue: str | None = None, statuses: frozenset[str] = frozenset()) -> list[Job]:
-    """Jobs in log order, of `queue` (named in the spec or charged) and in one of `statuses` (empty: all)."""
+def select_jobs(state: ClusterState, *, queue: str | None = None, statuses: frozenset[str] = frozenset(),
+                user: str | None = None) -> list[Job]:
+    """Jobs in log order, of `queue` (named in the spec or charged), in one of `statuses` (empty: all), submitted
+    by `user`."""
     out = []
     for job in state.jobs.values():
         if statuses and job.status not in statuses:
             continue
         if queue is not None and queue not in (job.spec.queue, job_queue(state, job)):
+            continue
+        if user is not None and job.submitted_by != user:
             continue
         out.append(job)
     return out
@@ -105,6 +119,7 @@ def job_summary(state: ClusterState, job: Job) -> dict[str, Any]:
         "gpus": job.spec.total_gpus,
         "preemptible": job.spec.preemptible,
         "submitted_at": job.submitted_at,
+        "submitted_by": job.submitted_by or None,
         "running_at": job.running_at if ran(job) else None,
         "finished_at": job.finished_at if job.status in TERMINAL else None,
         "placement": _builtins(job.placement),
@@ -113,9 +128,15 @@ def job_summary(state: ClusterState, job: Job) -> dict[str, Any]:
     }
 
 
+def rank_states(state: ClusterState, job: Job) -> dict[int, RankState]:
+    """The current attempt's ranks: live in the fold while the job holds GPUs, kept with it once finished."""
+    live = state.ranks.get(job.job_id)
+    return live if live is not None else dict(job.final_ranks)
+
+
 def job_detail(state: ClusterState, job: Job) -> dict[str, Any]:
     """Everything about one job for `corral job --json`: the summary, its spec, ranks and recovery facts."""
-    ranks = state.ranks.get(job.job_id, {})
+    ranks = rank_states(state, job)
     rank_rows = []
     for rp in job.placement:
         rs = ranks.get(rp.rank)
@@ -126,6 +147,9 @@ def job_detail(state: ClusterState, job: Job) -> dict[str, Any]:
             "status": rs.status if rs else "not started",
             "exit_code": rs.exit_code if rs else None,
             "reason": rs.reason if rs else "",
+            # A time is told apart from "not reported" by the status (a simulated clock starts at 0).
+            "started_at": rs.started_at if rs else None,
+            "exited_at": rs.exited_at if rs and rs.status != "started" else None,
         })
     return {
         **job_summary(state, job),
@@ -151,13 +175,13 @@ def readable(text: str, now: float) -> str:
 
 def jobs_rows(state: ClusterState, jobs: list[Job], now: float) -> list[list[Any]]:
     return [
-        [j.job_id, j.spec.name, job_queue(state, j), j.status, j.attempt, job_shape(j), j.spec.priority,
+        [j.job_id, j.spec.name, j.submitted_by or "-", job_queue(state, j), j.status, j.attempt, job_shape(j), j.spec.priority,
          human_duration(job_age(j, now)), readable(job_note(j), now)]
         for j in jobs
     ]
 
 
-JOBS_HEADERS = ("JOB", "NAME", "QUEUE", "STATE", "ATTEMPT", "GPUS", "PRIO", "AGE", "WHERE / WHY")
+JOBS_HEADERS = ("JOB", "NAME", "USER", "QUEUE", "STATE", "ATTEMPT", "GPUS", "PRIO", "AGE", "WHERE / WHY")
 
 
 def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
@@ -167,6 +191,7 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
     kv: list[tuple[str, str]] = [
         ("job", f"{job.job_id} ({spec.name})"),
         ("status", f"{job.status} for {human_duration(job_age(job, now))}"),
+        ("user", job.submitted_by or "-"),
         ("queue", d["queue"] + (f" (spec asked for {spec.queue})" if spec.queue != d["queue"] else "")),
         ("shape", f"{spec.ranks} rank(s) x {spec.gpus_per_rank} GPU(s)"
                   + (f" {spec.gpu_model}" if spec.gpu_model else "")
@@ -196,11 +221,18 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
     out = [f"{k:<{width}}  {v}" for k, v in kv]
     if d["rank_states"]:
         out.append("ranks:")
+        clock = LogClock(simulated=now < SIMULATED_BEFORE_S)
         for r in d["rank_states"]:
             code = "" if r["exit_code"] is None else f" exit={r['exit_code']}"
             why = f" {r['reason']}" if r["reason"] else ""
+            times = "" if r["started_at"] is None else f" started {clock.instant(r['started_at'])}"
+            if r["exited_at"] is not None:
+                times += f" exited {clock.instant(r['exited_at'])}"
             out.append(f"  rank {r['rank']:<3} {r['node_id']} gpus={','.join(map(str, r['gpus']))} "
-                       f"{r['status']}{why}{code}")
+                       f"{r['status']}{why}{code}{times}")
+        if job.status in TERMINAL and len(job.placement) > len(job.final_ranks) >= FINAL_RANKS_KEPT:
+            out.append(f"  (the fold keeps the first {FINAL_RANKS_KEPT} ranks of a finished job: "
+                       f"`corral explain {job.job_id}` has them all)")
     return out
 
 

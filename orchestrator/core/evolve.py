@@ -41,6 +41,7 @@ from msgspec.structs import replace
 from orchestrator.core.eligibility import gpu_matches
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import (
+    FINAL_RANKS_KEPT,
     FINISHED_KEPT,
     FREE,
     HOLDING,
@@ -223,7 +224,8 @@ def fold(events: Iterable[AnyEvent | Unknown], state: ClusterState | None = None
 def _job_submitted(state: ClusterState, e: JobSubmitted) -> None:
     if e.job_id in state.jobs:
         return  # a retried submit
-    job = state.jobs[e.job_id] = Job(job_id=e.job_id, spec=e.spec, submitted_at=e.occurred_at, submit_seq=state.seq)
+    job = state.jobs[e.job_id] = Job(job_id=e.job_id, spec=e.spec, submitted_at=e.occurred_at, submit_seq=state.seq,
+                                     submitted_by=e.submitted_by)
     _enqueue(state, job)
 
 
@@ -405,7 +407,7 @@ def _worker_started(state: ClusterState, e: WorkerStarted) -> None:
         live += 1
         if prev.exit_code == 0 and prev.reason == "completed":
             ok -= 1
-    book[e.rank] = RankState(node_id=e.node_id, status="started", restarts=e.restarts)
+    book[e.rank] = RankState(node_id=e.node_id, status="started", restarts=e.restarts, started_at=e.occurred_at)
     state.jobs[e.job_id] = replace(job, started=started, live=live, exited_ok=ok)
 
 
@@ -419,13 +421,14 @@ def _worker_exited(state: ClusterState, e: WorkerExited) -> None:
         return  # duplicate: an exited rank exits once
     started = job.started + (1 if prev is None else 0)
     live = job.live - (1 if prev is not None else 0)
+    started_at = prev.started_at if prev is not None else 0.0
     if e.will_restart:
         book[e.rank] = RankState(node_id=e.node_id, status="restarting", exit_code=e.exit_code, reason=e.reason,
-                                 restarts=e.restarts)
+                                 restarts=e.restarts, started_at=started_at, exited_at=e.occurred_at)
         state.jobs[e.job_id] = replace(job, started=started, live=live + 1)
         return
     book[e.rank] = RankState(node_id=e.node_id, status="exited", exit_code=e.exit_code, reason=e.reason,
-                             restarts=e.restarts)
+                             restarts=e.restarts, started_at=started_at, exited_at=e.occurred_at)
     ok = e.exit_code == 0 and e.reason == "completed"
     lost = job.lost + (1 if e.reason == "lost" else 0)
     failure = job.failure
@@ -573,13 +576,15 @@ def _gang_restarted(state: ClusterState, e: GangRestarted) -> None:
 
 
 def _finish(state: ClusterState, job: Job, status: JobStatus, reason: str, at: float) -> None:
+    book = state.ranks.get(job.job_id, {})
+    final_ranks = tuple(sorted(book.items())[:FINAL_RANKS_KEPT])
     _release(state, job, at)
     _clear_earmark(state, job)
     _dequeue(state, job)
     state.stopping.pop(job.job_id, None)
     state.checkpoint_votes.pop(job.job_id, None)
     state.jobs[job.job_id] = replace(
-        job, status=status, gpus=0, finished_at=at, end_reason=reason, earmark=(), live=0
+        job, status=status, gpus=0, finished_at=at, end_reason=reason, earmark=(), live=0, final_ranks=final_ranks
     )
     _retire(state, job.job_id)
 

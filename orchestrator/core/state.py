@@ -45,6 +45,10 @@ SCHEDULER = "corral-scheduler"
 #: as a new job; NATS's duplicate window still catches a retried submit.
 FINISHED_KEPT = 10_000
 
+#: How many ranks of a finished job keep their details (`Job.final_ranks`, what `corral job`
+#: shows): a 1,000-rank gang keeps its first ones, so 10,000 finished jobs stay bounded.
+FINAL_RANKS_KEPT = 64
+
 #: Marks a free GPU in `ClusterState.owners` / an un-earmarked one in `earmarks`.
 FREE = ""
 
@@ -111,6 +115,10 @@ class RankState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: The worker generation last reported (WorkerStarted/WorkerExited `restarts`): an agent that
     #: restarts a "restarting" rank after its own restart goes on from here.
     restarts: int = 0
+    #: When its newest worker started and when it last exited (0.0: not reported; a time is told
+    #: apart from "not reported" by the status, as a simulated clock starts at 0).
+    started_at: float = 0.0
+    exited_at: float = 0.0
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -187,6 +195,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: When a preemption put it back in line (0: never). A preempted gang was being served; it
     #: waits again behind work that queued before it lost its GPUs, not ahead of all of it.
     rejoined_at: float = 0.0
+    #: Who submitted it (JobSubmitted.submitted_by): `corral jobs --user`, `corral usage --by user`.
+    submitted_by: str = ""
+    #: A finished job's ranks of its last attempt as (rank, state), the first FINAL_RANKS_KEPT:
+    #: `ClusterState.ranks` holds only active jobs' ranks.
+    final_ranks: tuple[tuple[int, RankState], ...] = ()
 
     @property
     def waiting_since(self) -> float:

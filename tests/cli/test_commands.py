@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 from pathlib import Path
 
@@ -19,11 +20,17 @@ def test_submit_wait_then_read_it_back(cluster: Up, tmp_path: Path) -> None:
     assert first == "cli-train-1"
     assert "JobCompleted" in last
 
-    table = corral("jobs", url=url).stdout
+    # Like squeue: finished jobs only with --all (or --state); the submitter is recorded and filters.
+    assert "cli-train-1" not in corral("jobs", url=url).stdout
+    assert "cli-train-1" not in {j["job_id"] for j in corral_json("jobs", url=url)["jobs"]}
+    table = corral("jobs", "--all", url=url).stdout
     header, *rows = table.splitlines()
-    assert header.split()[:4] == ["JOB", "NAME", "QUEUE", "STATE"]
+    assert header.split()[:5] == ["JOB", "NAME", "USER", "QUEUE", "STATE"]
     row = next(r for r in rows if r.startswith("cli-train-1 "))
-    assert row.split()[1:5] == ["cli-train", "research", "completed", "1"]
+    me = getpass.getuser()
+    assert row.split()[1:6] == ["cli-train", me, "research", "completed", "1"]
+    assert [j["job_id"] for j in corral_json("jobs", "--all", "--by-user", me, url=url)["jobs"]] == ["cli-train-1"]
+    assert corral_json("jobs", "--all", "-u", "someone-else", url=url)["jobs"] == []
 
     listed = corral_json("jobs", "--queue", "research", "--state", "completed", url=url)
     mine = next(j for j in listed["jobs"] if j["job_id"] == "cli-train-1")
@@ -35,8 +42,17 @@ def test_submit_wait_then_read_it_back(cluster: Up, tmp_path: Path) -> None:
     assert len(detail["placement"]) == 2 and detail["spec"]["name"] == "cli-train"
     assert detail["seq"] >= 1
 
+    # A finished job's ranks keep node, GPUs, exit code and times (the fold drops live rank books).
+    assert detail["submitted_by"] == me
+    assert [(r["rank"], r["status"], r["exit_code"], r["reason"]) for r in detail["rank_states"]] == [
+        (0, "exited", 0, "completed"), (1, "exited", 0, "completed")]
+    for r, placed in zip(detail["rank_states"], detail["placement"], strict=True):
+        assert (r["node_id"], r["gpus"]) == (placed["node_id"], placed["gpus"])
+        assert detail["submitted_at"] <= r["started_at"] <= r["exited_at"] <= detail["finished_at"]
+
     text = corral("job", "cli-train-1", url=url).stdout
     assert "status" in text and "completed" in text and "placement" in text
+    assert "not started" not in text and "exit=0" in text and "started 20" in text and " exited 20" in text
 
 
 def test_job_shows_placement_pending_reason_and_ranks(cluster: Up) -> None:

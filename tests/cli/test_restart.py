@@ -30,7 +30,7 @@ def test_restart_mid_workload_loses_nothing_and_runs_nothing_twice(tmp_path: Pat
     try:
         state = wait_state(up.url, lambda s: statuses(s, ids) == ["completed"] * 6, 90, "every job to finish")
         log = log_of(up.url)
-        summary = corral_json("jobs", url=up.url)
+        summary = corral_json("jobs", "--all", url=up.url)
     finally:
         assert up.stop() == 0, "".join(up.lines[-20:])
 

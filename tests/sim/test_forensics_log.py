@@ -95,7 +95,7 @@ def test_replay_at_a_line_is_the_fold_of_the_lines_before(sim_log: Path) -> None
 
 def test_listings_read_the_file_to_its_end(sim_log: Path) -> None:
     final = fold_lines(sim_log, 10**9)
-    listed = run_json("jobs", "--log", str(sim_log))
+    listed = run_json("jobs", "--log", str(sim_log), "--all")
     assert {j["job_id"] for j in listed["jobs"]} == set(final.jobs) and len(final.jobs) == 120
     assert {j["status"] for j in listed["jobs"]} == {"completed"}
     queues = run_json("queues", "--log", str(sim_log))

@@ -97,11 +97,11 @@ def corral_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:  # type
 
 def test_a_job_at_time_zero_has_an_age_and_times(sim: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Rejected at t=0 is as old as rejected at t=20 (0 s), not 'since the log's end'; 0.0 stays in --json."""
-    code, out, _ = corral(capsys, "jobs", "--log", str(sim))
+    code, out, _ = corral(capsys, "jobs", "--log", str(sim), "--all")
     assert code == 0
-    age = {line.split()[0]: line.split()[7] for line in out.splitlines()[1:]}
+    age = {line.split()[0]: line.split()[8] for line in out.splitlines()[1:]}
     assert age == {"a": "0s", "b": "3d21h", "c": "0s", "late": "0s"}, out
-    jobs = {j["job_id"]: j for j in corral_json(capsys, "jobs", "--log", str(sim))["jobs"]}
+    jobs = {j["job_id"]: j for j in corral_json(capsys, "jobs", "--log", str(sim), "--all")["jobs"]}
     assert jobs["a"]["finished_at"] == 0.0 and jobs["b"]["running_at"] == 0.0
     assert jobs["late"]["finished_at"] is None and jobs["late"]["running_at"] is None
 
@@ -188,10 +188,10 @@ def test_at_takes_the_moment_explain_printed(sim: Path, capsys: pytest.CaptureFi
 
 
 def test_jobs_and_explain_take_at(sim: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    jobs = {j["job_id"]: j for j in corral_json(capsys, "jobs", "--log", str(sim), "--at", "+1d")["jobs"]}
+    jobs = {j["job_id"]: j for j in corral_json(capsys, "jobs", "--log", str(sim), "--at", "+1d", "--all")["jobs"]}
     assert set(jobs) == {"a", "b", "c"} and jobs["b"]["status"] == "running"
     _, out, _ = corral(capsys, "jobs", "--log", str(sim), "--at", "+1d", "--state", "running")
-    assert out.splitlines()[1].split()[7] == "24h00m", out  # its age then, not at the log's end
+    assert out.splitlines()[1].split()[8] == "24h00m", out  # its age then, not at the log's end
     story = corral_json(capsys, "explain", "--log", str(sim), "b", "--at", "+1d")
     assert story["status"] == "running" and story["timeline"][-1]["type"] == "JobRunning"
     code, _, err = corral(capsys, "explain", "--log", str(sim), "late", "--at", "+1d")

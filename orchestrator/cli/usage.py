@@ -1,0 +1,92 @@
+"""`corral usage`: GPU-hours per queue or user from the whole log, like Slurm's sacct/sreport.
+
+Not the fold's retained jobs (the newest FINISHED_KEPT finished ones): one
+streaming pass over every event (orchestrator/core/accounting.py), so a
+report of last month is exact however many jobs ran since.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import aclosing
+from typing import Any
+
+from orchestrator.cli.connect import add_connection_args
+from orchestrator.cli.errors import OK, USAGE, CliError
+from orchestrator.cli.output import print_json, print_table
+from orchestrator.cli.position import log_clock
+from orchestrator.cli.state_view import LogSource, add_log_arg, log_now, log_source
+from orchestrator.core.accounting import GpuTime
+from orchestrator.core.state import ClusterState
+
+_WHEN = ("a duration before the log's end (30d, 12h), one after its first event (+3d), an ISO time, or on a "
+         "simulated log a day and time (d3, 'd3 12:00')")
+
+
+async def gpu_time(source: LogSource, meter: GpuTime) -> tuple[ClusterState, int]:
+    """Fold the whole log through `meter`; the final state and how many events were read."""
+    state = ClusterState()
+    events = 0
+    async with aclosing(source.replay()) as batches:
+        async for batch in batches:
+            for env in batch:
+                if env.seq > state.seq:  # (a log file may repeat or skip positions: fold what it holds)
+                    state = meter.fold(state, env.event, env.seq)
+                    events += 1
+    return state, events
+
+
+async def usage(args: argparse.Namespace) -> int:
+    async with log_source(args) as source:
+        clock = await log_clock(source)
+        now = await log_now(source)
+        since = clock.parse(args.since, now) if args.since is not None else None
+        until = clock.parse(args.until, now) if args.until is not None else None
+        if since is not None and until is not None and until < since:
+            raise CliError(f"--until {args.until} is before --since {args.since}", USAGE)
+        meter = GpuTime(by=args.by, since=since, until=until)
+        state, events = await gpu_time(source, meter)
+    end = now if until is None else min(now, until)
+    meter.held_until(state, end)
+    total = sum(a.gpu_seconds for a in meter.accounts.values())
+    rows: list[dict[str, Any]] = []
+    for key, acct in sorted(meter.accounts.items(), key=lambda kv: (-kv[1].gpu_seconds, kv[0])):
+        rows.append({
+            args.by: key,
+            "gpu_hours": acct.gpu_seconds / 3600.0,
+            "share": acct.gpu_seconds / total if total > 0 else 0.0,
+            "reservations": acct.reservations,
+            "finished": dict(sorted(acct.finished.items())),
+        })
+    if args.json:
+        print_json({"by": args.by, "since": since, "until": until, "end": end, "seq": state.seq,
+                    "events": events, "gpu_hours": total / 3600.0, "rows": rows})
+        return OK
+    window = f"{clock.instant(since) if since is not None else 'the first event'} to {clock.instant(end)}"
+    print(f"GPU-hours by {args.by}, {window} ({events:,} events up to #{state.seq})")
+    print_table(
+        (args.by.upper(), "GPU-HOURS", "SHARE", "RESERVATIONS", "FINISHED"),
+        [[r[args.by], f"{r['gpu_hours']:.2f}", f"{100 * r['share']:.1f}%", r["reservations"],
+          " ".join(f"{k}={v}" for k, v in r["finished"].items()) or "-"] for r in rows],
+        empty="(no GPU time in this window)",
+    )
+    if rows:
+        print(f"total {total / 3600.0:.2f} GPU-hours")
+    return OK
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("usage", help="GPU-hours per queue or user from the whole log (like sacct)",
+                       description="GPU-hours each queue (or submitter) held, from one pass over the whole log: "
+                                   "a reservation counts from its GangReserved to the event that released it "
+                                   "(completed, failed, cancelled, preempted, requeued); one still running counts "
+                                   "up to now (or --until). Not limited to the jobs `corral jobs --all` retains.")
+    add_connection_args(p)
+    add_log_arg(p)
+    p.add_argument("--since", metavar="WHEN", help=f"start of the window: {_WHEN} (default: the log's start)")
+    p.add_argument("--until", metavar="WHEN", help="end of the window, same forms (default: now, or a log "
+                   "file's last event)")
+    p.add_argument("--by", choices=("queue", "user"), default="queue", help="group by the queue charged or by "
+                   "the submitter (default queue)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=usage)

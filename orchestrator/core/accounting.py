@@ -1,0 +1,98 @@
+"""GPU time from the whole log: what `corral usage` reports (like Slurm's sacct) and the metrics count.
+
+The fold keeps the newest FINISHED_KEPT finished jobs, so it cannot answer
+"GPU-hours per queue last month". `GpuTime` folds the log itself (the same
+`evolve` every reader runs) and charges each reservation when the fold
+releases it: from the gang's `reserved_at` to the event that gave its GPUs
+back (completed, failed, cancelled, preempted, requeued), on the event's
+own clock, to the queue the fold charged and the job's submitter. A void
+reservation never held GPUs, so it is never charged. Reservations still
+holding GPUs at the end are charged up to the moment asked (`held_until`).
+
+Memory is O(keys), not O(jobs): nothing per job outlives the fold's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import TERMINAL, ClusterState, Job
+from orchestrator.core.usage import resolve_queue
+from schemas.events import AnyEvent, Unknown
+
+GroupBy = Literal["queue", "user"]
+
+#: The key of a job submitted without a recorded submitter.
+NO_USER = "(unknown)"
+
+
+@dataclass
+class Account:
+    """One key's totals in the window."""
+
+    gpu_seconds: float = 0.0
+    #: Reservations that held GPUs inside the window (a preempted and resumed job counts twice).
+    reservations: int = 0
+    #: Jobs that finished inside the window, by final status.
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class GpuTime:
+    """GPU-seconds per queue or user over [since, until] (None: unbounded), folded from the log.
+
+    `fold` is `evolve` plus the charging: feed it every event in log order,
+    then `held_until(state, now)` charges what is still running.
+    """
+
+    by: GroupBy = "queue"
+    since: float | None = None
+    until: float | None = None
+    accounts: dict[str, Account] = field(default_factory=dict)
+
+    def key(self, state: ClusterState, job: Job) -> str:
+        if self.by == "user":
+            return job.submitted_by or NO_USER
+        return job.queue or resolve_queue(state, job.spec.queue)
+
+    def fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> ClusterState:
+        job_id = getattr(event, "job_id", None)
+        before = state.jobs.get(job_id) if isinstance(job_id, str) else None
+        holding = before is not None and before.job_id in state.active
+        state = evolve(state, event, seq)
+        if before is None or not isinstance(job_id, str):
+            return state
+        after = state.jobs.get(job_id)
+        at = getattr(event, "occurred_at", 0.0)
+        if holding and (job_id not in state.active or after is None or after.reserved_at != before.reserved_at):
+            self._charge(state, before, before.reserved_at, at)
+        if after is not None and after.status in TERMINAL and before.status not in TERMINAL and self._inside(at):
+            acct = self._account(self.key(state, after if after.queue else before))
+            acct.finished[after.status] = acct.finished.get(after.status, 0) + 1
+        return state
+
+    def held_until(self, state: ClusterState, now: float) -> None:
+        """Charge the reservations still holding GPUs, up to `now` (the end of the report)."""
+        for job_id in state.active:
+            job = state.jobs[job_id]
+            self._charge(state, job, job.reserved_at, now)
+
+    def _inside(self, at: float) -> bool:
+        return (self.since is None or at >= self.since) and (self.until is None or at <= self.until)
+
+    def _charge(self, state: ClusterState, job: Job, start: float, end: float) -> None:
+        lo = start if self.since is None else max(start, self.since)
+        hi = end if self.until is None else min(end, self.until)
+        if hi < lo or job.gpus <= 0:
+            return
+        acct = self._account(self.key(state, job))
+        acct.gpu_seconds += job.gpus * (hi - lo)
+        acct.reservations += 1
+
+    def _account(self, key: str) -> Account:
+        acct = self.accounts.get(key)
+        if acct is None:
+            acct = self.accounts[key] = Account()
+        return acct
