@@ -10,6 +10,7 @@ error that names the refused operation and the user. Real `corral` processes, re
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,8 +119,18 @@ async def test_an_agent_started_first_waits_for_the_scheduler_to_create_the_stre
             await ops.close()
         assert agent.poll() is None and sched.poll() is None
     finally:
-        codes = [stop(p) for p in (agent, sched) if p is not None]
+        codes = [_stopped(p) for p in (agent, sched) if p is not None]
     assert codes == [0] * len(codes), log_tail(agent)
+
+
+def _stopped(proc) -> int:  # type: ignore[no-untyped-def]
+    """SIGTERM and its exit code; a generous wait (a loaded machine), then SIGKILL and a failure that shows the log."""
+    try:
+        return stop(proc, timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"no exit 60 s after SIGTERM; its log ends:\n{log_tail(proc)}") from None
 
 
 @pytest.mark.timeout(120)
