@@ -68,6 +68,8 @@ class Tracked:
     checkpoint_step: int = -1
     waiter: asyncio.Task[None] | None = None
     stopper: asyncio.Task[ExitInfo] | None = None
+    #: Its process has ended: it holds no GPU, though it is tracked until its exit is reported and folded.
+    exited: bool = False
     #: Adopted after a restart: which GPUs it holds is not recorded with the worker.
     gpus_unknown: bool = False
     #: Its WorkerStarted is in the log; False for one whose attempt ended while it was starting.
@@ -385,6 +387,8 @@ class Agent:
         for key, tr in self.workers.items():
             if key in work and tr.ending is None:
                 continue  # wanted: its GPUs are its own in the log too
+            if tr.exited:
+                continue  # ended: its GPUs are free, whatever is left to tell or remove
             if tr.gpus_unknown:
                 return None
             held.update(tr.spec.gpus)
@@ -542,6 +546,8 @@ class Agent:
 
     async def _watch(self, key: WorkerKey, tr: Tracked) -> None:
         info = await self.runtime.wait(tr.handle)
+        tr.exited = True
+        self.follower.changed.set()  # a rank deferred on its GPUs (`_blocked`) may start now
         if tr.stopper is not None:
             with contextlib.suppress(Exception):
                 await tr.stopper
