@@ -236,11 +236,28 @@ def test_scheduler_runs_twice_and_agents_on_every_gpu_node() -> None:
     assert sched["spec"]["replicas"] == 2
     agent = objs[("DaemonSet", "corral-agent")]["spec"]["template"]["spec"]
     assert agent["runtimeClassName"] == "nvidia"
-    assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert agent["nodeSelector"] == {"nvidia.com/gpu.present": "true", "corral.dev/gpu-node": "true"}
     cmd = agent["containers"][0]["command"]
     assert cmd[cmd.index("--node-id") + 1] == "$(NODE_NAME)"
     assert cmd[cmd.index("--runtime") + 1] == "docker"
     assert ("ServiceAccount", "corral") in objs and ("ConfigMap", "corral-config") in objs
+
+
+def test_agent_runs_only_on_nodes_handed_to_corral_with_host_paths_at_the_same_path() -> None:
+    """The agent's nodes are labelled and tainted for corral (GPUs not shared with the device plugin);
+    every path it hands the node's engine is a hostPath mounted at the same path."""
+    agent = _objects()[("DaemonSet", "corral-agent")]["spec"]["template"]["spec"]
+    assert {"key": "corral.dev/gpu-node", "operator": "Exists", "effect": "NoSchedule"} in agent["tolerations"]
+    text = (K8S / "agent.yaml").read_text()
+    assert "nvidia.com/gpu.deploy.device-plugin=false" in text and "kubectl taint node" in text
+    (c,) = agent["containers"]
+    volumes = {v["name"]: v for v in agent["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    cmd = c["command"]
+    for flag in ("--checkpoint-root", "--data-dir"):
+        path = cmd[cmd.index(flag) + 1]
+        assert volumes[mounts[path]]["hostPath"]["path"] == path, flag
+    assert "resources" not in c or "nvidia.com/gpu" not in str(c["resources"]), "corral, not the kubelet, assigns GPUs"
 
 
 def test_nats_chart_values_cluster_of_three_with_jetstream() -> None:
