@@ -39,6 +39,7 @@ from schemas import (
     NodeCordoned,
     NodeUncordoned,
     QueueDefined,
+    QueueDeleted,
     encode,
     parse_jobspec,
     tag_of,
@@ -166,6 +167,14 @@ class Client:
         return await self.bus.append(
             QueueDefined(event_id=f"queue:{queue}:{digest}", occurred_at=time.time(), queue=queue, weight=weight,
                          guaranteed_gpus=guaranteed_gpus, limit_gpus=limit_gpus, parent=parent)
+        )
+
+    async def delete_queue(self, queue: str, reason: str = "") -> int:
+        """Append QueueDeleted: the queue is no longer defined (jobs holding its GPUs keep them until they end)."""
+        check_id(queue, "queue")
+        return await self.bus.append(
+            QueueDeleted(event_id=f"queue-deleted:{queue}:{secrets.token_hex(6)}", occurred_at=time.time(),
+                         queue=queue, reason=reason)
         )
 
     async def cordon(self, node_id: str, reason: str = "") -> int:

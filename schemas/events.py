@@ -228,6 +228,19 @@ class QueueDefined(Event, tag="QueueDefined", frozen=True):
     parent: str | None = None
 
 
+class QueueDeleted(Event, tag="QueueDeleted", frozen=True):
+    """The queue is no longer defined (`corral queue apply --prune`).
+
+    Jobs already charged to it keep their GPUs until they end; a job that names
+    it afterwards is treated as one naming any undefined queue (the default
+    queue takes it when defined). `corral queue apply --prune` refuses to
+    delete a queue jobs still wait in. A later QueueDefined defines it anew.
+    """
+
+    queue: str
+    reason: str = ""
+
+
 # --- scheduler ---------------------------------------------------------------
 
 
@@ -272,6 +285,7 @@ AnyEvent = (
     | NodeCordoned
     | NodeUncordoned
     | QueueDefined
+    | QueueDeleted
     | SchedulerElected
     | ClusterConfigured
 )
@@ -313,6 +327,6 @@ def entity_of(event: Event) -> tuple[Entity, str]:
     node_id = getattr(event, "node_id", None)
     if node_id is not None:
         return "node", node_id
-    if isinstance(event, QueueDefined):
+    if isinstance(event, (QueueDefined, QueueDeleted)):
         return "queue", event.queue
     return "sched", ""

@@ -59,7 +59,7 @@ ADMISSION_REQUESTS = ("corral-submit.*", "corral-cancel.*")
 #: others only theirs. A test checks that every tag in schemas has an owner.
 APPENDS: dict[str, tuple[str, ...]] = {
     "client": ("JobSubmitted", "CancelRequested"),
-    "admin": ("QueueDefined", "NodeCordoned", "NodeUncordoned"),
+    "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned"),
     "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed"),
     "scheduler": (
         "GangReserved", "PreemptionRequested", "Preempted", "JobRunning", "JobCompleted", "JobFailed",
@@ -139,6 +139,7 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
         writes = [
             *_append("client", "job"),
             "corral.queue.*.QueueDefined",
+            "corral.queue.*.QueueDeleted",
             "corral.node.*.NodeCordoned",
             "corral.node.*.NodeUncordoned",
         ]

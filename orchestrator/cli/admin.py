@@ -12,10 +12,12 @@ import argparse
 from typing import Any
 
 from events.sdk import Client
+from orchestrator.cli import queuefile
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import print_json
+from orchestrator.cli.queuefile import queue_problems
 from orchestrator.cli.state_view import load_state
 from orchestrator.core.state import ClusterState, Queue
 from orchestrator.core.usage import ancestors
@@ -48,13 +50,7 @@ def merged_queue(state: ClusterState, name: str, args: argparse.Namespace) -> Qu
         limit_gpus=old.limit_gpus if args.limit is ... else args.limit,
         parent=parent,
     )
-    problems = []
-    if not new.weight > 0:
-        problems.append(f"--weight must be positive, got {new.weight:g}")
-    if new.guaranteed_gpus < 0:
-        problems.append(f"--guarantee must be 0 or more, got {new.guaranteed_gpus}")
-    if new.limit_gpus is not None and new.guaranteed_gpus > new.limit_gpus:
-        problems.append(f"guarantee {new.guaranteed_gpus} is above limit {new.limit_gpus}")
+    problems = queue_problems(new, "--")
     if problems:
         raise CliError(f"queue {name}: " + "; ".join(problems), USAGE)
     if new.parent is not None:
@@ -125,6 +121,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--parent", metavar="P", help="parent queue (its limit covers this one), or 'none'")
     s.add_argument("--json", action="store_true")
     s.set_defaults(handler=queue_set)
+    queuefile.register(qsub)
 
     p = sub.add_parser("node", help="cordon or uncordon a node", description="Node administration.")
     nsub = p.add_subparsers(dest="node_command", metavar="ACTION", required=True)

@@ -7,9 +7,13 @@ import contextlib
 import getpass
 import os
 from collections.abc import Iterator
+from contextlib import aclosing
+
+import msgspec
 
 from events.bus import Bus
 from events.sdk import FINAL, AdmissionRefused, Client
+from events.subjects import type_filters
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import DENIED, FAILURE, NOT_FOUND, OK, TIMEOUT, UNREACHABLE, USAGE, CliError
 from orchestrator.cli.listing import checked_id
@@ -17,8 +21,9 @@ from orchestrator.cli.output import print_json
 from orchestrator.cli.render import line
 from orchestrator.cli.specfile import load_jobspec
 from orchestrator.cli.state_view import load_state
-from orchestrator.core.state import TERMINAL
-from schemas import tag_of
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import TERMINAL, ClusterState
+from schemas import JobSpec, tag_of
 
 
 def current_user(args: argparse.Namespace | None = None) -> str:
@@ -51,9 +56,37 @@ def _client(bus: Bus, args: argparse.Namespace) -> Client:
     return Client(bus, user=current_user(args), via_admission=args.via_admission)
 
 
+#: The queue a spec that names none asks for.
+_SPEC_QUEUE: str = next(f.default for f in msgspec.structs.fields(JobSpec) if f.name == "queue")
+
+#: The events that say which queues are defined and which is the default (read at submit, nothing else).
+_QUEUE_EVENTS = type_filters("QueueDefined", "QueueDeleted", "ClusterConfigured", "SchedulerElected")
+
+
+async def check_queue(bus: Bus, spec: JobSpec) -> None:
+    """Refuse (exit 2, naming the defined queues) a job for an undefined queue once any queue is defined.
+
+    Without any queue every name runs (implicit queues); a spec that names no queue (`default`) runs in the
+    cluster's default queue. Only the queue and settings events are read, not the whole log.
+    """
+    state = ClusterState()
+    async with aclosing(bus.replay(subjects=_QUEUE_EVENTS)) as batches:
+        async for batch in batches:
+            for env in batch:
+                state = evolve(state, env.event, env.seq)
+    defined = state.queues
+    if not defined or spec.queue in defined:
+        return
+    if spec.queue == _SPEC_QUEUE and state.config.default_queue in defined:
+        return
+    raise CliError(f"unknown queue {spec.queue!r}; defined queues: {', '.join(sorted(defined))} "
+                   "(`corral queues` lists them; `corral queue set` or `queue apply` defines one)", USAGE)
+
+
 async def submit(args: argparse.Namespace) -> int:
     spec = load_jobspec(args.file)
     async with connected(args) as bus:
+        await check_queue(bus, spec)
         client = _client(bus, args)
         with _refusals():
             job_id = await client.submit(spec, job_id=args.id)

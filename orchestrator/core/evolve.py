@@ -84,6 +84,7 @@ from schemas.events import (
     Preempted,
     PreemptionRequested,
     QueueDefined,
+    QueueDeleted,
     RankPlacement,
     SchedulerElected,
     Unknown,
@@ -151,6 +152,8 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> Clus
             _node_cordon(state, event.node_id, False)
         case QueueDefined():
             _queue_defined(state, event)
+        case QueueDeleted():
+            _queue_deleted(state, event)
         case SchedulerElected():
             _scheduler_elected(state, event)
         case ClusterConfigured():
@@ -772,6 +775,12 @@ def _node_cordon(state: ClusterState, node_id: str, cordoned: bool) -> None:
         state.nodes[node_id] = replace(node, cordoned=cordoned)
         if not cordoned:
             state.freed_seq = state.seq
+
+
+def _queue_deleted(state: ClusterState, e: QueueDeleted) -> None:
+    """The definition goes; usage charged to the queue stays until its gangs end (their `queue` names it)."""
+    if state.queues.pop(e.queue, None) is not None:
+        recompute_trees(state)
 
 
 def _queue_defined(state: ClusterState, e: QueueDefined) -> None:

@@ -39,7 +39,8 @@ PASSWORDS = passwords(NODES)
 #: What each role may append (deploy/nats/permissions.py); `admin` publishes only what `client` may not.
 SUBJECTS = {
     "client": ["corral.job.p-{i}.JobSubmitted", "corral.job.p-{i}.CancelRequested"],
-    "admin": ["corral.queue.p-{i}.QueueDefined", "corral.node.p-{i}.NodeCordoned", "corral.node.p-{i}.NodeUncordoned"],
+    "admin": ["corral.queue.p-{i}.QueueDefined", "corral.queue.p-{i}.QueueDeleted", "corral.node.p-{i}.NodeCordoned",
+              "corral.node.p-{i}.NodeUncordoned"],
 }
 KINDS = ("invalid_utf8", "truncated", "garbage", "unknown_type", "wrong_types")
 GARBAGE_BYTES = 1_000_000

@@ -44,6 +44,7 @@ from schemas import (
     Preempted,
     PreemptionRequested,
     QueueDefined,
+    QueueDeleted,
     SchedulerElected,
     Topology,
     WorkerExited,
@@ -132,6 +133,8 @@ def samples() -> list[Event]:
                         reason="superseded by a new sweep", requested_by="bob"),
         JobCancelled(event_id="cancelled:j-00ab77e1c4:1:61", occurred_at=T + 9601, job_id="j-00ab77e1c4",
                      reason="superseded by a new sweep"),
+        QueueDeleted(event_id="queue-deleted:sandbox:4e1f", occurred_at=T + 9700, queue="sandbox",
+                     reason="not in queues.yaml (queue apply --prune)"),
     ]
 
 
