@@ -5,13 +5,16 @@ two-node gang, an 8-GPU NVLink job, eight 1-GPU sweep experiments), then
 production submits an urgent job. Production is below its guarantee, so it
 reclaims GPUs: sweep experiments get their checkpoint signal, checkpoint,
 yield, and later resume as attempt 2 from that checkpoint. The demo ends when
-every job is final.
+every job is final; it exits non-zero, naming them, when any job did not complete.
 
-`corral demo` submits it to a running cluster (docker compose): with
-`--image` the workers are containers of that image (deploy/Dockerfile's
-`worker` target carries examples/worker.py at WORKER_IN_IMAGE). A cluster
-smaller than 4 nodes x 8 GPUs gets the small workload: a two-node gang that an
-urgent production job preempts, and that resumes from its checkpoint.
+The workers run `python -m orchestrator.demo_worker` (the toy worker ships with
+corral, so the demo runs from any directory). `corral demo` submits it to a
+running cluster (docker compose): with `--image` the workers are containers of
+that image (deploy/Dockerfile's `worker` target carries the worker at
+WORKER_IN_IMAGE). A cluster smaller than 4 nodes x 8 GPUs (`corral demo`, or
+`corral up --demo --nodes 2 --gpus-per-node 4`) gets the small workload: a
+two-node gang that an urgent production job preempts, and that resumes from its
+checkpoint.
 """
 
 from __future__ import annotations
@@ -20,26 +23,48 @@ import asyncio
 import sys
 import time
 from contextlib import aclosing
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from events.bus import Bus
 from events.sdk import FINAL, Client
 from orchestrator.cli.errors import FAILURE, OK
 from orchestrator.cli.render import line
-from schemas import Checkpointed, GangReserved, JobRunning, Preempted, PreemptionRequested, tag_of
+from schemas import (
+    Checkpointed,
+    GangReserved,
+    GangRestarted,
+    JobCancelled,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobRunning,
+    Preempted,
+    PreemptionRequested,
+    tag_of,
+)
 
-WORKER = Path(__file__).resolve().parents[2] / "examples" / "worker.py"
-#: Where deploy/Dockerfile's `worker` image keeps examples/worker.py.
+#: The toy worker, a module of the installed package (orchestrator/demo_worker.py).
+WORKER_MODULE = "orchestrator.demo_worker"
+#: Where deploy/Dockerfile's `worker` image keeps orchestrator/demo_worker.py.
 WORKER_IN_IMAGE = "/opt/corral/worker.py"
+#: The full workload needs 4 nodes x 8 GPUs; a smaller cluster gets the small one.
+FULL_NODES, FULL_GPUS_PER_NODE = 4, 8
+
+
+def worker_command(image: str | None = None) -> list[str]:
+    """How a demo job starts the toy worker: this interpreter and the installed module, or the image's copy."""
+    return ["python", WORKER_IN_IMAGE] if image else [sys.executable, "-m", WORKER_MODULE]
 
 
 def _job(name: str, queue: str, ranks: int, gpus: int, steps: int, image: str | None = None,
          **extra: Any) -> dict[str, Any]:
-    python, worker = ("python", WORKER_IN_IMAGE) if image else (sys.executable, str(WORKER))
     return {"name": name, "queue": queue, "ranks": ranks, "gpus_per_rank": gpus,
-            "command": [python, worker, "--steps", str(steps), "--step-ms", "10"],
+            "command": [*worker_command(image), "--steps", str(steps), "--step-ms", "10"],
             "grace_period_s": 10, **({"image": image} if image else {}), **extra}
+
+
+def needs_small_workload(nodes: int, gpus_per_node: int) -> bool:
+    return nodes < FULL_NODES or gpus_per_node < FULL_GPUS_PER_NODE
 
 
 class Workload(NamedTuple):
@@ -74,8 +99,59 @@ async def _submit_workload(client: Client) -> tuple[list[str], str]:
     return ids, "demo-urgent-eval"
 
 
+class Story:
+    """What the narration has seen: why each job's last attempt ended, and how each job ended.
+
+    A new attempt (JobRunning with attempt > 1) is a *resume* only when the
+    attempt before it yielded with a checkpoint (Preempted or JobRequeued with
+    a `resume_from`); after a GangRestarted (a crash) it is a restart, and after
+    a preemption or requeue without a checkpoint it starts over from step 0.
+    """
+
+    def __init__(self) -> None:
+        #: job -> how its next attempt starts: ("resume", checkpoint), ("restart", why) or ("fresh", why).
+        self.next_start: dict[str, tuple[str, str]] = {}
+        #: job -> (final event tag, its reason).
+        self.outcomes: dict[str, tuple[str, str]] = {}
+        self.resumed = 0
+        self.restarted = 0
+
+    def interrupted(self, job_id: str, how: str, detail: str) -> None:
+        self.next_start[job_id] = (how, detail)
+
+    def started_again(self, job_id: str, attempt: int) -> str:
+        """The line for a job running again as `attempt`."""
+        how, detail = self.next_start.pop(job_id, ("fresh", ""))
+        if how == "resume":
+            self.resumed += 1
+            return f"{job_id} resumed as attempt {attempt} from its checkpoint {detail}"
+        if how == "restart":
+            self.restarted += 1
+            return f"{job_id} restarted as attempt {attempt} after a crash ({detail or 'a worker failed'})"
+        return f"{job_id} started over as attempt {attempt} from step 0 ({detail or 'no checkpoint'})"
+
+    def not_completed(self) -> list[str]:
+        return sorted(j for j, (tag, _) in self.outcomes.items() if tag != "JobCompleted")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _final_reason(ev: object) -> str:
+    if isinstance(ev, JobRejected):
+        return "; ".join(ev.reasons)
+    if isinstance(ev, JobFailed | JobCancelled):
+        return ev.reason
+    return ""
+
+
 async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[int, str | None] | None = None) -> int:
-    """Submit and narrate; `small` = (GPUs per node, image): the small workload (see the module note)."""
+    """Submit and narrate; `small` = (GPUs per node, image): the small workload (see the module note).
+
+    OK when every job completed; FAILURE, naming them, when any did not (failed, rejected,
+    cancelled, or unfinished when `duration` ran out).
+    """
     client = Client(bus, user="demo")
     print(f"demo: submitting the workload (watch it too: corral --nats {url} tail)", flush=True)
     if small is None:
@@ -86,12 +162,12 @@ async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[in
         ids, urgent, urgent_spec = w.ids, w.urgent_id, w.urgent
     pending = set(ids) | {urgent}
     urgent_sent = False
-    seen_resume = False
+    story = Story()
     deadline = time.monotonic() + (duration or 600.0)
-    running: set[str] = set()
+    started: set[str] = set()
 
     async def narrate() -> None:
-        nonlocal urgent_sent, seen_resume
+        nonlocal urgent_sent
         async with aclosing(bus.tail(from_seq=1)) as events:
             async for env in events:
                 ev = env.event
@@ -102,31 +178,56 @@ async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[in
                     print(f"demo: >> gang {ev.job_id}: all {len(ev.ranks)} ranks reserved at once across "
                           f"{len({p.node_id for p in ev.ranks})} nodes", flush=True)
                 if isinstance(ev, JobRunning):
-                    running.add(ev.job_id)
+                    started.add(ev.job_id)
                     if ev.attempt > 1:
-                        seen_resume = True
-                        print(f"demo: >> {ev.job_id} resumed as attempt {ev.attempt} from its checkpoint", flush=True)
+                        print(f"demo: >> {story.started_again(ev.job_id, ev.attempt)}", flush=True)
                 if isinstance(ev, PreemptionRequested):
                     print(f"demo: >> preempting {ev.job_id} for {ev.preemptor_job_id}: checkpoint signal sent",
                           flush=True)
                 if isinstance(ev, Checkpointed):
                     print(f"demo: >> {ev.job_id} checkpointed at step {ev.step}", flush=True)
                 if isinstance(ev, Preempted):
-                    print(f"demo: >> {ev.job_id} yielded its GPUs; requeued, resume from {ev.resume_from}",
-                          flush=True)
-                if not urgent_sent and len(running & set(ids)) == len(ids):
+                    if ev.resume_from:
+                        story.interrupted(ev.job_id, "resume", ev.resume_from)
+                        print(f"demo: >> {ev.job_id} yielded its GPUs; requeued, resumes from {ev.resume_from}",
+                              flush=True)
+                    else:
+                        story.interrupted(ev.job_id, "fresh", "preempted before any checkpoint")
+                        print(f"demo: >> {ev.job_id} yielded its GPUs without a checkpoint; requeued, starts over",
+                              flush=True)
+                if isinstance(ev, JobRequeued):
+                    if ev.resume_from:
+                        story.interrupted(ev.job_id, "resume", ev.resume_from)
+                    else:
+                        story.interrupted(ev.job_id, "fresh", f"requeued: {ev.reason}, no checkpoint")
+                if isinstance(ev, GangRestarted):
+                    story.interrupted(ev.job_id, "restart", ev.reason)
+                    print(f"demo: >> {ev.job_id} crashed; all its ranks restart as attempt {ev.attempt}", flush=True)
+                if job_id in pending and tag in FINAL:
+                    pending.discard(job_id)
+                    story.outcomes[job_id] = (tag, _final_reason(ev))
+                    if tag != "JobCompleted":
+                        print(f"demo: >> {job_id} did not complete: {tag} {_final_reason(ev)}".rstrip(), flush=True)
+                # Every first job has run (or ended without running): production's turn.
+                if not urgent_sent and set(ids) <= started | set(story.outcomes):
                     urgent_sent = True
                     print("demo: >> cluster full; production submits an urgent job", flush=True)
                     await client.submit(urgent_spec, job_id=urgent)
-                if job_id in pending and tag in FINAL:
-                    pending.discard(job_id)
-                    if not pending:
-                        return
+                if not pending:
+                    return
 
     try:
         await asyncio.wait_for(narrate(), max(0.0, deadline - time.monotonic()))
     except TimeoutError:
         print(f"demo: time is up with {len(pending)} job(s) unfinished: {', '.join(sorted(pending))}", flush=True)
         return FAILURE
-    print(f"demo: done; every job finished{' (with a preemption and a resume)' if seen_resume else ''}", flush=True)
+    failed = story.not_completed()
+    if failed:
+        print(f"demo: failed: {len(failed)} of {len(story.outcomes)} jobs did not complete: "
+              + ", ".join(f"{j} ({story.outcomes[j][0]})" for j in failed), flush=True)
+        return FAILURE
+    extra = [_count(story.resumed, "resume") + " from a checkpoint"] if story.resumed else []
+    extra += [_count(story.restarted, "restart") + " after a crash"] if story.restarted else []
+    print(f"demo: done; all {len(story.outcomes)} jobs completed" + (f" ({', '.join(extra)})" if extra else ""),
+          flush=True)
     return OK

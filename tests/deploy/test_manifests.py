@@ -202,7 +202,8 @@ def test_compose_demo_runs_in_worker_containers() -> None:
     (builder,) = [s for s in services.values() if s.get("image") == image]
     assert builder["build"]["target"] == "worker" and builder["build"]["dockerfile"] == "deploy/Dockerfile"
     assert "FROM python:3.11-slim AS worker" in (DEPLOY / "Dockerfile").read_text()
-    assert "!examples/worker.py" in (DEPLOY / "Dockerfile.dockerignore").read_text()
+    assert "COPY orchestrator/demo_worker.py /opt/corral/worker.py" in (DEPLOY / "Dockerfile").read_text()
+    assert "!orchestrator/" in (DEPLOY / "Dockerfile.dockerignore").read_text()
     assert _flag(demo, "--user") == "admin" and "admin" in services["demo"]["secrets"]
     assert services["demo"]["depends_on"]["worker-image"] == {"condition": "service_completed_successfully"}
     assert {f"agent-{n}" for n in EXAMPLE_NODES} <= set(services["demo"]["depends_on"])
