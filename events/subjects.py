@@ -21,6 +21,10 @@ from schemas import EVENT_TAGS, Event, entity_of, tag_of
 ROOT = "corral"
 ALL = f"{ROOT}.>"
 
+#: Requests for a worker's output go to `corral-logs.<node_id>`, answered by that node's agent
+#: (request/reply, not the stream: logs are not events, so not under `corral.>`).
+LOGS = "corral-logs"
+
 #: Letters, digits, '_' and '-', starting with a letter or digit, at most 128
 #: characters. Also valid as a KV key and a consumer-name fragment.
 ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -59,6 +63,11 @@ def subject_for(event: Event) -> str:
     if kind == "sched":
         return f"{ROOT}.sched.{tag}"
     return f"{ROOT}.{kind}.{check_id(ident, kind + ' id')}.{tag}"
+
+
+def log_subject(node_id: str) -> str:
+    """Where `node_id`'s agent answers log requests (schemas.logs)."""
+    return f"{LOGS}.{check_id(node_id, 'node id')}"
 
 
 # --- filters -----------------------------------------------------------------

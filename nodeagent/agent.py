@@ -26,6 +26,7 @@ from events.cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, newest_manifest
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
+from nodeagent.logs import LogServer
 from nodeagent.rank_env import rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from orchestrator import metrics
@@ -137,6 +138,9 @@ class Agent:
             )
         )
         hb_kv = self._hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
+        # `corral logs` asks this node for its workers' output (nodeagent/logs.py).
+        logs = await LogServer(self.node_id, self.config.data_dir / "logs", self.runtime,
+                               lambda: self.workers).serve(self.bus.nc)
         log.info("agent_started", node_id=self.node_id, incarnation=self.incarnation, gpus=self.inventory.gpu_count)
         try:
             async with asyncio.TaskGroup() as tg:
@@ -148,6 +152,8 @@ class Agent:
                 )
                 tg.create_task(self._reconcile_loop())
         finally:
+            with contextlib.suppress(Exception):
+                await logs.unsubscribe()
             for t in list(self._tasks):
                 t.cancel()
             for t in list(self._tasks):

@@ -9,8 +9,10 @@ object store; every corral user lives in it):
                 business.
 - ``agent``     one user per node, ``agent-<node>``: registers its own node,
                 reports workers and checkpoints of any job (ranks of a gang live
-                on several nodes, and a job subject does not name the node), and
-                writes its own heartbeat key only.
+                on several nodes, and a job subject does not name the node),
+                writes its own heartbeat key only, and answers ``corral logs``
+                requests for its own node (``corral-logs.<node>``), which
+                ``client`` and ``admin`` may send.
 - ``scheduler`` writes every decision, creates the stream and buckets, holds
                 the leader lease and the snapshots. Active and standby
                 schedulers use the same user: the lease and the epoch in the
@@ -32,9 +34,10 @@ every service folds. What is guarded is *writing*, so a publish permission is
 the boundary, and so is the JetStream API, whose every write (create, update,
 delete, purge a stream; delete a message) is a request on a ``$JS.API.`` subject.
 
-Why no ``allow_responses``: no corral role answers requests. JetStream acks
-(``$JS.ACK.>``) and flow-control replies (``$JS.FC.>``) are granted by name
-instead, because ``allow_responses`` would also let anyone who sees a publish
+Why ``allow_responses`` only for the admission service and agents, which
+answer requests on their own subjects (and may subscribe to nothing else):
+JetStream acks (``$JS.ACK.>``) and flow-control replies (``$JS.FC.>``) are
+granted by name instead, because ``allow_responses`` would also let anyone who sees a publish
 on ``corral.>`` answer it, i.e. forge the PubAck of the scheduler's own append
 or lease update.
 """
@@ -53,6 +56,11 @@ ROLES = ("client", "admin", "agent", "scheduler", "ops", "admission", "team")
 
 #: The admission service's request subjects (events.sdk.ADMISSION_SUBMIT/CANCEL + ".*").
 ADMISSION_REQUESTS = ("corral-submit.*", "corral-cancel.*")
+
+#: `corral logs` requests (events.subjects.log_subject): `corral-logs.<node>`, answered by that node's agent.
+LOG_REQUESTS = "corral-logs.*"
+#: Roles that may read workers' output (a job's logs may hold what its spec does not: keep it to users).
+LOG_READERS = ("client", "admin")
 
 #: Which role appends which event tag (DESIGN.md, "Lifecycle protocol"). The
 #: scheduler may publish any tag (new decisions need no config change); the
@@ -133,11 +141,19 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
             "corral.job.*.Checkpointed",
             f"$KV.{HEARTBEATS}.{node}",
         ]
+        # It answers `corral logs` for its own node only: allow_responses lets it reply to what it
+        # received (those requests, its inbox), not publish on anyone's inbox.
+        return {
+            "publish": {"allow": _without_covered([*writes, *READ_API])},
+            "subscribe": {"allow": [f"{inbox_prefix(user)}.>", f"{LOG_REQUESTS.removesuffix('*')}{node}"]},
+            "allow_responses": True,
+        }
     elif role == "client":
-        writes = _append("client", "job")
+        writes = [*_append("client", "job"), LOG_REQUESTS]
     elif role == "admin":
         writes = [
             *_append("client", "job"),
+            LOG_REQUESTS,
             "corral.queue.*.QueueDefined",
             "corral.queue.*.QueueDeleted",
             "corral.node.*.NodeCordoned",

@@ -137,6 +137,11 @@ class Runtime(Protocol):
 
     async def log_tail(self, handle: WorkerHandle, lines: int = 50) -> str: ...
 
+    async def read_log(self, handle: WorkerHandle, offset: int, limit: int) -> tuple[bytes, int]:
+        """At most `limit` bytes of the worker's output from `offset`, and the output's size now
+        (`corral logs`, in chunks); (b"", 0) when the runtime keeps none for it."""
+        ...
+
     async def remove(self, handle: WorkerHandle) -> None:
         """Forget an ended worker (container, state files); refuses a running one."""
         ...

@@ -250,6 +250,20 @@ class DockerRuntime:
             return ""
         return raw.decode(errors="replace").rstrip("\n")
 
+    async def read_log(self, handle: WorkerHandle, offset: int, limit: int) -> tuple[bytes, int]:
+        """The container's output (the engine keeps it until the container is removed), read whole and cut."""
+        try:
+            container = await self._container(handle)
+            raw: bytes = await asyncio.to_thread(container.logs, stdout=True, stderr=True)
+        except docker.errors.NotFound:
+            return b"", 0
+        except docker.errors.APIError as e:
+            if e.status_code != 409:
+                raise
+            return b"", 0
+        start = min(max(offset, 0), len(raw))
+        return raw[start:start + max(limit, 0)], len(raw)
+
     async def remove(self, handle: WorkerHandle) -> None:
         try:
             container = await self._container(handle)

@@ -238,6 +238,10 @@ class ProcessRuntime:
         w = self._worker(handle)
         return _tail(w.log, lines) if w is not None else ""
 
+    async def read_log(self, handle: WorkerHandle, offset: int, limit: int) -> tuple[bytes, int]:
+        w = self._worker(handle)
+        return read_file_range(w.log, offset, limit) if w is not None else (b"", 0)
+
     async def remove(self, handle: WorkerHandle) -> None:
         w = self._worker(handle)
         if w is None:
@@ -262,3 +266,14 @@ def _tail(log: Path, lines: int = 50) -> str:
     except OSError:
         return ""
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def read_file_range(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """At most `limit` bytes of `path` from `offset`, and its size now; (b"", 0) if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(min(max(offset, 0), size))
+            return f.read(max(limit, 0)), size
+    except OSError:
+        return b"", 0

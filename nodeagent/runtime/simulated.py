@@ -82,6 +82,11 @@ class SimulatedRuntime:
     async def log_tail(self, handle: WorkerHandle, lines: int = 50) -> str:
         return ""
 
+    async def read_log(self, handle: WorkerHandle, offset: int, limit: int) -> tuple[bytes, int]:
+        w = self._workers.get(handle.worker_id)
+        data = "".join(f"{line}\n" for line in w.log).encode() if w is not None else b""
+        return data[max(offset, 0):max(offset, 0) + max(limit, 0)], len(data)
+
     async def remove(self, handle: WorkerHandle) -> None:
         w = self._workers.get(handle.worker_id)
         if w is not None and w.done.done():

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from nodeagent.runtime.base import WorkerLabels
 from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
@@ -150,6 +151,9 @@ def job_detail(state: ClusterState, job: Job) -> dict[str, Any]:
             # A time is told apart from "not reported" by the status (a simulated clock starts at 0).
             "started_at": rs.started_at if rs else None,
             "exited_at": rs.exited_at if rs and rs.status != "started" else None,
+            # Where its output is: on its node, under the agent's --data-dir (`corral logs` reads it over NATS).
+            "log": f"{rp.node_id}/logs/{WorkerLabels(rp.node_id, job.job_id, job.attempt, rp.rank, rs.restarts).name}"
+                   ".log" if rs else None,
         })
     return {
         **job_summary(state, job),
@@ -213,6 +217,9 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
         kv.append(("checkpoint", f"step {c.step} (attempt {c.attempt}, rank {c.rank}) {c.path}"))
     if job.resume_from:
         kv.append(("resumes from", job.resume_from))
+    if job.placement and job.status != "pending":
+        kv.append(("logs", f"`corral logs {job.job_id} --rank R [-f]`; on each rank's node under its agent's "
+                           f"--data-dir: <node>/logs/corral-<node>-{job.job_id}-a{job.attempt}-r<rank>-x<restart>.log"))
     if job.failure:
         kv.append(("failure", job.failure))
     if job.end_reason:

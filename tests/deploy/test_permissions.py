@@ -182,6 +182,7 @@ ACTIONS: dict[str, Action] = {
     "submit-job": _append("corral.job.{t}.JobSubmitted"),
     "cancel-job": _append("corral.job.{t}.CancelRequested"),
     "define-queue": _append("corral.queue.{t}.QueueDefined"),
+    "delete-queue": _append("corral.queue.{t}.QueueDeleted"),
     "cordon-node": _append("corral.node.n1.NodeCordoned"),
     "reserve-gang": _append("corral.job.{t}.GangReserved"),
     "complete-job": _append("corral.job.{t}.JobCompleted"),
@@ -212,6 +213,11 @@ ACTIONS: dict[str, Action] = {
     "read-heartbeat": Action(_read_heartbeat),
     "watch-heartbeats": Action(_watch_heartbeats),
     "read-snapshot": Action(_snapshot_get),
+    # `corral logs`: a request to a node's agent, which serves its own node only
+    "request-logs": Action(lambda c: _publish_core(c, "corral-logs.n1")),
+    "serve-own-node-logs": Action(lambda c: _subscribe(c, "corral-logs.n1")),
+    "serve-other-node-logs": Action(lambda c: _subscribe(c, "corral-logs.n2")),
+    "serve-every-node-logs": Action(lambda c: _subscribe(c, "corral-logs.*")),
     # ways around the rules
     "core-subscribe-log": Action(lambda c: _subscribe(c, "corral.>")),
     "sniff-all-inboxes": Action(lambda c: _subscribe(c, "_INBOX.>")),
@@ -223,10 +229,11 @@ ACTIONS: dict[str, Action] = {
 EVERYONE = set(USERS)
 READS = {"replay-log", "tail-log", "read-stream-info", "read-heartbeat", "watch-heartbeats", "read-snapshot"}
 ALLOWED: dict[str, set[str]] = {
-    "client": READS | {"submit-job", "cancel-job"},
-    "admin": READS | {"submit-job", "cancel-job", "define-queue", "cordon-node"},
+    "client": READS | {"submit-job", "cancel-job", "request-logs"},
+    "admin": READS | {"submit-job", "cancel-job", "define-queue", "delete-queue", "cordon-node", "request-logs"},
     "agent": READS
     | {
+        "serve-own-node-logs",
         "register-own-node",
         "report-worker-started",
         "report-worker-exited",
@@ -241,6 +248,11 @@ ALLOWED: dict[str, set[str]] = {
         "sniff-all-inboxes",
         "forge-reply-to-inbox",
         "inject-via-deliver-subject",
+        # Logs are the agents' to serve and users' to read, not the scheduler's.
+        "request-logs",
+        "serve-own-node-logs",
+        "serve-other-node-logs",
+        "serve-every-node-logs",
     },
 }
 CASES = [
