@@ -20,18 +20,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib.metadata
+import platform
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from orchestrator.core.state import FREE, ClusterState, snapshot
 from orchestrator.core.usage import ancestors, resolve_queue
-from schemas import GangRestarted, PreemptionRequested, Unknown, WorkerStarted, tag_of
+from schemas import GangReserved, GangRestarted, PreemptionRequested, Unknown, WorkerStarted, tag_of
 from schemas.events import UNREADABLE_REASONS
 
 if TYPE_CHECKING:
@@ -61,7 +70,72 @@ UNREADABLE_EVENTS = Counter("corral_unreadable_events", "Messages this process c
                             "change, by why (schemas.events.UNREADABLE_REASONS)", ["service", "reason"],
                             registry=None)
 
-PROCESS_METRICS = (EVENTS_APPENDED, EVENTS_READ, DECIDE_SECONDS, PREEMPTIONS, RESTARTS, UNREADABLE_EVENTS)
+#: Jobs that reached a final status, by it: counted when the scheduler's fold finished them (so a void
+#: or duplicate completion is not counted), by the queue charged.
+JOBS_FINISHED = Counter("corral_jobs_finished", "Jobs the fold finished, by outcome (completed, failed, cancelled, "
+                        "rejected) and queue", ["outcome", "queue"], registry=None)
+#: From submit (or the preemption that put it back in line) to the GangReserved that placed it.
+QUEUE_WAIT = Histogram("corral_queue_wait_seconds", "Time a job waited in line before its gang was reserved, by "
+                       "queue", ["queue"], buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400,
+                                                    43200, 86400), registry=None)
+#: GPUs x seconds of reservations that ended (completed, failed, cancelled, preempted, requeued): what
+#: `corral usage` sums from the whole log, here since this process started.
+QUEUE_GPU_SECONDS = Counter("corral_queue_gpu_seconds", "GPU-seconds of reservations that ended, by the queue "
+                            "charged", ["queue"], registry=None)
+
+PROCESS_METRICS = (EVENTS_APPENDED, EVENTS_READ, DECIDE_SECONDS, PREEMPTIONS, RESTARTS, UNREADABLE_EVENTS,
+                   JOBS_FINISHED, QUEUE_WAIT, QUEUE_GPU_SECONDS)
+
+
+def build_info() -> Metric:
+    """`corral_build_info{version, python} 1`: which corral a process runs (dashboards join on it)."""
+    try:
+        version = importlib.metadata.version("corral")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    info = GaugeMetricFamily("corral_build_info", "corral version this process runs (value 1)",
+                             labels=["version", "python"])
+    info.add_metric([version, platform.python_version()], 1)
+    return info
+
+
+class _BuildInfo:
+    def collect(self) -> Iterable[Metric]:
+        return [build_info()]
+
+
+def count_outcomes(follower: Follower) -> None:
+    """Jobs finished by outcome, queue waits and GPU-seconds per queue, from what the fold did with each event.
+
+    Read after each event is folded: a job the event finished is in `state.finished` at that event's
+    position; a gang it placed is active with `reserved_at` the event's time. The reservations being
+    watched (at most the active gangs) are the only memory kept.
+    """
+    held: dict[str, tuple[str, int, float]] = {}  # job -> (queue, gpus, reserved_at) while it holds GPUs
+
+    def on_event(env: Envelope) -> None:
+        job_id = getattr(env.event, "job_id", None)
+        if not isinstance(job_id, str):
+            return
+        state = follower.state
+        job = state.jobs.get(job_id)
+        at = getattr(env.event, "occurred_at", 0.0)
+        was = held.get(job_id)
+        holding = job is not None and job_id in state.active
+        if was is not None and (not holding or job is None or job.reserved_at != was[2]):
+            del held[job_id]
+            QUEUE_GPU_SECONDS.labels(was[0]).inc(max(0.0, was[1] * (at - was[2])))
+        if job is None:
+            return
+        queue = job.queue or resolve_queue(state, job.spec.queue)
+        if holding and job_id not in held:
+            held[job_id] = (queue, job.gpus, job.reserved_at)
+            if isinstance(env.event, GangReserved):
+                QUEUE_WAIT.labels(queue).observe(max(0.0, job.reserved_at - job.waiting_since))
+        if state.finished.get(job_id) == env.seq:
+            JOBS_FINISHED.labels(job.status, queue).inc()
+
+    follower.on_event(on_event)
 
 
 def count_folded(follower: Follower, service: str, *, cluster_facts: bool) -> None:
@@ -181,7 +255,9 @@ def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None =
         counts[job.status] = counts.get(job.status, 0) + 1
     for status, n in sorted(counts.items()):
         jobs.add_metric([status], n)
-    voids = _gauge("corral_void_decisions", "Decisions the fold recorded as void (stale epoch, GPUs taken)")
+    # A counter: the fold only ever adds to it (exposed as corral_void_decisions_total).
+    voids = CounterMetricFamily("corral_void_decisions", "Decisions the fold recorded as void (stale epoch, GPUs "
+                                "taken), since the log began")
     voids.add_metric([], state.voids)
 
     out: list[Metric] = [*_fold_gauges([(None, state)]), epoch, node_gpus, node_cond, q_alloc, q_free, q_guar,
@@ -228,16 +304,37 @@ def scheduler_heartbeat_ages(sched: Scheduler) -> dict[str, float] | None:
     return monitor.silence((n.node_id, n.incarnation) for n in sched.state.nodes.values() if not n.failed)
 
 
-def registry_for(scheduler: Scheduler | None = None, agents: Sequence[Agent] = ()) -> CollectorRegistry:
+class ServiceRegistry(CollectorRegistry):
+    """The registry of a process's services, which also knows whether they can work (`/readyz`)."""
+
+    def __init__(self, buses: Sequence[Any] = ()) -> None:
+        super().__init__()
+        self._buses = list(buses)
+
+    def not_ready(self) -> str:
+        """Empty when every service's NATS connection is up, else why not (a Kubernetes readiness probe)."""
+        for bus in self._buses:
+            nc = getattr(bus, "nc", None)
+            if nc is not None and not nc.is_connected:
+                return "not connected to NATS"
+        return ""
+
+
+def registry_for(scheduler: Scheduler | None = None, agents: Sequence[Agent] = ()) -> ServiceRegistry:
     """A registry with the process metrics and the gauges of the services run in this process.
 
     Call before the services run so their catch-up is counted too.
     """
-    reg = CollectorRegistry()
+    reg = ServiceRegistry([*([scheduler.bus] if scheduler is not None else []), *(a.bus for a in agents)])
     for metric in PROCESS_METRICS:
         reg.register(metric)
+    # process_* (CPU, memory, open files) and python_info, as any Prometheus client exposes them.
+    reg.register(PROCESS_COLLECTOR)
+    reg.register(PLATFORM_COLLECTOR)
+    reg.register(_BuildInfo())
     if scheduler is not None:
         count_folded(scheduler.follower, "scheduler", cluster_facts=True)
+        count_outcomes(scheduler.follower)
         reg.register(StateCollector(lambda: scheduler.state, lambda: scheduler_heartbeat_ages(scheduler)))
     if agents:
         for agent in agents:
@@ -282,8 +379,15 @@ class MetricsServer:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
             parts = head.split(b"\r\n", 1)[0].split()
             method, path = (parts[0], parts[1]) if len(parts) >= 2 else (b"", b"")
-            if method not in (b"GET", b"HEAD") or path.split(b"?")[0] not in (b"/metrics", b"/"):
-                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics\n"
+            route = path.split(b"?")[0]
+            if method not in (b"GET", b"HEAD") or route not in (b"/metrics", b"/", b"/healthz", b"/readyz"):
+                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics, /healthz or /readyz\n"
+            elif route == b"/healthz":  # liveness: the service's event loop answers (a wedged loop does not)
+                status, ctype, body = "200 OK", "text/plain", b"ok\n"
+            elif route == b"/readyz":  # readiness: and its NATS connection is up
+                why = self.registry.not_ready() if isinstance(self.registry, ServiceRegistry) else ""
+                status, ctype, body = ("503 Service Unavailable", "text/plain", why.encode() + b"\n") if why else \
+                    ("200 OK", "text/plain", b"ready\n")
             else:
                 t0 = time.perf_counter()
                 status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, generate_latest(self.registry)

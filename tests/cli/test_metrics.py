@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import urllib.request
+from pathlib import Path
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.metrics import state_metrics
@@ -103,3 +107,63 @@ def test_state_metrics_of_a_known_state() -> None:
     assert got[("corral_pending_jobs", (("reason", "capacity"),))] == 1
     assert got[("corral_pending_jobs", (("reason", "unexplained"),))] == 1
     assert got[("corral_log_position", ())] == 16
+
+
+MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "monitoring"
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count"),
+             "gauge": ("",), "info": ("_info",), "unknown": ("",)}
+
+
+def exposed_names(port: int) -> set[str]:
+    """Every series name the endpoint can expose: sample names, and each family's (even with no samples yet)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: set[str] = set()
+    for family in text_string_to_metric_families(body):
+        out |= {s.name for s in family.samples}
+        out |= {family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",))}
+    return out
+
+
+def test_outcomes_waits_gpu_seconds_build_and_process_metrics(cluster: Up, metrics_port: int,
+                                                              preemption: object) -> None:
+    """What the scheduler counts as its fold finishes jobs (the preemption scenario ends some)."""
+    url = cluster.url
+    submit(url, {"met-done": job("met-done", queue="research", steps=5)})
+    wait_state(url, lambda s: statuses(s, ["met-done"]) == ["completed"], 60, "met-done")
+    samples = scrape(metrics_port)
+    assert (value(samples, "corral_jobs_finished_total", outcome="completed", queue="research") or 0) >= 1
+    assert (value(samples, "corral_queue_wait_seconds_count", queue="research") or 0) >= 1
+    assert (value(samples, "corral_queue_gpu_seconds_total", queue="research") or 0) > 0
+    assert value(samples, "corral_void_decisions_total") is not None
+    assert any(name == "corral_build_info" and v == 1 for (name, _), v in samples.items())
+    assert (value(samples, "process_resident_memory_bytes") or 0) > 0
+
+
+def test_dashboard_and_alert_rules_name_only_what_a_scheduler_exposes(cluster: Up, metrics_port: int) -> None:
+    exposed = exposed_names(metrics_port)
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((MONITORING / "prometheus-rules.yaml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    named = {m for e in exprs for m in re.findall(r"\b((?:corral|process)_[a-z_]+)", e)}
+    assert len(named) >= 15
+    assert not named - exposed, f"named but never exposed: {sorted(named - exposed)}"
+    assert all(r.get("alert") and r.get("annotations", {}).get("summary") for g in rules["groups"]
+               for r in g["rules"])
+
+
+def test_k8s_probes_and_metrics_ports_are_served(cluster: Up, metrics_port: int) -> None:
+    """The manifests' probes ask the metrics port for paths a running service answers with 200."""
+    k8s = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
+    for manifest in ("scheduler.yaml", "agent.yaml"):
+        docs = [d for d in yaml.safe_load_all((k8s / manifest).read_text()) if d and d.get("kind") in
+                ("Deployment", "DaemonSet", "StatefulSet")]
+        (container,) = docs[0]["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        command = container["command"]
+        assert command[command.index("--metrics-port") + 1] == str(ports["metrics"]), manifest
+        for probe in ("livenessProbe", "readinessProbe"):
+            get = container[probe]["httpGet"]
+            assert get["port"] == "metrics", (manifest, probe)
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}{get['path']}", timeout=10) as r:
+                assert r.status == 200, (manifest, probe)
