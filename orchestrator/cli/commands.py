@@ -6,13 +6,14 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from orchestrator.cli import admin, forensics, jobs, listing, logs, services, tail, top, usage
+    from orchestrator.cli import admin, completion, forensics, jobs, listing, logs, services, tail, top, usage
 
     services.register(sub)
     jobs.register(sub)
     listing.register(sub)
     usage.register(sub)
     logs.register(sub)
+    completion.register(sub)
     admin.register(sub)
     tail.register(sub)
     forensics.register(sub)
