@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test lint typecheck bench clean
 
-$(BIN)/corral: pyproject.toml
+# Exact versions from constraints.txt (pyproject.toml has ranges): every machine tests the same.
+$(BIN)/corral: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
 # A fresh data dir and any free port, so a second run (or a running `corral up`) never interferes.

@@ -23,6 +23,25 @@ class Parser(argparse.ArgumentParser):
         self.exit(errors.USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _Version(argparse.Action):
+    """`corral --version`: the installed package's version, looked up only when asked (not on every start)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print corral's version (of the installed package) and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("corral")
+        except PackageNotFoundError:
+            found = "unknown (the corral package is not installed)"
+        print(f"corral {found}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli import commands
     from orchestrator.cli.connect import add_global_connection_args
@@ -33,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 failed, 2 usage/invalid input, 3 NATS unreachable, 4 not found, 5 timed out, "
                "6 refused by NATS (credentials, permissions) or TLS.",
     )
+    parser.add_argument("--version", action=_Version)
     add_global_connection_args(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.register(sub)

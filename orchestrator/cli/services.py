@@ -150,8 +150,13 @@ async def run_agent(args: argparse.Namespace) -> int:
     config = AgentConfig(node_id=args.node_id, address=args.address or socket.gethostname(), data_dir=data_dir,
                          checkpoint_root=Path(args.checkpoint_root).resolve() if args.checkpoint_root else None,
                          heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
-    docker = docker_options(args, inventory) if args.runtime == "docker" else None
-    runtime = make_runtime(args.runtime, data_dir, args.node_id, docker)
+    try:
+        docker = docker_options(args, inventory) if args.runtime == "docker" else None
+        runtime = make_runtime(args.runtime, data_dir, args.node_id, docker)
+    except ModuleNotFoundError as e:  # the Docker SDK is an extra, imported only by the docker runtime
+        if (e.name or "").partition(".")[0] != "docker":
+            raise
+        raise CliError("the docker runtime needs the Docker SDK: pip install 'corral[docker]'", USAGE) from None
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True, wait_for_creator=True) as bus:
         agent = Agent(bus, config, inventory, runtime)
         metrics_server = await start_metrics(args, agents=[agent])

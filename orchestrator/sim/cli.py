@@ -9,6 +9,7 @@ The simulation itself is synchronous CPU work: the handlers just call it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -182,7 +183,16 @@ def _out_dir(path: Path) -> None:
         raise ValueError(f"--out {path}: cannot create the directory: {e.strerror or e}") from None
 
 
+def _missing_extra(args: argparse.Namespace) -> str | None:
+    """The install hint when the figures are wanted and matplotlib (the `sim` extra) is not installed."""
+    if args.no_figures or importlib.util.find_spec("matplotlib") is not None:
+        return None
+    return "the figures need matplotlib, which is not installed: pip install 'corral[sim]' (or pass --no-figures)"
+
+
 async def run_handler(args: argparse.Namespace) -> int:
+    if hint := _missing_extra(args):
+        return _error(hint)
     missing = _missing(("--trace", args.trace), ("--outages", args.outages), ("--cluster", args.cluster),
                        ("--from-log", args.from_log))
     if missing:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from orchestrator.sim import plots
 from orchestrator.sim.baselines import POLICY_NAMES
 from orchestrator.sim.engine import Scenario, SimConfig, SimResult, simulate
 from orchestrator.sim.metrics import big_gang_waits, summarize, waits_longer
@@ -98,6 +97,9 @@ def run_policies(scenario: Scenario, policies: Sequence[str], config: SimConfig 
         (out_dir / "table.txt").write_text(table + "\n")
         files += [out_dir / "metrics.json", out_dir / "table.txt"]
         if figures:
+            # matplotlib is the `sim` extra, and slow to import: only a run that draws pays for it.
+            from orchestrator.sim import plots
+
             jct_cdf, allocation, queue_shares, share_vs_fair = (out_dir / f for f in FIGURES)
             files += [
                 plots.jct_cdf(jcts, jct_cdf),

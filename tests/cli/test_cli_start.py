@@ -1,0 +1,66 @@
+"""What `corral` needs to start: its version from the installed package, `--help` without the extras' heavy
+imports, and one line naming the extra to install when a command needs one that is missing.
+
+A missing extra is played here by blocking its import (`sys.modules[name] = None`, which makes
+`import name` raise ModuleNotFoundError); tests/test_install.py runs the real thing in a fresh venv.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from orchestrator.cli.errors import USAGE
+from tests.cli.conftest import CORRAL, ROOT, assert_one_line_error
+
+#: Extras (or what they pull in) that `corral --help` must not import.
+HEAVY = {"matplotlib", "numpy", "docker"}
+
+
+def without(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`corral ARGS` in an interpreter where `module` cannot be imported."""
+    code = f"import sys; sys.modules[{module!r}] = None; from orchestrator.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+
+
+def test_version_is_the_installed_packages() -> None:
+    proc = subprocess.run([*CORRAL, "--version"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
+    version = importlib.metadata.version("corral")
+    assert proc.stdout == f"corral {version}\n"
+    assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+
+
+def test_help_imports_neither_matplotlib_numpy_nor_docker() -> None:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli", "--help"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:") and line.count("|") == 2}
+    assert {"orchestrator.cli", "orchestrator.cli.services", "orchestrator.sim.cli"} <= imported, "not parsed"
+    heavy = sorted(m for m in imported if m.partition(".")[0] in HEAVY)
+    assert not heavy, f"corral --help imports {heavy}"
+
+
+def test_sim_without_the_sim_extra_says_what_to_install(tmp_path: Path) -> None:
+    proc = without("matplotlib", "sim", "--trace", "t.csv", "--cluster", "c.yaml", cwd=tmp_path)
+    line = assert_one_line_error(proc, USAGE)
+    assert "pip install 'corral[sim]'" in line, line
+
+
+def test_sim_gen_and_no_figures_need_no_extra(tmp_path: Path) -> None:
+    gen = without("matplotlib", "sim", "gen", "--jobs", "30", "--out", "t.csv", "--cluster-out", "c.yaml",
+                  cwd=tmp_path)
+    assert gen.returncode == 0, gen.stderr
+    run = without("matplotlib", "sim", "--trace", "t.csv", "--cluster", "c.yaml", "--policy", "fifo",
+                  "--no-figures", "--out", "out", "--json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert not list((tmp_path / "out").glob("*.png"))
+
+
+def test_docker_runtime_without_the_docker_extra_says_what_to_install(tmp_path: Path) -> None:
+    proc = without("docker", "agent", "--node-id", "n1", "--runtime", "docker", "--fake-gpus", "2",
+                   "--data-dir", str(tmp_path), cwd=tmp_path)
+    line = assert_one_line_error(proc, USAGE)
+    assert "pip install 'corral[docker]'" in line, line
