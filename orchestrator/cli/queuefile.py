@@ -235,7 +235,7 @@ def register(qsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                     "first); with --prune, QueueDeleted for each defined queue FILE does not name. "
                                     "The file is checked whole first: a bad file or a refused deletion appends "
                                     "nothing. FILE: `queues: [{name, weight, guaranteed_gpus, limit_gpus, "
-                                    "parent}, ...]` (examples/queues.yaml).")
+                                    "parent}, ...]`.")
     add_connection_args(a)
     a.add_argument("file", help="YAML (or JSON) file of queues")
     a.add_argument("--prune", action="store_true", help="delete defined queues the file does not name (refused "
