@@ -146,6 +146,11 @@ def _final_reason(ev: object) -> str:
     return ""
 
 
+#: Production submits this long after the cluster fills, so the workers it preempts have started and
+#: installed their checkpoint-signal handler (signalled before that, a worker dies without a checkpoint).
+URGENT_AFTER_S = 2.0
+
+
 async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[int, str | None] | None = None) -> int:
     """Submit and narrate; `small` = (GPUs per node, image): the small workload (see the module note).
 
@@ -165,9 +170,14 @@ async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[in
     story = Story()
     deadline = time.monotonic() + (duration or 600.0)
     started: set[str] = set()
+    urgent_task: asyncio.Task[None] | None = None
+
+    async def submit_urgent() -> None:
+        await asyncio.sleep(URGENT_AFTER_S)
+        await client.submit(urgent_spec, job_id=urgent)
 
     async def narrate() -> None:
-        nonlocal urgent_sent
+        nonlocal urgent_sent, urgent_task
         async with aclosing(bus.tail(from_seq=1)) as events:
             async for env in events:
                 ev = env.event
@@ -211,16 +221,23 @@ async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[in
                 # Every first job has run (or ended without running): production's turn.
                 if not urgent_sent and set(ids) <= started | set(story.outcomes):
                     urgent_sent = True
-                    print("demo: >> cluster full; production submits an urgent job", flush=True)
-                    await client.submit(urgent_spec, job_id=urgent)
+                    print(f"demo: >> cluster full; production submits an urgent job in {URGENT_AFTER_S:g} s",
+                          flush=True)
+                    urgent_task = asyncio.create_task(submit_urgent())
                 if not pending:
                     return
 
     try:
         await asyncio.wait_for(narrate(), max(0.0, deadline - time.monotonic()))
+        if urgent_task is not None:
+            await urgent_task  # done: its job is final; raises if the submit failed
     except TimeoutError:
         print(f"demo: time is up with {len(pending)} job(s) unfinished: {', '.join(sorted(pending))}", flush=True)
         return FAILURE
+    finally:
+        if urgent_task is not None and not urgent_task.done():
+            urgent_task.cancel()
+            await asyncio.gather(urgent_task, return_exceptions=True)
     failed = story.not_completed()
     if failed:
         print(f"demo: failed: {len(failed)} of {len(story.outcomes)} jobs did not complete: "
