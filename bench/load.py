@@ -94,6 +94,12 @@ class SharedView:
     async def wait_for_seq(self, seq: int) -> None:
         await self._shared.wait_for_seq(seq)
 
+    async def wait_changed(self, timeout: float) -> None:
+        """Follower.wait_changed on this agent's own flag (the shared fold sets it: see `wake`)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.changed.wait()
+
 
 async def host_agents(url: str, first: int, count: int, nodes_total: int, gpus: int) -> None:
     configure_logging("warning")
@@ -129,6 +135,8 @@ async def host_agents(url: str, first: int, count: int, nodes_total: int, gpus: 
         agent = Agent(bus, config, inventory, SimulatedRuntime())
         view = SharedView(shared, ready)
         agent.follower = view  # type: ignore[assignment]
+        # The agent registered its per-event observer on its own Follower, which never runs here.
+        shared.on_event(agent._observe)
         views[node_id] = view
         agents.append(agent)
     await shared.catch_up()

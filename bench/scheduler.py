@@ -10,7 +10,8 @@ fold_bench(): folding a 1,000,000-event log of busy-cluster lifecycles.
 e2e_bench() (bench/scheduler_e2e.py): a real `corral scheduler` process over an
 embedded nats-server -- submit -> GangReserved latency at a steady 100 submits/s
 and the rate of a burst.
-Usage: python bench/scheduler.py [--nodes N] [--jobs N] [--fold-events N] [--no-e2e]
+Usage: python bench/scheduler.py [--nodes N] [--jobs N] [--fold-events N] [--no-e2e] [--burst N] [--latency-s S]
+(--nodes sizes the end-to-end run's cluster too.)
 """
 
 from __future__ import annotations
@@ -223,6 +224,7 @@ def main() -> None:
     ap.add_argument("--fold-events", type=int, default=1_000_000)
     ap.add_argument("--no-e2e", action="store_true", help="skip the end-to-end run through NATS")
     ap.add_argument("--burst", type=int, default=4000, help="end-to-end burst size")
+    ap.add_argument("--latency-s", type=float, default=10.0, help="end-to-end: seconds of steady submits")
     args = ap.parse_args()
     figures = {**core_bench(args.nodes, args.jobs)}
     print(f"core: {figures['core_gangs_per_s']:,} gangs/s, decide p99 {figures['core_decide_p99_ms']} ms", flush=True)
@@ -233,7 +235,7 @@ def main() -> None:
 
         from scheduler_e2e import e2e_bench
 
-        figures.update(asyncio.run(e2e_bench(burst=args.burst)))
+        figures.update(asyncio.run(e2e_bench(latency_s=args.latency_s, burst=args.burst, nodes=args.nodes)))
         print(f"e2e: {figures['e2e_gangs_per_s']:,} gangs/s, p99 {figures['e2e_p99_ms']} ms at 100 submits/s",
               flush=True)
     print(json.dumps(figures))

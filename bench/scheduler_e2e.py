@@ -1,8 +1,8 @@
 """End-to-end scheduling through NATS: submit -> GangReserved rate and latency.
 
 A real `corral scheduler` process follows an embedded nats-server; the bench
-registers 1,024 nodes x 8 GPUs (two topology levels above node) straight into
-the log, then
+registers `--nodes` (default 1,024) nodes x 8 GPUs (two topology levels above
+node) straight into the log, then
 1. latency: submits 1-GPU gangs at a steady 100/s for `--latency-s` seconds;
    latency = GangReserved's stream time - JobSubmitted's stream time (both
    stamped by the server, one clock);
@@ -31,7 +31,7 @@ from events.server import NatsServer  # noqa: E402
 from nodeagent.fake_gpus import fake_inventory  # noqa: E402
 from schemas import GangReserved, JobSpec, JobSubmitted, NodeRegistered  # noqa: E402
 
-NODES, GPUS = 1024, 8
+NODES, GPUS = 1024, 8  # the defaults: --nodes
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -39,13 +39,13 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-async def _register(bus: Bus) -> None:
+async def _register(bus: Bus, nodes: int) -> None:
     events = [
         NodeRegistered(event_id=f"reg:n{i}", occurred_at=time.time(), node_id=f"n{i:04d}", incarnation="1",
                        address=f"10.0.{i // 256}.{i % 256}",
                        inventory=fake_inventory(GPUS, node_id=f"n{i:04d}",
                                                 labels={"block": f"b{i // 128}", "leaf": f"l{i // 16}"}))
-        for i in range(NODES)
+        for i in range(nodes)
     ]
     await bus.append_many(events)
 
@@ -81,7 +81,8 @@ class Watch:
         await asyncio.wait_for(wait(), timeout)
 
 
-async def e2e_bench(latency_s: float = 10.0, rate: float = 100.0, burst: int = 4000) -> dict[str, float]:
+async def e2e_bench(latency_s: float = 10.0, rate: float = 100.0, burst: int = 4000,
+                    nodes: int = NODES) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="corral-e2e-") as tmp:
         async with NatsServer(Path(tmp) / "nats") as server:
             bus = await Bus.connect(server.url)
@@ -93,7 +94,7 @@ async def e2e_bench(latency_s: float = 10.0, rate: float = 100.0, burst: int = 4
             watch = Watch()
             tail = asyncio.create_task(watch.run(bus))
             try:
-                await _register(bus)
+                await _register(bus, nodes)
                 # warm-up: one job, so the scheduler is elected and caught up before timing
                 await bus.append(_submit("warmup", 1))
                 await watch.until_reserved(["warmup"], 60)
@@ -135,5 +136,6 @@ if __name__ == "__main__":
     ap.add_argument("--latency-s", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=100.0)
     ap.add_argument("--burst", type=int, default=4000)
+    ap.add_argument("--nodes", type=int, default=NODES, help=f"nodes x {GPUS} GPUs registered (default %(default)s)")
     a = ap.parse_args()
-    print(json.dumps(asyncio.run(e2e_bench(a.latency_s, a.rate, a.burst))))
+    print(json.dumps(asyncio.run(e2e_bench(a.latency_s, a.rate, a.burst, a.nodes))))

@@ -1,0 +1,49 @@
+"""Every bench script runs, at its tiniest size, so a change elsewhere cannot leave one broken unnoticed.
+
+A smoke test, not a benchmark: no figure is checked, only that the script exits 0 and prints one JSON
+object as its last line (what bench/RESULTS.md quotes). A new script in bench/ needs its tiny size
+here: the test for it fails until it has one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+
+#: Script -> the arguments of its tiniest run (None: skipped, with the reason in SKIPPED).
+TINY: dict[str, list[str] | None] = {
+    "big_gangs.py": ["--seeds", "1", "--jobs", "60"],
+    # A chaos run needs minutes to mean anything; tests/faults/test_chaos.py runs the same driver at CI's size.
+    "chaos.py": None,
+    "cli_start.py": ["--runs", "1"],
+    "gang_starts.py": ["--nodes", "2", "--gangs", "3", "--run-s", "0.1"],
+    "load.py": ["--jobs", "4", "--clients", "1", "--nodes", "2", "--gpus", "8", "--agent-procs", "1",
+                "--timeout", "60"],
+    "rebuild.py": ["--events", "2000", "--tail", "100", "--rounds", "1"],
+    "replay.py": ["--events", "2000", "--rounds", "1"],
+    "scheduler.py": ["--nodes", "8", "--jobs", "40", "--fold-events", "2000", "--burst", "20", "--latency-s", "0.2"],
+    "scheduler_e2e.py": ["--nodes", "8", "--latency-s", "0.2", "--rate", "20", "--burst", "20"],
+    "sim.py": ["--jobs", "60", "--policies", "corral,fifo", "--no-logs"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in BENCH.glob("*.py")))
+def test_bench_script_runs_at_its_tiniest_size(script: str, tmp_path: Path) -> None:
+    assert script in TINY, f"bench/{script} has no tiny size in tests/test_bench_smoke.py: give it one"
+    args = TINY[script]
+    if args is None:
+        pytest.skip(f"bench/{script}: a long run by nature, tested elsewhere (see TINY)")
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, f"bench/{script} exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"bench/{script} printed nothing"
+    figures = json.loads(lines[-1])
+    assert isinstance(figures, dict) and figures, f"bench/{script}: last line is not one JSON object: {lines[-1]}"
