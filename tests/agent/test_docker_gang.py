@@ -34,6 +34,8 @@ from tests.integration.harness import log_tail, scheduler, start_corral, stop, w
 #: One rank's life: resume, rendezvous with the other rank, count steps, checkpoint on SIGUSR1.
 WORKER = r"""
 me="rank$RANK-attempt$CORRAL_ATTEMPT"
+ckpt=0
+trap 'ckpt=1' USR1  # before anything: a signal during the rendezvous is acted on at the first step
 step=0
 target=$STEPS
 if [ -n "${CORRAL_RESUME_FROM:-}" ]; then
@@ -41,19 +43,18 @@ if [ -n "${CORRAL_RESUME_FROM:-}" ]; then
     target=$((step + 5))
     echo "$me resumed at step $step from $CORRAL_RESUME_FROM"
 fi
+# Each side keeps its stdin open a second after its token: an nc whose stdin ends may close
+# before it has read the peer's token.
 if [ "$RANK" = 0 ]; then
-    got=$(echo "token-from-$me" | nc -l -p "$MASTER_PORT")
+    got=$( (echo "token-from-$me"; sleep 1) | nc -l -p "$MASTER_PORT")
 else
     i=0
-    until got=$(echo "token-from-$me" | nc "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) && [ -n "$got" ]; do
+    until got=$( (echo "token-from-$me"; sleep 1) | nc "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) && [ -n "$got" ]; do
         i=$((i + 1))
-        [ $i -gt 600 ] && { echo "$me: nobody at $MASTER_ADDR:$MASTER_PORT"; exit 3; }
-        sleep 0.1
+        [ $i -gt 60 ] && { echo "$me: nobody at $MASTER_ADDR:$MASTER_PORT"; exit 3; }
     done
 fi
 echo "$me at $MASTER_ADDR:$MASTER_PORT got $got"
-ckpt=0
-trap 'ckpt=1' USR1
 while [ "$step" -lt "$target" ]; do
     if [ $ckpt = 1 ]; then
         d=$CORRAL_CHECKPOINT_DIR
@@ -161,7 +162,7 @@ async def test_preempted_gang_resumes_in_new_containers_from_the_host_checkpoint
             await wait_until(follower, lambda s: status("low")(s) == "running", 60, "low running")
             await wait_until(follower, lambda s: [r.status for r in s.ranks.get("low", {}).values()] == ["started"] * 2,
                              60, "both ranks started")
-            await asyncio.sleep(2.0)  # steps worth checkpointing
+            await asyncio.sleep(3.0)  # past the rendezvous, steps worth checkpointing
             high = JobSpec(name="high", ranks=1, gpus_per_rank=8, priority=10, image=BUSYBOX_IMAGE,
                            command=("sh", "-c", "echo high at $MASTER_ADDR; sleep 1"))
             await client.submit(high, job_id="high")
