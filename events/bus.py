@@ -43,7 +43,7 @@ Readers of the whole stream check that positions are contiguous as well
 (orchestrator/follow.py) and stop with LogGap rather than skip.
 
 Decoding uses `schemas.decode`, which never raises: an unknown or corrupt event
-arrives as an Envelope carrying `Unknown`, logged once per type.
+arrives as an Envelope carrying `Unknown`, logged once per reason.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ class Bus:
         self.stream = stream
         self.replicas = replicas
         self._closed = False
-        self._unknown_logged: set[str | None] = set()
+        self._unknown_logged: set[str] = set()
         #: Readers to wake when the connection comes back: their consumers may be gone.
         self._reconnect_listeners: set[Callable[[], None]] = set()
         #: Subscription id -> reader whose data messages skip nats-py's per-message work.
@@ -839,11 +839,13 @@ class Bus:
         return Envelope(seq, subject, ts_ns / 1e9, event)
 
     def _log_unknown(self, event: Unknown, seq: int, subject: str) -> None:
-        if event.type in self._unknown_logged:
+        # Once per reason, a closed set: keyed by the type a message claims, a hostile publisher
+        # could make every reader log (and remember) a line per made-up type.
+        if event.reason in self._unknown_logged:
             return
-        self._unknown_logged.add(event.type)
-        log.warning("undecodable event (logged once per type)", type=event.type, seq=seq, subject=subject,
-                    error=event.error[:200])
+        self._unknown_logged.add(event.reason)
+        log.warning("undecodable event (logged once per reason)", reason=event.reason, type=event.type, seq=seq,
+                    subject=subject, error=event.error[:200])
 
 
 # --- a service's own appends ------------------------------------------------------
