@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import assert_never
 
 from events.bus import Envelope
 from schemas import (
+    AnyEvent,
+    CancelRequested,
     Checkpointed,
     ClusterConfigured,
     GangReserved,
@@ -18,11 +21,15 @@ from schemas import (
     JobRunning,
     JobSubmitted,
     JobWaiting,
+    NodeCordoned,
     NodeFailed,
+    NodeRecovered,
     NodeRegistered,
+    NodeUncordoned,
     Preempted,
     PreemptionRequested,
     QueueDefined,
+    QueueDeleted,
     RankPlacement,
     SchedulerElected,
     Unknown,
@@ -53,8 +60,8 @@ def _ranges(xs: list[int]) -> str:
     return ",".join(out)
 
 
-def essentials(event: object) -> str:
-    """The few facts of an event an operator scans for."""
+def essentials(event: AnyEvent | Unknown) -> str:
+    """The few facts of an event an operator scans for; exhaustive, so a new event type cannot print blank."""
     match event:
         case JobSubmitted(spec=s):
             topo = f" {s.topology.mode} {s.topology.level}" if s.topology else ""
@@ -87,6 +94,9 @@ def essentials(event: object) -> str:
             return "; ".join(event.reasons)
         case JobCancelled():
             return event.reason
+        case CancelRequested():
+            by = f" by {event.requested_by}" if event.requested_by else ""
+            return f"{event.reason}{by}".strip()
         case NodeRegistered():
             inv = event.inventory
             model = inv.gpus[0].model if inv.gpus else "no GPUs"
@@ -94,9 +104,18 @@ def essentials(event: object) -> str:
             return f"{inv.gpu_count}x {model} at {event.address} {labels}".rstrip()
         case NodeFailed():
             return event.reason
+        case NodeRecovered():
+            return f"incarnation={event.incarnation}"
+        case NodeCordoned():
+            return event.reason
+        case NodeUncordoned():
+            return ""
         case QueueDefined():
             limit = "-" if event.limit_gpus is None else event.limit_gpus
-            return f"weight={event.weight:g} guarantee={event.guaranteed_gpus} limit={limit}"
+            parent = f" parent={event.parent}" if event.parent else ""
+            return f"weight={event.weight:g} guarantee={event.guaranteed_gpus} limit={limit}{parent}"
+        case QueueDeleted():
+            return "deleted"
         case SchedulerElected():
             return f"epoch={event.epoch} {event.scheduler_id}"
         case ClusterConfigured():
@@ -104,7 +123,7 @@ def essentials(event: object) -> str:
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:
-            return ""
+            assert_never(event)
 
 
 #: Most characters of an unreadable message's reason a line shows (`--json` has all of it).
