@@ -69,7 +69,8 @@ class Tracked:
     checkpoint_step: int = -1
     waiter: asyncio.Task[None] | None = None
     stopper: asyncio.Task[ExitInfo] | None = None
-    #: Its process has ended: it holds no GPU, though it is tracked until its exit is reported and folded.
+    #: Its process has ended and its exit is in the log: it holds no GPU, though it stays tracked until removed
+    #: and its report is folded.
     exited: bool = False
     #: Adopted after a restart: which GPUs it holds is not recorded with the worker.
     gpus_unknown: bool = False
@@ -552,12 +553,11 @@ class Agent:
 
     async def _watch(self, key: WorkerKey, tr: Tracked) -> None:
         info = await self.runtime.wait(tr.handle)
-        tr.exited = True
-        self.follower.changed.set()  # a rank deferred on its GPUs (`_blocked`) may start now
         if tr.stopper is not None:
             with contextlib.suppress(Exception):
                 await tr.stopper
         if not tr.told:  # its start never reached the log, so neither does its end
+            self._release_gpus(tr)
             try:
                 await self.runtime.remove(tr.handle)
             finally:
@@ -577,6 +577,9 @@ class Agent:
             self._restarting.add(key)
         try:
             seq = await self._report_exit(key, tr.spec.restarts, info, reason, will_restart=restart)
+            # Its end is in the log now: a worker of another job may start on its GPUs (the log never shows
+            # two live workers on one GPU), without waiting for the removal and our report's fold.
+            self._release_gpus(tr)
             await self.runtime.remove(tr.handle)
             # Keep it tracked until our own report is folded: until then the state still says the
             # rank runs, and reconcile would start the same worker again (a second run of the
@@ -588,6 +591,11 @@ class Agent:
             self.follower.changed.set()
         if restart:
             self._spawn(self._restart_later(key, tr.spec.restarts + 1))
+
+    def _release_gpus(self, tr: Tracked) -> None:
+        """The worker ended and the log says so: its GPUs stop blocking starts (`_held_gpus`); wake reconcile."""
+        tr.exited = True
+        self.follower.changed.set()
 
     async def _restart_later(self, key: WorkerKey, restarts: int) -> None:
         try:
