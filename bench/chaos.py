@@ -32,11 +32,14 @@ def main() -> None:
     ap.add_argument("--chaos-s", type=float, default=180.0)
     ap.add_argument("--drain-s", type=float, default=600.0)
     ap.add_argument("--fault-every", type=float, default=1.5)
+    ap.add_argument("--lease-ttl", type=float, default=4.0)
+    ap.add_argument("--heartbeat-timeout", type=float, default=8.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-nats-faults", action="store_true")
     args = ap.parse_args()
     cfg = ChaosConfig(jobs=args.jobs, nodes=args.nodes, chaos_s=args.chaos_s, drain_s=args.drain_s,
-                      fault_every=args.fault_every, seed=args.seed, nats_faults=not args.no_nats_faults)
+                      fault_every=args.fault_every, seed=args.seed, nats_faults=not args.no_nats_faults,
+                      lease_ttl=args.lease_ttl, heartbeat_timeout=args.heartbeat_timeout)
     with tempfile.TemporaryDirectory(prefix="corral-chaos-") as d:
         result = asyncio.run(run_chaos(cfg, Path(d), fresh_digest=fresh_fold,
                                        progress=lambda s: print(s, file=sys.stderr, flush=True)))
@@ -46,7 +49,8 @@ def main() -> None:
         print("state mismatch:", m)
     print(json.dumps({"machine": platform.machine(), "cpus": os.cpu_count(),
                       "config": {"jobs": cfg.jobs, "nodes": cfg.nodes, "schedulers": cfg.schedulers,
-                                 "chaos_s": cfg.chaos_s, "seed": cfg.seed}, **result.summary()}))
+                                 "chaos_s": cfg.chaos_s, "seed": cfg.seed, "lease_ttl": cfg.lease_ttl,
+                                 "heartbeat_timeout": cfg.heartbeat_timeout}, **result.summary()}))
 
 
 if __name__ == "__main__":
