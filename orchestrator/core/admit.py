@@ -20,13 +20,18 @@ fair-share order, and keep them until they start -- or until they cannot
 hold them any more (over quota, never fits, preempting). Without that a
 reservation went to whichever blocked gang came first in a fair-share order
 that changes at nearly every event, and a big gang of a busy queue could wait
-behind a new holder each time. A free reservation goes, with a
-`Policies.reservation_order` (default: the longest waiting), to the queue
-head first in that order among those the free GPUs cannot take, looked at
-before the fair-share order -- so a heavy queue's big gang, whose turn comes
-last, still gets one once it is among the oldest; without an order, to the
-first gang the loop finds blocked (fair-share order). Measured in
-bench/RESULTS.md.
+behind a new holder each time. A free reservation goes to the first gang the
+fair-share loop finds blocked by capacity, and the GPUs a reservation is for
+count in its queue's share for the rest of the cycle (`Plan.charge_share`):
+on a full cluster every GPU that comes back is reserved, so who gets
+reservations is who gets GPUs, and fair share must decide it (issue #20:
+handed out in submit order, 2:1 queues held 16 and 16 GPUs). Bounded aging
+(`Policies.reservation_aging_s`, `reservation_order`): a gang larger than the
+smallest head that has waited longer than that takes a free reservation
+before the fair-share order, oldest first, after the older heads that fit now
+-- so a heavy queue's big gang, whose turn comes last at a peak, still gets
+one. A gang blocked by its own queue's limit keeps the quota its queue frees
+(`_quota_holds`). Measured in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from orchestrator.core.explain import (
 )
 from orchestrator.core.plan import Hold, Plan, RunningGangs, ends_at, running_gangs
 from orchestrator.core.state import RESERVING, Job, LineKey, Waiting, attained_service
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.usage import ancestors, resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
 from orchestrator.policies.backfill import may_use_held
 from orchestrator.policies.fairshare import JobKey, job_order_key
@@ -139,6 +144,13 @@ class _Admission:
         self.out_of_searches = False
         #: A head looked at first is not holding (or one holding was not looked at first).
         self.holders_differ = False
+        #: Limited queue -> the queue head its limit blocked first (in line order): its quota is
+        #: kept for that gang (set once per cycle, before any head is judged: see _quota_holds).
+        self.quota_holds: dict[str, tuple[LineKey, str]] = {}
+        #: A reservation was given in the fair-share loop (not to a head looked at first).
+        self.loop_holds = False
+        #: Per queue, the blocked heads the fair-share loop judged.
+        self.blocked_heads: dict[str, int] = {}
         #: A head waits for GPUs (not placed, preempting or over quota).
         self.capacity_blocked = False
 
@@ -319,7 +331,9 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
         code = o.code
         if code not in _UNMOVED:
             adm.blocked.append((plan.version, plan.charges, job, q))
-        if code != PLACED and (code == BACKFILL_HEAD) != looked_first:
+        if code == BACKFILL_HEAD and not looked_first:
+            adm.loop_holds = True  # the next cycle looks at it first (see _complete)
+        elif code != PLACED and (code == BACKFILL_HEAD) != looked_first:
             adm.holders_differ = True  # the next cycle looks at other heads first
         if code not in (PLACED, QUOTA, PREEMPTING):
             adm.capacity_blocked = True
@@ -338,6 +352,7 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
         judged(job, q, looked_first=True)
         first.append(job.job_id)
 
+    adm.quota_holds = _quota_holds(adm, lines)
     for job, q in _holders(adm):
         if len(plan.holds) >= pol.reservations:
             break
@@ -350,13 +365,18 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
         look_first(*chosen)
         if outcomes[chosen[0].job_id].code != PLACED:
             tries -= 1  # a placement takes GPUs and a head: it ends on its own
-    ranks: dict[tuple[str, int], tuple[object, ...]] = {}
+    ranks: dict[tuple[str, int, int], tuple[object, ...]] = {}
     order = [(_rank(c, plan, q, line, ranks), line.head[0], q) for q, line in lines.items() if line.head]
     heapify(order)
-    blocked = dict.fromkeys(lines, 0)
+    blocked = adm.blocked_heads = dict.fromkeys(lines, 0)
     while order:
-        _, _, q = heappop(order)
+        rank, head_key, q = heappop(order)
         line = lines[q]
+        assert line.head is not None
+        now_rank = _rank(c, plan, q, line, ranks)
+        if now_rank > rank:  # a charge to another queue moved it (a sibling in a hierarchy): look again
+            heappush(order, (now_rank, head_key, q))
+            continue
         job = line.pop()
         outcome = judged(job, q)
         if outcome.code != PLACED:
@@ -396,8 +416,10 @@ def _complete(adm: _Admission) -> bool:
     are planned again), and a free reservation goes to a head blocked by
     capacity (none left over, or reservations chosen in the loop, where this
     cycle gave them). And the heads looked at first must be the next
-    cycle's holders -- each placed or holding, and no reservation given in
-    the loop -- or a queue's count of blocked heads differs. Strict mode in
+    cycle's holders -- each placed or holding; a reservation given in the
+    loop makes the next cycle look at its holder first, which only changes
+    a queue's count of blocked heads, so it matters only for a queue that
+    ran out of heads -- or a queue's count of blocked heads differs. Strict mode in
     the simulator checks every use of it.
     """
     c, plan = adm.c, adm.plan
@@ -408,6 +430,12 @@ def _complete(adm: _Admission) -> bool:
     if plan.victims or any(c.state.jobs[p.job_id].earmark for p in adm.placed):
         return False  # folded, these move freed_seq: told reservations are planned again
     if adm.holders_differ:
+        return False
+    if adm.loop_holds and any(n >= c.policies.heads_per_queue - 1 for n in adm.blocked_heads.values()):
+        # The next cycle looks at the new holders first, so their queues' lines count one
+        # blocked head fewer: only a queue that ran out of heads sees a difference. Otherwise
+        # the same heads are judged on the same final plan (blocked ones only see fewer free
+        # GPUs, charges move no verdict but the order, and `_final_verdicts` told them).
         return False
     pol = c.policies
     return len(plan.holds) >= pol.reservations or pol.reservation_order is None or not adm.capacity_blocked
@@ -461,10 +489,10 @@ def _final_verdict(adm: _Admission, job: Job, queue: str, req: GangRequest) -> O
     q = c.state.queues.get(queue)
     if plan.gpus.get(queue, 0) + req.gpus <= (q.guaranteed_gpus if q is not None else 0):
         return None
-    return _blocked_verdict(adm, job, req, plan.index(req.cls), plan.limit_blocker(queue, req.gpus))
+    return _blocked_verdict(adm, job, queue, req, plan.index(req.cls), plan.limit_blocker(queue, req.gpus))
 
 
-def _rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: dict[tuple[str, int], tuple[object, ...]]) -> tuple[object, ...]:
+def _rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: dict[tuple[str, int, int], tuple[object, ...]]) -> tuple[object, ...]:
     """A queue's place in this cycle's order: its head's age once it starves, else the fair-share key.
 
     Aging, as in Slurm's multifactor priority: a head pending longer than
@@ -476,52 +504,108 @@ def _rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: dict[tuple[str, i
     head = line.head[1]
     if c.now - head.waiting_since > c.policies.starving_after_s:
         return (0, head.waiting_since)
-    # A queue's load changes only with a charge: its key is kept until then.
-    key = (queue, plan.charges)
+    # A queue's load changes only with a charge: its key is kept until then (per head size).
+    asks = head.spec.total_gpus
+    key = (queue, plan.charges, asks)
     found = ranks.get(key)
     if found is None:
-        found = ranks[key] = (1, c.policies.queue_key(plan.load(queue)))
+        found = ranks[key] = (1, c.policies.queue_key(plan.load(queue)._replace(asks=asks)))
     return found
 
 
 def _reservation_turn(adm: _Admission, lines: dict[str, Line]) -> tuple[Job, str] | None:
-    """The queue head whose turn it is while a reservation is free, in `reservation_order`.
+    """The queue head whose turn it is, out of fair-share order, while a reservation is free.
 
-    That is the first head the free GPUs cannot take (it reserves) -- or, before
-    it, a head they can take, which starts first: EASY backfill starts every
-    job ahead of the one that reserves. Else the younger gang's hold would be
-    planned on the very GPUs the older head would start on, and the older one
-    would wait behind a job submitted after it (seen at a daily peak: 14 h
-    waits behind 30-minute-old gangs of lighter queues). Only heads that are
-    neither preemptors nor over a quota: those wait for something else than
-    GPUs. None when no head is blocked, or when the policies choose in the loop.
+    Bounded aging: only heads pending longer than `Policies.reservation_aging_s`
+    compete, and only gangs larger than the smallest head looked at (the
+    smallest jobs take freed GPUs one by one; a gang no smaller job can
+    overtake needs no reservation to start, only its queue's turn). Among
+    them, in `reservation_order`, the first head the free GPUs cannot take
+    reserves -- or, before it, an aged head they can take starts first: EASY
+    backfill starts every job ahead of the one that reserves. Else the
+    younger gang's hold would be planned on the very GPUs the older head would
+    start on, and the older one would wait behind a job submitted after it.
+    Heads that are preemptors or over a quota wait for something else than
+    GPUs. None when no aged head is blocked: the free reservations then go in
+    fair-share order, to the first gang the loop finds blocked by capacity.
+    (Before, every free reservation went in submit order whatever the share:
+    on a full cluster, where every freed GPU is reserved, admission was
+    global FIFO and queue weights did nothing -- issue #20.)
     """
-    pol, plan = adm.c.policies, adm.plan
+    c, pol, plan = adm.c, adm.c.policies, adm.plan
     key = pol.reservation_order
-    if key is None:
+    if key is None or not math.isfinite(pol.reservation_aging_s):
         return None
-    blocked: tuple[JobKey, Job, str] | None = None
-    fitting: tuple[JobKey, Job, str] | None = None
+    aged_before = c.now - pol.reservation_aging_s
+    heads: list[tuple[Job, str, GangRequest]] = []
+    smallest = math.inf
     for q, line in lines.items():
         if line.head is None:
             continue
         job = line.head[1]
         if job.earmark:
             continue
+        req = pol.request(job)
+        smallest = min(smallest, req.gpus)
+        if job.waiting_since < aged_before:
+            heads.append((job, q, req))
+    blocked: tuple[JobKey, Job, str] | None = None
+    fitting: tuple[JobKey, Job, str] | None = None
+    for job, q, req in heads:
         k = key(job)
         if blocked is not None and k >= blocked[0]:
             continue  # neither reserves nor goes before the one that does
-        req = pol.request(job)
         if plan.limit_blocker(q, req.gpus) is not None:
             continue
         if not adm.fits_now(req):
-            blocked = (k, job, q)
+            if req.gpus > smallest:
+                blocked = (k, job, q)
         elif fitting is None or k < fitting[0]:
             fitting = (k, job, q)
     if blocked is None:
         return None
     turn = fitting if fitting is not None and fitting[0] < blocked[0] else blocked
     return turn[1], turn[2]
+
+
+def _quota_holds(adm: _Admission, lines: dict[str, Line]) -> dict[str, tuple[LineKey, str]]:
+    """Per limited queue, the head its limit blocks that is first in line order: the quota it frees is kept.
+
+    Without that, a gang blocked by its own queue's limit never starts while
+    the queue (or a sibling under the same limit) has smaller jobs: each GPU
+    its queue gives back is taken at once by one of them (issue #20: a 32-GPU
+    gang waited longer than under FIFO). Read from the heads as the cycle
+    starts, so every head of the cycle, in whatever order it is judged, gets
+    the same answer; a gang only blocked after this cycle's placements keeps
+    the quota from the next cycle on.
+    """
+    plan, pol = adm.plan, adm.c.policies
+    first: dict[str, tuple[LineKey, str]] = {}
+    for q, line in lines.items():
+        if line.head is None:
+            continue
+        job = line.head[1]
+        if job.earmark:
+            continue
+        over = plan.limit_blocker(q, pol.request(job).gpus)
+        if over is None:
+            continue
+        found = first.get(over[0])
+        if found is None or job.line_key < found[0]:
+            first[over[0]] = (job.line_key, job.job_id)
+    return first
+
+
+def _quota_kept(adm: _Admission, job: Job, queue: str) -> tuple[str, str] | None:
+    """(limited queue, gang) when a queue in `job`'s chain keeps its quota for a gang ahead of `job` in line."""
+    holds = adm.quota_holds
+    if not holds:
+        return None
+    for name in ancestors(adm.c.state.queues, queue):
+        holder = holds.get(name)
+        if holder is not None and holder[0] < job.line_key:
+            return name, holder[1]
+    return None
 
 
 def _holders(adm: _Admission) -> Iterator[tuple[Job, str]]:
@@ -534,7 +618,7 @@ def _holders(adm: _Admission) -> Iterator[tuple[Job, str]]:
         yield job, resolve_queue(c.state, job.spec.queue)
 
 
-def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outcome | None:
+def _hold(adm: _Admission, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
     """Give `job` the backfill reservation, if the backfill policy finds one."""
     plan, pol = adm.plan, adm.c.policies
     hold = _told_hold(adm, job)
@@ -546,6 +630,9 @@ def _hold(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex) -> Outco
             return None
     held = sum(len(set(rp.gpus) & set(plan.free.get(rp.node_id, ()))) for rp in hold.ranks)
     plan.add_hold(hold)
+    # Charged to its queue's share: a queue does not get the next GPUs as well as a reservation
+    # for its gang, so on a full cluster, where every freed GPU is reserved, fair share still holds.
+    plan.charge_share(queue, req.gpus)
     when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
     return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}",
                    hold if math.isfinite(hold.until) else None, replanned)
@@ -590,8 +677,9 @@ def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
     else:
         base = plan.index(req.cls)
     over = plan.limit_blocker(queue, req.gpus)
+    kept = over is None and _quota_kept(adm, job, queue) is not None
     # b. Allocate.
-    if over is None:
+    if over is None and not kept:
         p = adm.place(req, base, shared=not job.earmark)
         if p is None and plan.holds and _may_use_held(adm, job):
             p = adm.place_through_hold(req)
@@ -603,21 +691,25 @@ def _judge(adm: _Admission, job: Job, queue: str, req: GangRequest) -> Outcome:
     if outcome is not None:
         return outcome
     # e. Backfill: the first gang blocked by capacity holds what it will start on.
-    if over is None and len(plan.holds) < pol.reservations:
-        outcome = _hold(adm, job, req, base)
+    if over is None and not kept and len(plan.holds) < pol.reservations:
+        outcome = _hold(adm, job, queue, req, base)
         if outcome is not None:
             return outcome
-    return _blocked_verdict(adm, job, req, base, over)
+    return _blocked_verdict(adm, job, queue, req, base, over)
 
 
-def _blocked_verdict(adm: _Admission, job: Job, req: GangRequest, base: FreeIndex,
+def _blocked_verdict(adm: _Admission, job: Job, queue: str, req: GangRequest, base: FreeIndex,
                      over: tuple[str, int, int] | None) -> Outcome:
     """Why a head that was not placed, is not preempting and holds no reservation waits."""
     plan = adm.plan
-    # d. Quota.
+    # d. Quota: over a limit, or the limit's freed quota is kept for an older gang.
     if over is not None:
         name, limit, used = over
         return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {req.gpus} more")
+    kept = _quota_kept(adm, job, queue)
+    if kept is not None:
+        name, holder = kept
+        return Outcome(QUOTA, f"queue {name}'s quota is kept for job {holder}, first blocked by its limit")
     if plan.holds and adm.fits_through_hold(req):
         ids = [h.job_id for h in plan.holds]
         more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""

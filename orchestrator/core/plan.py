@@ -37,6 +37,11 @@ class QueueLoad(NamedTuple):
     gpus: int
     #: Fair-share usage: decayed average GPUs (== held GPUs without a half-life), plus this cycle's.
     usage: float
+    #: Hierarchy: each ancestor's share (its subtree's usage / its weight), the root first; empty
+    #: for a top-level queue. Children split their parent's share by weight.
+    ancestor_shares: tuple[float, ...] = ()
+    #: GPUs the queue's next job asks for (0: not told).
+    asks: int = 0
 
 
 class Hold(NamedTuple):
@@ -54,6 +59,7 @@ class Plan:
         "_cpu_gangs",
         "_indexes",
         "_ports",
+        "_subtrees",
         "_touched",
         "added",
         "busy",
@@ -84,7 +90,8 @@ class Plan:
         #: Backfill reservations of this cycle, in the order they were made.
         self.holds: list[Hold] = []
         #: Per queue, tentative: GPUs it holds (for guarantees), GPUs its subtree holds
-        #: (for limits), GPUs it gained since the fold (for the fair-share order).
+        #: (for limits), GPUs it gained since the fold plus those its reservations hold
+        #: (for the fair-share order).
         self.gpus: dict[str, int] = {q: u.gpus for q, u in state.usage.items()}
         self.tree: dict[str, int] = {q: u.tree_gpus for q, u in state.usage.items()}
         self.added: dict[str, int] = {}
@@ -99,6 +106,8 @@ class Plan:
         #: Bumped whenever free GPUs are taken: memoised answers about the plan expire.
         self.version = 0
         self._ports: dict[str, set[int]] | None = None
+        #: (charges, queue -> its subtree's fair-share usage): only when some queue has a parent.
+        self._subtrees: tuple[int, dict[str, float]] | None = None
         self._cpu_gangs: list[str] | None = None
 
     # --- free GPUs ---------------------------------------------------------------
@@ -213,18 +222,48 @@ class Plan:
             for a in ancestors(self.state.queues, queue):
                 self.tree[a] = self.tree.get(a, 0) + delta
 
+    def charge_share(self, queue: str, gpus: int) -> None:
+        """Count `gpus` in `queue`'s fair-share usage for the rest of this cycle only (a reservation it holds).
+
+        Neither its guarantee nor its limits see them: the GPUs are not taken yet.
+        """
+        self.charges += 1
+        self.added[queue] = self.added.get(queue, 0) + gpus
+
+    def _usage(self, queue: str) -> float:
+        u = self.state.usage.get(queue)
+        base = average_gpus(u, self.now, self.state.config.fairshare_half_life_s) if u is not None else 0.0
+        return base + self.added.get(queue, 0)
+
+    def _ancestor_shares(self, queue: str) -> tuple[float, ...]:
+        """Each ancestor's subtree usage per weight, root first (hierarchical fair share, as a fair tree)."""
+        queues = self.state.queues
+        q = queues.get(queue)
+        if q is None or q.parent is None:
+            return ()
+        if self._subtrees is None or self._subtrees[0] != self.charges:
+            totals: dict[str, float] = {}
+            for name in dict.fromkeys([*self.state.usage, *self.added]):
+                used = self._usage(name)
+                for a in ancestors(queues, name):
+                    totals[a] = totals.get(a, 0.0) + used
+            self._subtrees = (self.charges, totals)
+        totals = self._subtrees[1]
+        chain = ancestors(queues, queue)[1:]
+        return tuple(
+            totals.get(a, 0.0) / max(p.weight if (p := queues.get(a)) is not None else 1.0, 1e-9) for a in reversed(chain)
+        )
+
     def load(self, queue: str) -> QueueLoad:
         q = self.state.queues.get(queue)
-        u = self.state.usage.get(queue)
-        half_life = self.state.config.fairshare_half_life_s
-        base = average_gpus(u, self.now, half_life) if u is not None else 0.0
         return QueueLoad(
             name=queue,
             weight=q.weight if q is not None else 1.0,
             guaranteed=q.guaranteed_gpus if q is not None else 0,
             limit=q.limit_gpus if q is not None else None,
             gpus=self.gpus.get(queue, 0),
-            usage=base + self.added.get(queue, 0),
+            usage=self._usage(queue),
+            ancestor_shares=self._ancestor_shares(queue),
         )
 
     def limit_blocker(self, queue: str, extra: int, freed: dict[str, int] | None = None) -> tuple[str, int, int] | None:

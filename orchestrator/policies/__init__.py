@@ -52,13 +52,19 @@ class Policies:
     #: Who may preempt whom and in which order victims go (priority and guarantee reclaim by default).
     preemption: PreemptionRule = PRIORITY_AND_RECLAIM
     backfill: BackfillFn = earliest_start
-    #: Who gets a free backfill reservation. A key (default `backfill.longest_waiting`): the
-    #: queue head first in that order among those the free GPUs cannot take, looked at before
-    #: the fair-share loop -- after the heads before it in that order that fit now, which
-    #: start first (as in EASY backfill). None: the first gang the loop finds blocked by capacity, in
-    #: fair-share order -- which, measured (bench/RESULTS.md), lets a heavy team's big gang
-    #: wait three times longer than under FIFO with backfill: its queue's turn comes last.
+    #: Who gets a free backfill reservation out of turn. A key (default `backfill.longest_waiting`):
+    #: among the queue heads blocked by capacity that have waited longer than
+    #: `reservation_aging_s` (bounded aging), the first in that order -- after the heads before
+    #: it in that order that fit now, which start first (as in EASY backfill). Every other
+    #: reservation goes to the first gang the fair-share loop finds blocked by capacity, and a
+    #: held reservation is charged to its queue's share (admit.py), so reservations follow fair
+    #: share on a full cluster. None: fair-share order only.
     reservation_order: Callable[[Job], JobKey] | None = longest_waiting
+    #: Bounded aging of reservations: a blocked gang pending longer than this may take a free
+    #: reservation before the fair-share order (math.inf: never; 0: always, which is global
+    #: FIFO on a full cluster -- bench/RESULTS.md). Only gangs larger than the smallest blocked
+    #: head age: a gang the smallest jobs cannot overtake gains nothing from a reservation.
+    reservation_aging_s: float = 4 * 3600.0
     #: Blocked gangs that hold a backfill reservation at once (Slurm's backfill plans many;
     #: EASY backfill is 1). Each later one is planned around the earlier ones' GPUs; a job
     #: uses held GPUs only if it ends before every reservation starts.

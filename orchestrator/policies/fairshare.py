@@ -6,7 +6,11 @@ the backlog; a custom `job_key` works too, at the price of a sort per cycle.
 
 A queue's share is its usage divided by its weight; usage is the GPUs it holds
 (or, with a half-life configured, its decayed average GPUs) plus what it got
-earlier in this cycle, so one decide call already interleaves queues fairly.
+earlier in this cycle and the GPUs its backfill reservations hold, so one
+decide call already interleaves queues fairly, and on a full cluster -- where
+every GPU that comes back is reserved -- reservations follow fair share too.
+In a hierarchy, shares compare from the root down: children split their
+parent's share by weight.
 Queues below their guarantee go first: idle GPUs are lent to others, but a
 queue that is owed GPUs gets the next free ones.
 """
@@ -20,7 +24,8 @@ from orchestrator.core.state import Job
 
 #: Any comparable tuple; the default is the fold's line key (-priority, waiting_since, job_id).
 JobKey = tuple[Any, ...]
-QueueKey = tuple[int, float, str]
+#: Any comparable tuple; the default is (owed, shares from the root down, name).
+QueueKey = tuple[Any, ...]
 
 
 def job_order_key(job: Job) -> JobKey:
@@ -29,6 +34,19 @@ def job_order_key(job: Job) -> JobKey:
 
 
 def fair_share_key(load: QueueLoad) -> QueueKey:
-    """Across queues: owed GPUs first, then the smallest weighted share, then the name."""
+    """Across queues: owed GPUs first, then the smallest weighted share, then the name.
+
+    A queue's share counts half of what its next job asks for: the share it
+    would have halfway through taking it. Compared on usage alone, a queue gets
+    its next gang while it is below its share and then holds the whole gang
+    above it, so a light queue of big gangs ends up with its share plus half a
+    gang on average (measured: weight 1 of 3:2:1 with 1-8 GPU jobs got 1.15x
+    its share, weight 3 0.83x); at the midpoint the overshoot and the
+    undershoot cancel.
+
+    In a hierarchy the shares are compared from the root down (a fair tree): the
+    top-level subtree with the smallest share goes first, and inside it the child
+    with the smallest share, so children split their parent's share by weight.
+    """
     owed = 0 if load.gpus < load.guaranteed else 1
-    return (owed, load.usage / max(load.weight, 1e-9), load.name)
+    return (owed, (*load.ancestor_shares, (load.usage + load.asks / 2) / max(load.weight, 1e-9)), load.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from orchestrator.core.decide import decide, decide_cycle
@@ -80,31 +81,34 @@ def test_jobs_away_from_the_held_gpus_still_run() -> None:
     assert {r.node_id for r in of_type(events, GangReserved)[0].ranks} == {"n1"}
 
 
-def test_reservation_goes_to_the_longest_waiting_blocked_head_and_stays_until_it_starts() -> None:
-    """With reservation_order=longest_waiting (the default) and one reservation: fair share puts queue b
-    first (it holds less), but a's older gang gets the reservation, and keeps it."""
+def test_an_aged_gang_takes_the_reservation_before_fair_share_and_keeps_it_until_it_starts() -> None:
+    """Bounded aging (`reservation_aging_s`, here 0 s), one reservation: fair share puts queue c first
+    (it holds nothing) and its 1-GPU job is blocked too, but a's older gang, larger than the smallest
+    blocked head, gets the reservation, and keeps it while shares move."""
     from dataclasses import replace
 
     from orchestrator.policies import DEFAULT_POLICIES
     from orchestrator.policies.backfill import longest_waiting
 
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_order=longest_waiting, reservations=1))
-    s.queue("a")
-    s.queue("b")
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_order=longest_waiting, reservation_aging_s=0.0,
+                             reservations=1))
+    for q in ("a", "b", "c"):
+        s.queue(q)
     for n in ("n0", "n1", "n2"):
         s.node(n)
     s.submit("a-run", queue="a", gpus_per_rank=8, time_limit_s=100)  # one node until ~t+140
     s.submit("a-run2", queue="a", gpus_per_rank=8, time_limit_s=1000)
-    s.submit("b-run", queue="b", gpus_per_rank=4, time_limit_s=1000)
+    s.submit("b-run", queue="b", gpus_per_rank=8, time_limit_s=1000)
     s.run()
-    assert s.holding("a") == 16 and s.holding("b") == 4
+    assert s.holding("a") == 16 and s.holding("b") == 8
     s.submit("big-a", queue="a", ranks=2, gpus_per_rank=8)
     s.tick(1)
     s.submit("big-b", queue="b", ranks=2, gpus_per_rank=8)
+    s.submit("small-c", queue="c", gpus_per_rank=1)
     events = s.decide()
     waits = {e.job_id: e for e in of_type(events, JobWaiting)}
-    assert waits["big-a"].code == "backfill_head"  # waited longest, although b goes first by share
-    assert waits["big-b"].code == "capacity"
+    assert waits["big-a"].code == "backfill_head"  # waited longest, although b and c go first by share
+    assert waits["big-b"].code == waits["small-c"].code == "capacity"
     assert s.state.holders == ["big-a"]
     # Shares move (b's job ends, so b holds nothing): the reservation stays where it is.
     s.tick(5)
@@ -112,11 +116,28 @@ def test_reservation_goes_to_the_longest_waiting_blocked_head_and_stays_until_it
     events = s.run()
     assert s.state.holders == ["big-a"]
     assert not [e for e in of_type(events, JobWaiting) if e.code == "backfill_head" and e.job_id != "big-a"]
-    # Once a-run is done, big-a starts on what it held; then big-b may hold.
+    # Once a-run is done, big-a starts on what it held; then the aged big-b holds, not small-c.
     s.finish("a-run")
     events = s.run()
     assert [g.job_id for g in of_type(events, GangReserved)] == ["big-a"]
     assert s.state.holders == ["big-b"]
+
+    # Without aging the same reservation goes in fair-share order: c holds nothing, its job is first.
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_aging_s=math.inf, reservations=1))
+    for q in ("a", "b", "c"):
+        s.queue(q)
+    for n in ("n0", "n1", "n2"):
+        s.node(n)
+    s.submit("a-run", queue="a", gpus_per_rank=8, time_limit_s=100)
+    s.submit("a-run2", queue="a", gpus_per_rank=8, time_limit_s=1000)
+    s.submit("b-run", queue="b", gpus_per_rank=8, time_limit_s=1000)
+    s.run()
+    s.submit("big-a", queue="a", ranks=2, gpus_per_rank=8)
+    s.tick(1)
+    s.submit("big-b", queue="b", ranks=2, gpus_per_rank=8)
+    s.submit("small-c", queue="c", gpus_per_rank=1)
+    s.decide()
+    assert s.state.holders == ["small-c"]
 
 
 def test_without_a_reservation_order_it_goes_in_fair_share_order_and_is_sticky() -> None:
@@ -313,7 +334,7 @@ def test_an_older_head_that_fits_now_starts_before_a_younger_gang_takes_the_free
 
     from orchestrator.policies import DEFAULT_POLICIES
 
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1))
+    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1, reservation_aging_s=0.0))
     s.queue("a")
     s.queue("b")
     for n in ("n0", "n1", "n2", "n3"):

@@ -85,6 +85,36 @@ def test_queue_never_exceeds_its_limit_and_says_so() -> None:
     assert waits["x4"].message == "queue x at its limit 4: holds 4, needs 1 more"
 
 
+def test_a_gang_blocked_by_its_queues_limit_keeps_the_quota_that_frees() -> None:
+    """Queue x (limit 8) runs two 4-GPU jobs; its 8-GPU gang waits for the quota, 1-GPU jobs behind it.
+    When one job ends, the 4 GPUs of quota it frees are kept for the gang -- the small jobs do not take
+    them (before #20 they did, each time, and the gang waited longer than under FIFO) -- and the gang
+    starts when the second ends."""
+    s = Sim()
+    busy_cluster(s, 2)
+    s.queue("x", limit_gpus=8)
+    s.submit("run1", queue="x", gpus_per_rank=4)
+    s.submit("run2", queue="x", gpus_per_rank=4)
+    s.run()
+    s.tick(1)
+    s.submit("gang", queue="x", gpus_per_rank=8)
+    s.tick(1)
+    for i in range(4):
+        s.submit(f"small{i}", queue="x")
+    s.run()
+    s.tick(10)
+    s.finish("run1")
+    events = s.run()
+    assert not of_type(events, GangReserved)
+    assert s.holding("x") == 4 and s.job("small0").status == "pending"
+    s.tick(300)  # a reason of the same kind is told again once the last one is REFRESH_S old
+    waits = {e.job_id: e for e in of_type(s.run(), JobWaiting)}
+    assert waits["small0"].message == "queue x's quota is kept for job gang, first blocked by its limit"
+    s.tick(10)
+    s.finish("run2")
+    assert [g.job_id for g in of_type(s.run(), GangReserved)] == ["gang"]
+
+
 def test_child_usage_counts_toward_parent_limit() -> None:
     s = Sim()
     busy_cluster(s, 2)
