@@ -16,6 +16,16 @@ Definitions (so two runs compare like for like):
 * GPU-hours lost: GPU time that did not turn into saved progress because of a
   preemption (or node failure): work since the last checkpoint plus restart
   overheads.
+* Total wait: every moment after submission a job did not hold GPUs, waits
+  after a preemption or requeue included (completed jobs: JCT - time held);
+  the queueing delay above counts only submit -> first start.
+* Share error (issue #20): per queue, over the instants it has pending work
+  and a fair share, the time-weighted |GPUs held - fair share| / fair share;
+  the mean over queues and the worst queue. Jain's index over whole-run
+  ratios hides a queue starved at every peak and served in the lulls.
+* Preemptions per job: the max and p99 over all jobs (0 for jobs never
+  preempted). GPU-hours lost to preemption as a fraction of the GPU-hours
+  delivered (GPU time held by gangs).
 * Longest wait of a >= 32-GPU gang: the largest queueing delay among them.
 * Priority jobs: those above the trace's lowest priority (none if all jobs
   have one priority). Their queueing delay is what priorities and preemption
@@ -106,6 +116,8 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
     ]
     got = [0.0] * nq
     fair = [0.0] * nq
+    off = [0.0] * nq  # |held - fair| while backlogged
+    owed = [0.0] * nq  # fair share while backlogged
     alloc_busy = cap_busy = alloc_all = cap_all = 0.0
     series = _Buckets(t0, t_end, buckets, 1 + 2 * nq)
     times = tl.t
@@ -124,6 +136,9 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
         for k in range(nq):
             got[k] += alloc[k] * dt
             fair[k] += share[k] * dt
+            if pend[k] > 0 and share[k] > 0:
+                off[k] += abs(alloc[k] - share[k]) * dt
+                owed[k] += share[k] * dt
         alloc_all += total * dt
         cap_all += cap * dt
         busy = max(0.0, min(b, t_last_submit) - a)
@@ -132,6 +147,10 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
         norm = cap if cap > 0 else 1.0
         series.add(a, b, [total / norm, *(x / norm for x in alloc), *(x / norm for x in share)])
     ratios = [got[k] / fair[k] for k in range(nq) if fair[k] > 0]
+    share_error = [off[k] / owed[k] if owed[k] > 0 else None for k in range(nq)]
+    errors = [e for e in share_error if e is not None]
+    total_wait = [tl.end[j] - submits[j] - tl.held_s.get(j, 0.0) for j in completed]
+    preempted = sorted(float(tl.preempted.get(j, 0)) for j in submits)
     avg = series.averages()
     lost = {"preemption": 0.0, "failure": 0.0}
     for w in result.work.values():
@@ -146,6 +165,7 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
         "unfinished": stats.unfinished,
         "jct_s": _stats(jct),
         "queueing_delay_s": _stats(delay, full=False),
+        "total_wait_s": _stats(total_wait, full=False),
         "priority_jobs": len(urgent),
         "priority_queueing_delay_s": _stats(urgent_delay, full=False),
         "makespan_s": t_end - t0,
@@ -160,6 +180,7 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
             "share": [g / cap_all if cap_all else 0.0 for g in got],
             "fair_share": [f / cap_all if cap_all else 0.0 for f in fair],
             "ratio": [got[k] / fair[k] if fair[k] > 0 else None for k in range(nq)],
+            "share_error": share_error,
             "series": {
                 "t": series.times(),
                 "share": {q: [row[1 + k] for row in avg] for k, q in enumerate(names)},
@@ -167,7 +188,14 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
             },
         },
         "jain_index": jain(ratios),
+        "share_error": {
+            "mean": sum(errors) / len(errors) if errors else None,
+            "worst": max(errors) if errors else None,
+        },
         "preemptions": tl.preemptions,
+        "preemptions_per_job": {"max": preempted[-1] if preempted else 0.0, "p99": percentile(preempted, 99)},
+        "gpu_hours_delivered": alloc_all / 3600.0,
+        "lost_to_preemption_fraction": lost["preemption"] / alloc_all if alloc_all else None,
         "jobs_preempted": len(tl.preempted),
         "requeues": tl.requeues,
         "gpu_hours_lost_to_preemption": lost["preemption"] / 3600.0,

@@ -33,6 +33,9 @@ class Timeline:
         self.priority: dict[str, int] = {}
         self.queue_of: dict[str, int] = {}
         self.preempted: dict[str, int] = {}
+        #: Seconds each job held GPUs (reserved, running or preempting), and since when it holds them now.
+        self.held_s: dict[str, float] = {}
+        self._held_since: dict[str, float] = {}
         # Counters.
         self.preemptions = 0
         self.requeues = 0
@@ -79,8 +82,10 @@ class Timeline:
         if holds and not was:
             self.alloc[q] += g
             self.first_start.setdefault(jid, now)
+            self._held_since[jid] = now
         elif was and not holds:
             self.alloc[q] -= g
+            self.held_s[jid] = self.held_s.get(jid, 0.0) + now - self._held_since.pop(jid, now)
         if new == "preempting":
             self.preemptions += 1
         if new in ("completed", "failed", "cancelled", "rejected"):

@@ -80,6 +80,26 @@ def test_metrics_of_the_hand_schedule(policy: str, avg_jct: float, avg_delay: fl
     assert m["longest_wait_32plus_s"] is None  # no gang that big here
     assert m["preemptions"] == 0
     assert m["priority_jobs"] == 0 and math.isnan(m["priority_queueing_delay_s"]["avg"])  # one priority: none
+    assert m["total_wait_s"]["avg"] == pytest.approx(avg_delay)  # nobody preempted: the same as the delay
+
+
+def test_share_error_of_the_corral_schedule() -> None:
+    """The hand schedule under corral, the instants at which a queue has pending work (2 GPUs, weights 1:1;
+    fair share is water-filled over held + pending GPUs):
+
+        10-20   a holds 1 (j1), j2 waits (2): a's demand 3, b's 0 -> a's fair 2; |1 - 2| = 1
+        20-30   a 1 + 2 pending, b 1 (j3): fair 1 and 1; a off by 0
+        30-50   j4 queues: a and b both hold 1 of fair 1; off by 0
+        50-100  j3 done: b holds 0 of fair 1 (j4 waits for j2's reservation); a 1 of 1
+        100-150 j2 runs on both GPUs, a has nothing pending; b holds 0 of fair 1
+
+    a: off 1 x 10 s over fair 2 x 10 + 1 x 10 + 1 x 20 + 1 x 50 = 100 -> 0.1;
+    b: off 1 x 50 + 1 x 50 over 1 x 20 + 1 x 50 + 1 x 50 = 120 -> 0.833.
+    """
+    m = summarize(simulate(scenario(tiny_cluster(), JOBS), "corral"))
+    assert m["queues"]["share_error"] == [pytest.approx(0.1), pytest.approx(100 / 120)]
+    assert m["share_error"]["mean"] == pytest.approx((0.1 + 100 / 120) / 2)
+    assert m["share_error"]["worst"] == pytest.approx(100 / 120)
 
 
 def test_allocation_of_the_fifo_schedule() -> None:
@@ -131,6 +151,14 @@ def test_a_preempted_job_waits_behind_the_job_that_queued_while_it_ran() -> None
     assert (tl.first_start["high"], tl.end["high"]) == (250, 300)
     assert (tl.first_start["mid"], tl.end["mid"]) == (300, 350)
     assert tl.end["low"] == 470
+    # Total wait counts low's 250-350 after its preemption; the queueing delay only submit -> first start.
+    m = summarize(simulate(scenario(cluster, jobs), "corral", cfg))
+    assert m["total_wait_s"]["avg"] == pytest.approx((100 + 200 + 0) / 3)
+    assert m["queueing_delay_s"]["avg"] == pytest.approx((0 + 200 + 0) / 3)
+    assert m["preemptions_per_job"] == {"max": 1, "p99": pytest.approx(0.98)}  # [0, 0, 1] at p99
+    # Lost: 50 s of work since the checkpoint at 200 + the 20 s restart; delivered: the GPU was held 0-470.
+    assert m["lost_to_preemption_fraction"] == pytest.approx(70 / 470)
+    assert m["gpu_hours_delivered"] * 3600 == pytest.approx(470)
     # A what-if record runs under the policy's name. Without preemption low runs to 300, and mid, which has
     # held the backfill reservation since 100, starts before high.
     what_if = replace(DEFAULT_POLICIES, preemption_searches=0)
