@@ -241,6 +241,8 @@ class _Admission:
                     gpus=j.gpus,
                     placement=j.placement,
                     attained=attained_service(j, now),
+                    interruptions=max(0, j.attempt - 1 - j.restarts),
+                    at_risk=j.gpus * max(0.0, now - j.reserved_at),
                 )
                 for j in self._eligible()
             ]

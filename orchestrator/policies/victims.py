@@ -15,6 +15,17 @@ removed one by one until the gang fits topology-feasibly (and within quota),
 then each removed one except the last is added back, newest removal first,
 if the gang still fits without it.
 
+Preemption pays for itself (issue #20). Inside a level the cheapest victim
+goes first: `victim_cost` = the GPU-seconds it would lose (its GPUs x its
+attempt's run time -- what the log cannot vouch for as checkpointed -- plus a
+restart, RESTART_COST_S per GPU) times one plus the times it was already
+stopped. So a reclaim for a 1-GPU job stops a
+borrower that has run a few minutes, not a 1-GPU job that has run for hours,
+and a job stopped before costs double, triple... Its protection grows too:
+an attempt may be preempted only after `protected_for` = min_runtime_s x 2^k
+(k = earlier stops) -- before, one job was preempted 30 times, each attempt
+cut just after min_runtime_s by a single 1-GPU job of another queue.
+
 It is also cheap in GPUs. The order alone does not look at where a
 candidate runs or how big it is, so a 4x8 job could stop a 128-GPU gang --
 all of its GPUs lose their work since the checkpoint, and it waits hours for
@@ -22,9 +33,10 @@ all of its GPUs lose their work since the checkpoint, and it waits hours for
 second set is built node by node (`_by_nodes`) among the candidates of the
 levels the first set reached (for the default rule: the same class and
 priorities -- never a more important victim): each step frees the node that
-costs the fewest GPUs to host one more rank. The set that stops fewer GPUs
-is taken (ties: the ordered one). Measured in bench/RESULTS.md ("Big gangs,
-session 7"): half the GPU-hours lost to preemption.
+costs the fewest GPUs to host one more rank. The set with the lower cost
+(lost work, then GPUs stopped) is taken (ties: the ordered one). Measured in
+bench/RESULTS.md ("Big gangs, session 7"): half the GPU-hours lost to
+preemption.
 
 Anti-thrash: a preemption never lets its victim preempt the preemptor back.
 (This is the default rule, `PRIORITY_AND_RECLAIM`. Another `PreemptionRule`
@@ -45,6 +57,19 @@ Both cases compare only current GPU counts and priorities, never decayed
 usage or time, so the argument holds at every later log position until
 usage changes by other jobs' admissions -- which are then new decisions,
 each under the same rules. Tested by `test_anti_thrash` in tests/core.
+
+Bounded thrash of one job by third parties (not a back-and-forth, which the
+proof above excludes, but a stream of different preemptors). A job stopped
+k times is preemptible only after its attempt ran min_runtime_s x 2^k, and
+it is the costlier victim by a factor k + 1 beside any other of its level.
+So in a window of T seconds a job is preempted at most
+1 + log2(T / min_runtime_s) times, each attempt runs at least as long as all
+earlier ones together, and the work it loses per stop is at most what the
+next attempt is protected for. With min_runtime_s = 600 s a fourth
+preemption needs an attempt of 80 min. Tested by
+`test_protection_doubles_with_each_preemption` and
+`test_reclaim_stops_the_borrower_with_less_work_at_risk` in
+tests/core/test_victims.py.
 """
 
 from __future__ import annotations
@@ -75,6 +100,27 @@ class Candidate(NamedTuple):
     placement: tuple[RankPlacement, ...]
     #: GPU-seconds it has held GPUs so far, this attempt included (state.attained_service).
     attained: float = 0.0
+    #: Times it was already stopped and put back in line (preempted or requeued): its attempts - 1 - gang restarts.
+    interruptions: int = 0
+    #: GPU-seconds a stop now would throw away: its GPUs x the time since this attempt started
+    #: (the log holds no periodic checkpoint times; this is the work the log cannot vouch for).
+    at_risk: float = 0.0
+
+
+#: What any stop costs a GPU besides the work lost: the restart, reloading the checkpoint, the
+#: rendezvous (the simulator charges 120 s; real jobs minutes). Without it a gang that has just
+#: started looks free to stop, whatever its size: a 4x8 gang would go for an 8-GPU preemptor.
+RESTART_COST_S = 300.0
+
+
+def victim_cost(c: Candidate) -> float:
+    """What stopping `c` costs: the work it would lose plus a restart per GPU, times one plus its earlier stops."""
+    return (c.at_risk + c.gpus * RESTART_COST_S) * (1 + c.interruptions)
+
+
+def protected_for(min_runtime_s: float, interruptions: int) -> float:
+    """How long an attempt runs before it may be preempted: min_runtime_s, doubled with each earlier stop."""
+    return min_runtime_s * float(1 << min(interruptions, 16))
 
 
 class PreemptionAsk(NamedTuple):
@@ -91,7 +137,7 @@ class PreemptionAsk(NamedTuple):
 
 def why_preemptible(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad]) -> str | None:
     """"priority" or "reclaim" if `ask` may preempt `c`, else None."""
-    if not c.preemptible or c.gpus <= 0 or ask.now - c.started_at < ask.min_runtime_s:
+    if not c.preemptible or c.gpus <= 0 or ask.now - c.started_at < protected_for(ask.min_runtime_s, c.interruptions):
         return None
     if c.queue == ask.queue:
         return "priority" if c.priority < ask.priority else None
@@ -101,11 +147,11 @@ def why_preemptible(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueL
     return None
 
 
-def victim_order(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int, int, float, str]]:
-    """Other queues' borrowers first, then lowest priority, then newest start, then id."""
+def victim_order(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int, int, float, float, str]]:
+    """Other queues' borrowers first, then lowest priority, then the cheapest (`victim_cost`), newest start, id."""
 
-    def key(c: Candidate) -> tuple[int, int, float, str]:
-        return (0 if c.queue != ask.queue else 1, c.priority, -c.started_at, c.job_id)
+    def key(c: Candidate) -> tuple[int, int, float, float, str]:
+        return (0 if c.queue != ask.queue else 1, c.priority, victim_cost(c), -c.started_at, c.job_id)
 
     return key
 
@@ -207,9 +253,14 @@ def find_victims(
         level = rule.level(ask)
         top = max(level(c) for c in removed)
         cheaper = _by_nodes(ask, [c for c in pool if level(c) <= top], index, loads, fits, quota_ok)
-        if cheaper is not None and sum(c.gpus for c in cheaper) < sum(c.gpus for c in removed):
+        if cheaper is not None and _set_cost(cheaper) < _set_cost(removed):
             return cheaper
     return removed
+
+
+def _set_cost(victims: Sequence[Candidate]) -> tuple[float, int]:
+    """A victim set's lost work (weighted by earlier stops), then the GPUs it stops."""
+    return sum(victim_cost(c) for c in victims), sum(c.gpus for c in victims)
 
 
 def _below_guarantee(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad], taken: dict[str, int]) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import insort
 from collections import deque
 from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
@@ -41,6 +42,7 @@ from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.queries import preemption_threat
 from orchestrator.core.state import HOLDING, RESERVING, ClusterState, Job
 from orchestrator.policies import Policies
+from orchestrator.policies.victims import protected_for
 from orchestrator.sim.agents import checkpointed, workers_exited, workers_started
 from orchestrator.sim.baselines import policies_for
 from orchestrator.sim.cluster import EPOCH
@@ -162,7 +164,7 @@ class Simulation:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._n = 0
         self._wakes: set[float] = set()
-        #: (time a gang becomes preemptible, job): gangs start in time order, so this stays sorted.
+        #: (time a gang becomes preemptible, job), sorted.
         self._maturing: deque[tuple[float, str]] = deque()
         self._preempts = self.policies.preemption_searches > 0
 
@@ -326,7 +328,12 @@ class Simulation:
         if limit is not None and job.reserved_at + limit < done:
             self._wake(job.reserved_at + limit)
         if self._preempts and job.spec.preemptible:
-            self._maturing.append((now + self.state.config.min_runtime_s, job.job_id))
+            # Protection grows with each earlier stop (policies/victims.protected_for): keep the deque sorted.
+            at = now + protected_for(self.state.config.min_runtime_s, max(0, job.attempt - 1 - job.restarts))
+            if self._maturing and self._maturing[-1][0] > at:
+                insort(self._maturing, (at, job.job_id))
+            else:
+                self._maturing.append((at, job.job_id))
         return list(workers_started(job, now))
 
     def _interrupt(self, job: Job, cause: str, *, signalled: bool) -> list[Event]:

@@ -106,3 +106,50 @@ def test_cost_aware_victims_are_valid_and_never_dearer_than_the_ordered_set(
     assert sum(v.gpus for v in chosen) <= sum(v.gpus for v in ordered)
     level = victim_level(ask)
     assert max(map(level, chosen)) <= max(map(level, ordered))
+
+
+def test_protection_doubles_with_each_preemption() -> None:
+    """The anti-thrash bound of policies/victims.py: an attempt after k stops is protected for
+    min_runtime_s x 2^k. low (8 GPUs) is preempted after 60 s; its second attempt not after 60 s
+    (before #20 it was, and a job could be cut 30 times), only after 120 s."""
+    from schemas.events import PreemptionRequested
+    from tests.core.harness import Sim, of_type
+
+    s = Sim(min_runtime_s=60)
+    s.node("n0")
+    s.submit("low", gpus_per_rank=8)
+    s.run()
+    s.tick(61)
+    s.submit("high1", gpus_per_rank=8, priority=10)
+    assert [e.job_id for e in of_type(s.run(), PreemptionRequested)] == ["low"]
+    s.tick(10)
+    s.finish("high1")
+    s.run()
+    assert s.job("low").status == "running" and s.job("low").attempt == 2
+    s.tick(61)
+    s.submit("high2", gpus_per_rank=8, priority=10)
+    assert not of_type(s.run(), PreemptionRequested)  # protected for 120 s now
+    s.tick(60)
+    assert [e.job_id for e in of_type(s.run(), PreemptionRequested)] == ["low"]
+
+
+def test_reclaim_stops_the_borrower_with_less_work_at_risk() -> None:
+    """Queue c is owed 1 GPU; borrower b runs `long` (1 GPU for 3,000 s) and `fresh` (2 GPUs for 200 s).
+    Stopping fresh loses 400 GPU-s, long 3,000: fresh goes, although it frees more GPUs than needed
+    (before #20 the fewest GPUs decided, and the hours-long job was cut for a 1-GPU claim)."""
+    from schemas.events import PreemptionRequested
+    from tests.core.harness import Sim, of_type
+
+    s = Sim(min_runtime_s=60)
+    s.node("n0")
+    s.queue("b")
+    s.queue("c", guaranteed_gpus=1)
+    s.submit("long", queue="b", gpus_per_rank=1)
+    s.submit("pinned", queue="b", gpus_per_rank=5, preemptible=False)
+    s.run()
+    s.tick(2800)
+    s.submit("fresh", queue="b", gpus_per_rank=2)
+    s.run()
+    s.tick(200)
+    s.submit("claim", queue="c", gpus_per_rank=1)
+    assert [e.job_id for e in of_type(s.run(), PreemptionRequested)] == ["fresh"]
