@@ -21,6 +21,9 @@ log = structlog.get_logger("corral.snapshot")
 SNAPSHOT_BUCKET = "corral-snapshots"
 #: Bump when the state layout changes incompatibly; older snapshots are then skipped.
 SNAPSHOT_FORMAT = 2  # 2: RankState.restarts
+# Not bumped for fields added with a default, which every version decodes (unknown fields are
+# skipped, missing ones take their default): ClusterState.durations (learned run times) loads
+# empty from an older snapshot and fills with new completions.
 
 S = TypeVar("S")
 

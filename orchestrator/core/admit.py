@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
+from orchestrator.core.estimates import estimated_end
 from orchestrator.core.explain import (
     BACKFILL,
     BACKFILL_HEAD,
@@ -54,7 +55,7 @@ from orchestrator.core.explain import (
     capacity_outcome,
 )
 from orchestrator.core.plan import Hold, Plan, RunningGangs, ends_at, running_gangs
-from orchestrator.core.state import RESERVING, Job, LineKey, Waiting, attained_service
+from orchestrator.core.state import FREE, HOLDING, RESERVING, Job, LineKey, Waiting, attained_service
 from orchestrator.core.usage import ancestors, resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
 from orchestrator.policies.backfill import may_use_held
@@ -635,9 +636,57 @@ def _hold(adm: _Admission, job: Job, queue: str, req: GangRequest, base: FreeInd
     # Charged to its queue's share: a queue does not get the next GPUs as well as a reservation
     # for its gang, so on a full cluster, where every freed GPU is reserved, fair share still holds.
     plan.charge_share(queue, req.gpus)
-    when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else "when running jobs end"
+    when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else _estimated_start(adm, hold)
     return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}",
                    hold if math.isfinite(hold.until) else None, replanned)
+
+
+def _estimated_start(adm: _Admission, hold: Hold) -> str:
+    """When a reservation behind gangs without a time limit should start, by their learned run times.
+
+    Each GPU it will start on that is not free now comes free when its gang ends:
+    by the gang's time limit if it has one, else by its estimate (`Policies.estimate`,
+    core/estimates.py). The latest of those ends, with the estimate it came from; no
+    estimate for one of the gangs: "when running jobs end", as without history.
+    """
+    c, plan = adm.c, adm.plan
+    state, now, margin = c.state, c.now, c.policies.stop_margin_s
+    placed: dict[tuple[str, int], str] | None = None
+    gangs: dict[str, None] = {}
+    for rp in hold.ranks:
+        free = plan.free.get(rp.node_id, ())
+        owners = state.owners.get(rp.node_id, ())
+        for g in rp.gpus:
+            if g in free:
+                continue
+            owner = owners[g] if g < len(owners) else FREE
+            if owner == FREE:  # placed earlier in this cycle (or earmarked: free for the estimate)
+                if placed is None:
+                    placed = {(p.node_id, x): e.job_id for e in adm.placed for p in e.placement for x in p.gpus}
+                owner = placed.get((rp.node_id, g), FREE)
+            if owner != FREE:
+                gangs[owner] = None
+    start, source = now, ""
+    for jid in gangs:
+        job = state.jobs.get(jid)
+        if job is None:
+            continue
+        if job.status in HOLDING:
+            end = ends_at(job, margin)
+        else:  # placed in this cycle
+            limit = job.spec.time_limit_s
+            end = now + limit + job.spec.grace_period_s + margin if limit is not None else math.inf
+        if not math.isfinite(end):
+            est = c.policies.estimate(state, job, job.queue or resolve_queue(state, job.spec.queue))
+            if est is None:
+                return "when running jobs end"
+            end = estimated_end(est, job, now)
+            if end >= start:
+                source = f" (job {jid} ends then by its learned run time: {est.describe()})"
+        elif end >= start:
+            source = f" (job {jid} ends then by its time limit)"
+        start = max(start, end)
+    return f"at about t={start:.0f}{source}"
 
 
 def _admit_one(adm: _Admission, job: Job, queue: str) -> Outcome:

@@ -39,6 +39,7 @@ from typing import assert_never
 from msgspec.structs import replace
 
 from orchestrator.core.eligibility import gpu_matches
+from orchestrator.core.estimates import record as record_run
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import (
     FINAL_RANKS_KEPT,
@@ -608,6 +609,7 @@ def _job_completed(state: ClusterState, e: JobCompleted) -> None:
         return
     job = _active(state, e.job_id, e.attempt)
     if job is not None:
+        record_run(state.durations, job, e.occurred_at)  # learned run times (estimates.py)
         _finish(state, job, "completed", "", e.occurred_at)
 
 

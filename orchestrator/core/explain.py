@@ -7,7 +7,10 @@ same kind (its numbers move with every start and finish) only once the last
 reason is REFRESH_S old. Otherwise a busy cluster writes a JobWaiting per pending job
 per decision (measured: 92% of a 400-job log), and the log, every replay and
 every tail pay for numbers nobody reads. Messages avoid relative times so
-they do not change every tick.
+they do not change every tick. A job's first "queued" reason tells its
+expected run time learned from the log (core/estimates.py) and where it comes
+from; a reservation behind gangs without time limits names an estimated start
+(admit._estimated_start).
 """
 
 from __future__ import annotations
@@ -87,7 +90,10 @@ def explain(c: Cycle, plan: Plan, fresh: list[Job], outcomes: dict[str, Outcome]
     for job in fresh:
         if job.job_id in outcomes or job.job_id in plan.busy:
             continue
-        o = Outcome(QUEUED, f"in queue {resolve_queue(state, job.spec.queue)} behind jobs that go first")
+        queue = resolve_queue(state, job.spec.queue)
+        est = c.policies.estimate(state, job, queue)
+        run = f"; expected to run {est.describe()}" if est is not None else ""
+        o = Outcome(QUEUED, f"in queue {queue} behind jobs that go first{run}")
         if due(job, o, c.now, settle_at, True):
             out.append(_waiting(c, job, o))
     return out

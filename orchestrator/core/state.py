@@ -298,6 +298,10 @@ class ClusterState(msgspec.Struct, kw_only=True):
     alloc_rev: int = 0
     #: Finished jobs still kept in `jobs`, oldest first (value: the seq they finished at).
     finished: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Learned run times (estimates.py): key -> the newest completed runs' seconds, oldest first.
+    #: Bounded (SAMPLES_KEPT per key, KEYS_KEPT keys, least recently updated dropped first). A
+    #: snapshot written before it existed loads with none: estimates build up from new completions.
+    durations: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)
     #: job -> rank -> state, for the current attempt of active jobs.
     ranks: dict[str, dict[int, RankState]] = msgspec.field(default_factory=dict)
     #: job -> step -> ranks that reported a checkpoint at that step (until complete).
@@ -355,6 +359,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             nodes_rev=self.nodes_rev,
             alloc_rev=self.alloc_rev,
             finished=dict(self.finished),
+            durations=dict(self.durations),
             ranks={k: dict(v) for k, v in self.ranks.items()},
             checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},
             voids=self.voids,

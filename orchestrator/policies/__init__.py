@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.estimates import Estimate, learned_estimate
 from orchestrator.core.facts import ClusterFacts
 from orchestrator.core.plan import Hold, QueueLoad
-from orchestrator.core.state import Job
+from orchestrator.core.state import ClusterState, Job
 from orchestrator.policies.backfill import Ending, earliest_start, longest_waiting, may_use_held
 from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key, job_order_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
@@ -73,6 +74,9 @@ class Policies:
     #: first (off by default: under overload every head starves and the order becomes FIFO).
     starving_after_s: float = math.inf
     may_use_held: Callable[[float, Hold], bool] = may_use_held
+    #: A job's run time learned from the log (state, job, its queue): backfill names an estimated
+    #: start from it where running gangs have no time limit (core/estimates.py). None: no estimate.
+    estimate: Callable[[ClusterState, Job, str], Estimate | None] = learned_estimate
     reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
     #: Blocked heads tried per queue per cycle (placements do not count): bounds a cycle's work.
     heads_per_queue: int = 32

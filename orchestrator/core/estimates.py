@@ -1,0 +1,98 @@
+"""Run times learned from the log's own history (issue #20 point 5; Helios' QSSF idea).
+
+The fold records how long each completed job held its GPUs (all attempts: a
+preempted job's earlier attempts count, the wait between them does not) under
+two keys: the job's (queue, submitted_by, name) and its queue alone. Only jobs
+that completed count: a failed or cancelled run says little about a full one.
+Per key the state keeps the newest SAMPLES_KEPT run times, and at most KEYS_KEPT
+keys (the least recently updated leave first, deterministically by log order),
+so a long-lived cluster's state and snapshot stay bounded.
+
+The estimate (the policy `Policies.estimate`, `learned_estimate` by default) is
+the median of the most specific key's samples -- the job's own key, else its
+queue's -- with its source (which key, how many runs). Backfill reads it when
+no time limit says when a running gang ends: a reservation behind such gangs
+names an estimated start (admit.py) instead of "when running jobs end".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from orchestrator.core.state import HOLDING, ClusterState, Job
+
+#: Run times kept per key (the median of these is the estimate).
+SAMPLES_KEPT = 8
+#: Keys kept; past this the least recently updated one is dropped.
+KEYS_KEPT = 4096
+_SEP = "\x1f"
+
+
+class Estimate(NamedTuple):
+    """A learned run time (seconds a job holds its GPUs in all) and where it comes from."""
+
+    seconds: float
+    #: "job" (same queue, user and name) or "queue" (same queue).
+    source: str
+    #: Runs it is the median of.
+    samples: int
+    #: The key's readable form: "name 'train' of alice in queue a" / "queue a".
+    about: str
+
+    def describe(self) -> str:
+        runs = "1 run" if self.samples == 1 else f"{self.samples} runs"
+        return f"~{self.seconds:.0f} s, median of {runs} of {self.about}"
+
+
+def job_key(queue: str, user: str, name: str) -> str:
+    return _SEP.join(("job", queue, user, name))
+
+
+def queue_key(queue: str) -> str:
+    return _SEP.join(("queue", queue))
+
+
+def run_seconds(job: Job, at: float) -> float:
+    """Seconds `job` held GPUs over all its attempts, if it ends at `at` (a CPU-only gang: its last attempt)."""
+    earlier = job.attained_s / job.gpus if job.gpus > 0 else 0.0
+    return earlier + max(0.0, at - job.reserved_at)
+
+
+def record(durations: dict[str, tuple[float, ...]], job: Job, at: float) -> None:
+    """The fold's part: remember how long a job that completed at `at` ran (in place; bounded)."""
+    seconds = run_seconds(job, at)
+    if not math.isfinite(seconds):
+        return
+    for key in (job_key(job.queue, job.submitted_by, job.spec.name), queue_key(job.queue)):
+        kept = durations.pop(key, ())  # re-inserted last: the dict's order is the update order
+        durations[key] = (*kept[-(SAMPLES_KEPT - 1):], seconds)
+    while len(durations) > KEYS_KEPT:
+        del durations[next(iter(durations))]
+
+
+def learned_estimate(state: ClusterState, job: Job, queue: str) -> Estimate | None:
+    """The median run time of the newest completed runs like `job` (its own key, else `queue`'s), or None."""
+    durations = state.durations
+    name, user = job.spec.name, job.submitted_by
+    runs = durations.get(job_key(queue, user, name))
+    if runs:
+        who = f" of {user}" if user else ""
+        return Estimate(_median(runs), "job", len(runs), f"name {name!r}{who} in queue {queue}")
+    runs = durations.get(queue_key(queue))
+    if runs:
+        return Estimate(_median(runs), "queue", len(runs), f"queue {queue}")
+    return None
+
+
+def _median(xs: tuple[float, ...]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def estimated_end(estimate: Estimate, job: Job, now: float) -> float:
+    """When a gang holding GPUs (or placed at `now`) is expected to end by `estimate`: never before `now`."""
+    if job.status not in HOLDING:
+        return now + estimate.seconds
+    return max(now, job.reserved_at + estimate.seconds - (job.attained_s / job.gpus if job.gpus > 0 else 0.0))

@@ -1,0 +1,166 @@
+"""Run times learned from the log (#20 point 5, acceptance 3): the fold's history, the estimate, backfill's use."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.core.estimates import KEYS_KEPT, SAMPLES_KEPT, job_key, learned_estimate, queue_key, record
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState, Job, restore, snapshot
+from orchestrator.policies import DEFAULT_POLICIES
+from schemas.events import JobCompleted, JobSubmitted, JobWaiting
+from schemas.jobspec import JobSpec
+from tests.core.harness import Sim, of_type
+
+
+def _submit(s: Sim, job_id: str, name: str, user: str = "alice", **spec: object) -> None:
+    s.emit(JobSubmitted(event_id=s.eid(), occurred_at=s.now, job_id=job_id, submitted_by=user,
+                        spec=JobSpec(name=name, **spec)))  # type: ignore[arg-type]
+
+
+def _run(s: Sim, job_id: str, seconds: float) -> None:
+    """Start `job_id` now (it must fit), let it run `seconds`, complete it."""
+    s.run()
+    assert s.job(job_id).status == "running"
+    s.tick(seconds)
+    s.finish(job_id)
+    completed = of_type(s.decide(), JobCompleted)
+    assert [e.job_id for e in completed] == [job_id]
+
+
+def test_the_estimate_converges_to_the_run_time_of_a_queues_identical_jobs() -> None:
+    """Every job of queue `q` is `train` by alice, 600 s: from the queue's fallback to the job's own key, to 600 s."""
+    s = Sim()
+    s.node("n0")
+    s.queue("q")
+    _submit(s, "warm", "prep", queue="q", gpus_per_rank=1)  # another name of the queue: 60 s
+    _run(s, "warm", 60)
+    seen = []
+    for i in range(12):
+        _submit(s, f"t{i}", "train", queue="q", gpus_per_rank=2)
+        est = learned_estimate(s.state, s.job(f"t{i}"), "q")
+        assert est is not None
+        seen.append((est.source, est.samples, round(est.seconds)))
+        _run(s, f"t{i}", 600)
+    # No history of `train` yet: the queue's median (60 s); then its own runs, the median settling at 600.
+    assert seen[0] == ("queue", 1, 60)
+    assert seen[1] == ("job", 1, 600)
+    assert seen[-1] == ("job", SAMPLES_KEPT, 600)
+    assert [n for _, n, _ in seen[1:]] == [min(i, SAMPLES_KEPT) for i in range(1, 12)]  # bounded
+    # Another user's job of the same name has no history of its own: the queue's (mostly train's 600 s).
+    _submit(s, "other", "train", user="bob", queue="q", gpus_per_rank=2)
+    est = learned_estimate(s.state, s.job("other"), "q")
+    assert est is not None and (est.source, est.samples, est.seconds) == ("queue", SAMPLES_KEPT, 600)
+
+
+def test_a_noisy_run_time_is_learned_as_the_median_of_recent_runs() -> None:
+    s = Sim()
+    s.node("n0")
+    for i, seconds in enumerate([500, 700, 10_000, 600, 650]):  # one outlier
+        _submit(s, f"j{i}", "eval", gpus_per_rank=1)
+        _run(s, f"j{i}", seconds)
+    _submit(s, "next", "eval", gpus_per_rank=1)
+    est = learned_estimate(s.state, s.job("next"), "default")
+    assert est is not None and (est.source, est.samples, est.seconds) == ("job", 5, 650)
+
+
+def test_only_completed_runs_count_and_a_preempted_jobs_earlier_attempts_do() -> None:
+    s = Sim()
+    s.node("n0")
+    _submit(s, "c", "x", gpus_per_rank=1)
+    s.agents(s.decide())
+    s.tick(100)
+    s.cancel("c")
+    s.run()
+    s.finish("c")
+    s.run()
+    assert s.job("c").status == "cancelled"
+    assert learned_estimate(s.state, s.job("c"), "default") is None
+    # A run of 300 s in two attempts: 100 s, then (requeued) 200 s.
+    durations: dict[str, tuple[float, ...]] = {}
+    job = Job(job_id="p", spec=JobSpec(name="x", gpus_per_rank=4), submitted_at=0.0, queue="default", status="running",
+              gpus=4, attained_s=4 * 100.0, reserved_at=1000.0, submitted_by="alice")
+    record(durations, job, 1200.0)
+    assert durations == {job_key("default", "alice", "x"): (300.0,), queue_key("default"): (300.0,)}
+
+
+def test_history_is_bounded_in_samples_and_keys_and_survives_snapshot_and_copy() -> None:
+    state = ClusterState()
+    for i in range(KEYS_KEPT + 50):
+        job = Job(job_id=f"j{i}", spec=JobSpec(name=f"n{i}", gpus_per_rank=1), submitted_at=0.0, queue="q",
+                  status="running", gpus=1, reserved_at=0.0, submitted_by="u")
+        record(state.durations, job, float(i + 1))
+    assert len(state.durations) == KEYS_KEPT
+    assert len(state.durations[queue_key("q")]) == SAMPLES_KEPT  # updated by every run: never dropped
+    assert job_key("q", "u", "n0") not in state.durations  # the least recently updated left first
+    assert restore(snapshot(state)).durations == state.durations
+    assert state.copy().durations == state.durations
+    # The fold records a completion on a copy without touching the original.
+    s = Sim()
+    s.node("n0")
+    _submit(s, "a", "x", gpus_per_rank=1)
+    s.agents(s.decide())
+    s.tick(50)
+    s.finish("a")
+    before = s.state.copy()
+    done = s.decide()
+    copy = before.copy()
+    for e in done:
+        evolve(copy, e)  # type: ignore[arg-type]
+    assert before.durations == {} and copy.durations == s.state.durations != {}
+
+
+def test_a_backfill_plan_without_time_limits_names_an_estimated_start() -> None:
+    """Gangs without time limits block a big gang: its reservation names when they end by their learned run times."""
+    s = Sim()
+    s.node("n0")
+    for i in range(2):  # history: `w` ran 1,000 s twice
+        _submit(s, f"h{i}", "w", gpus_per_rank=8)
+        _run(s, f"h{i}", 1000)
+    _submit(s, "w1", "w", gpus_per_rank=4)
+    _submit(s, "w2", "w", gpus_per_rank=4)
+    s.run()
+    t0 = s.now
+    s.tick(300)
+    _submit(s, "big", "big", gpus_per_rank=8)
+    waits = {e.job_id: e for e in of_type(s.decide(), JobWaiting)}
+    assert waits["big"].code == "backfill_head"
+    assert waits["big"].message == (
+        f"first in line for 8 GPUs: holding 0 free, expected to start at about t={t0 + 1000:.0f} (job w2 ends then by"
+        " its learned run time: ~1000 s, median of 2 runs of name 'w' of alice in queue default)"
+    )
+    # Overdue by the estimate: expected now, not in the past.
+    s.tick(2400)  # the told reason is REFRESH_S old: told again
+    waits = {e.job_id: e for e in of_type(s.decide(), JobWaiting)}
+    assert f"expected to start at about t={s.now:.0f} (job w" in waits["big"].message
+
+
+def test_a_queued_jobs_first_reason_tells_its_expected_run_time() -> None:
+    s = Sim(policies=replace(DEFAULT_POLICIES, heads_per_queue=1))
+    s.node("n0")
+    _submit(s, "h0", "w", gpus_per_rank=8)
+    _run(s, "h0", 1000)
+    _submit(s, "w1", "w", gpus_per_rank=8)
+    s.run()
+    for jid in ("b1", "b2"):
+        _submit(s, jid, "w", gpus_per_rank=8)
+    _submit(s, "other", "x", gpus_per_rank=8)
+    waits = {e.job_id: e for e in of_type(s.decide(), JobWaiting)}
+    assert waits["b2"].code == "queued"
+    assert waits["b2"].message == (
+        "in queue default behind jobs that go first; expected to run ~1000 s, median of 1 run of name 'w' of alice"
+        " in queue default"
+    )
+    # No history under its name: the queue's.
+    assert waits["other"].message.endswith("expected to run ~1000 s, median of 1 run of queue default")
+
+
+def test_without_history_the_plan_still_says_when_running_jobs_end() -> None:
+    s = Sim()
+    s.node("n0")
+    _submit(s, "w1", "w", gpus_per_rank=8)
+    s.agents(s.decide())
+    s.tick(10)
+    _submit(s, "big", "big", gpus_per_rank=8)
+    waits = {e.job_id: e for e in of_type(s.decide(), JobWaiting)}
+    assert waits["big"].message.endswith("expected to start when running jobs end")
