@@ -9,9 +9,12 @@ The simulation itself is synchronous CPU work: the handlers just call it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -208,14 +211,19 @@ async def run_handler(args: argparse.Namespace) -> int:
     config = SimConfig(checkpoint_interval_s=args.checkpoint_interval, restart_overhead_s=args.restart_overhead,
                        strict=args.strict)
     quiet = args.json
+    bar = None if quiet or not sys.stderr.isatty() else ProgressBar(policies, len(scenario.jobs))
 
     def progress(line: str) -> None:
-        if not quiet:
+        if bar is not None:
+            bar.finished(line)
+        elif not quiet:
             print(line, file=sys.stderr, flush=True)
 
     try:
-        report = run_policies(scenario, policies, config, args.out, write_logs=not args.no_logs,
-                              figures=not args.no_figures, progress=progress)
+        with bar if bar is not None else contextlib.nullcontext():
+            report = run_policies(scenario, policies, config, args.out, write_logs=not args.no_logs,
+                                  figures=not args.no_figures, progress=progress,
+                                  advance=bar.advance if bar is not None else None)
     except SimulationError as e:
         print(f"corral sim: simulation failed: {e}", file=sys.stderr)
         return FAILURE
@@ -225,6 +233,42 @@ async def run_handler(args: argparse.Namespace) -> int:
         print(report.table)
         print(f"\nwrote {', '.join(str(f) for f in report.files)}")
     return OK
+
+
+class ProgressBar:
+    """A rich progress bar on stderr (a terminal only: piped stderr gets the plain lines): one row per
+    policy, jobs finished of all, jobs/s; each policy's summary line prints above the bars when it ends."""
+
+    def __init__(self, policies: Sequence[str], jobs: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description:>13}"), BarColumn(), MofNCompleteColumn(), TextColumn("jobs"),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+            console=Console(stderr=True), transient=True)
+        self.tasks = {p: self.progress.add_task(p, total=jobs, start=False, rate="") for p in policies}
+        self._started: dict[str, float] = {}  # policy -> when its first job finished (time.monotonic)
+
+    def __enter__(self) -> ProgressBar:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def advance(self, policy: str, done: int) -> None:
+        task = self.tasks[policy]
+        now = time.monotonic()
+        if policy not in self._started:
+            self._started[policy] = now
+            self.progress.start_task(task)
+        elapsed = now - self._started[policy]
+        rate = f"{done / elapsed:,.0f} jobs/s" if elapsed > 0 else ""
+        self.progress.update(task, completed=done, rate=rate)
+
+    def finished(self, line: str) -> None:
+        self.progress.console.print(line, highlight=False, markup=False)
 
 
 def _gen_problems(args: argparse.Namespace) -> list[str]:

@@ -413,5 +413,7 @@ class Simulation:
 
 
 def simulate(scenario: Scenario, policy: str = "corral", config: SimConfig | None = None,
-             log: IO[bytes] | None = None, policies: Policies | None = None) -> SimResult:
-    return Simulation(scenario, policy, config, log, policies=policies).run()
+             log: IO[bytes] | None = None, policies: Policies | None = None,
+             on_instant: Callable[[Simulation], None] | None = None) -> SimResult:
+    """`on_instant` is called after each simulated instant (a progress bar's tick: keep it cheap)."""
+    return Simulation(scenario, policy, config, log, on_instant, policies).run()

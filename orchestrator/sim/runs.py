@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from orchestrator.sim.baselines import POLICY_NAMES
-from orchestrator.sim.engine import Scenario, SimConfig, SimResult, simulate
+from orchestrator.sim.engine import Scenario, SimConfig, SimResult, Simulation, simulate
 from orchestrator.sim.metrics import big_gang_waits, summarize, waits_longer
 from orchestrator.sim.table import json_figures, side_by_side
 
@@ -66,8 +66,13 @@ def compare(metrics: dict[str, dict[str, Any]], waits: dict[str, dict[str, float
 
 def run_policies(scenario: Scenario, policies: Sequence[str], config: SimConfig | None = None,
                  out_dir: Path | None = None, *, write_logs: bool = True, figures: bool = True,
-                 progress: Callable[[str], None] | None = None) -> Report:
-    """Simulate `scenario` under each policy; write logs, metrics, table and figures into `out_dir` if given."""
+                 progress: Callable[[str], None] | None = None,
+                 advance: Callable[[str, int], None] | None = None) -> Report:
+    """Simulate `scenario` under each policy; write logs, metrics, table and figures into `out_dir` if given.
+
+    `progress` gets a line per finished policy; `advance(policy, jobs_finished)` is called while a
+    policy runs, each time more of its jobs have finished (a progress bar's feed).
+    """
     config = config if config is not None else SimConfig()
     metrics: dict[str, dict[str, Any]] = {}
     waits: dict[str, dict[str, float]] = {}
@@ -77,13 +82,14 @@ def run_policies(scenario: Scenario, policies: Sequence[str], config: SimConfig 
         out_dir.mkdir(parents=True, exist_ok=True)
         _remove_stale(out_dir, policies, write_logs=write_logs, figures=figures)
     for name in policies:
+        tick = _ticker(name, advance) if advance is not None else None
         if out_dir is not None and write_logs:
             path = out_dir / f"events-{name}.jsonl"
             with path.open("wb") as f:
-                result = simulate(scenario, name, config, log=f)
+                result = simulate(scenario, name, config, log=f, on_instant=tick)
             files.append(path)
         else:
-            result = simulate(scenario, name, config)
+            result = simulate(scenario, name, config, on_instant=tick)
         metrics[name] = summarize(result)
         waits[name] = big_gang_waits(result)
         jcts[name] = _jcts(result)
@@ -108,6 +114,21 @@ def run_policies(scenario: Scenario, policies: Sequence[str], config: SimConfig 
                 plots.share_vs_fair(metrics, share_vs_fair),
             ]
     return Report(metrics, comparison, table, tuple(files))
+
+
+def _ticker(policy: str, advance: Callable[[str, int], None]) -> Callable[[Simulation], None]:
+    """An `on_instant` hook that calls `advance` only when the count of finished jobs moved (most instants
+    finish none)."""
+    seen = 0
+
+    def tick(sim: Simulation) -> None:
+        nonlocal seen
+        done = len(sim.timeline.end)
+        if done != seen:
+            seen = done
+            advance(policy, done)
+
+    return tick
 
 
 def _remove_stale(out_dir: Path, policies: Sequence[str], *, write_logs: bool, figures: bool) -> None:
