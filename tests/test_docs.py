@@ -36,7 +36,8 @@ SHELL_LANGS = {"", "sh", "bash", "shell", "console"}
 # Commands (as written, comments stripped) that this test does not run, and why.
 NOT_RUN = {
     "corral up": "this test's fixture is that command (with --port 0 and a temporary --data-dir)",
-    "corral up --demo --data-dir .corral/demo": "the whole demo takes minutes: tests/cli/test_demo_cluster.py runs it",
+    "corral up --demo --data-dir .corral/demo": "the whole demo takes minutes: tests/test_install.py runs it to the end (installed, "
+                                                "from another directory), tests/cli/test_demo.py its failure path",
 }
 # Parts of commands that run differently here, and why: (as written, as run).
 REWRITTEN = {
