@@ -24,10 +24,30 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, empty: str = "(none)") -> None:
+    """A rich table on a terminal; the plain `table` when stdout is a pipe or a file, unchanged for scripts."""
     if not rows:
         print(empty)
         return
+    if sys.stdout.isatty():
+        print_rich_table(headers, rows)
+        return
     print(table(headers, rows))
+
+
+def print_rich_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Bold headers over a rule, columns fitted to the terminal. Cells are plain text, never markup: a job
+    name such as `[red]x` prints as written."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for h in headers:
+        t.add_column(Text(str(h)), overflow="fold")
+    for r in rows:
+        t.add_row(*(Text("" if c is None else str(c)) for c in r))
+    Console(highlight=False).print(t)
 
 
 def human_duration(seconds: float | None) -> str:
