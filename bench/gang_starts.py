@@ -42,14 +42,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import SharedView  # noqa: E402
-from events.bus import Bus, Envelope  # noqa: E402
+from bench.load import share_one_fold  # noqa: E402
+from events.bus import Bus  # noqa: E402
 from events.server import NatsServer  # noqa: E402
 from nodeagent.agent import Agent, AgentConfig  # noqa: E402
 from nodeagent.fake_gpus import fake_inventory  # noqa: E402
 from nodeagent.runtime.base import WorkerHandle  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
-from orchestrator.follow import Follower  # noqa: E402
 from orchestrator.logging import configure_logging  # noqa: E402
 from orchestrator.service import Scheduler, SchedulerConfig  # noqa: E402
 from schemas import ClusterConfigured, GangReserved, JobRunning, JobSpec, JobSubmitted  # noqa: E402
@@ -74,38 +73,6 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-def share_one_fold(bus: Bus, agents: list[Agent]) -> Follower:
-    """Point every agent at one shared fold; it wakes an agent for events about its node or jobs."""
-    shared = Follower(bus)
-    ready = asyncio.Event()
-    views: dict[str, SharedView] = {}
-    job_nodes: dict[str, tuple[str, ...]] = {}
-
-    def wake(env: Envelope) -> None:
-        e = env.event
-        if isinstance(e, GangReserved):
-            targets: tuple[str, ...] = tuple({p.node_id for p in e.ranks})
-            job_nodes[e.job_id] = targets
-        elif (job_id := getattr(e, "job_id", None)) is not None:
-            targets = job_nodes.get(job_id, ())
-        elif (node_id := getattr(e, "node_id", None)) is not None:
-            targets = (node_id,)
-        else:
-            targets = tuple(views)
-        for n in targets:
-            if (view := views.get(n)) is not None:
-                view.changed.set()
-
-    shared.on_event(wake)
-    for agent in agents:
-        view = views[agent.node_id] = SharedView(shared, ready)
-        agent.follower = view  # type: ignore[assignment]
-        if (observe := getattr(agent, "_observe", None)) is not None:  # per-event notes of newer agents
-            shared.on_event(observe)
-    ready.set()
-    return shared
-
-
 async def gang_starts(nodes: int, gangs: int, run_s: float, tick_s: float, *, remove_s: float = 0.15,
                       own_fold: bool = False, timeout_s: float = 300.0) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="corral-gang-starts-") as tmp:
@@ -122,7 +89,10 @@ async def gang_starts(nodes: int, gangs: int, run_s: float, tick_s: float, *, re
             ]
             tasks = [asyncio.create_task(sched.run())]
             if not own_fold:
-                tasks.append(asyncio.create_task(share_one_fold(bus, agents).follow()))
+                ready = asyncio.Event()
+                shared = share_one_fold(bus, agents, ready)
+                ready.set()
+                tasks.append(asyncio.create_task(shared.follow()))
             tasks += [asyncio.create_task(a.run()) for a in agents]
             try:
                 spec = JobSpec(name="g", ranks=2, gpus_per_rank=GPUS, command=("sleep", str(run_s)))

@@ -101,11 +101,13 @@ class SharedView:
                 await self.changed.wait()
 
 
-async def host_agents(url: str, first: int, count: int, nodes_total: int, gpus: int) -> None:
-    configure_logging("warning")
-    bus = await Bus.connect(url, name=f"bench-agents-{first}")
+def share_one_fold(bus: Bus, agents: list[Agent], ready: asyncio.Event) -> Follower:
+    """Point every agent at one shared fold, which wakes an agent for events about its node or its jobs.
+
+    The agents' catch-up waits for `ready`: set it once the shared fold has caught up (or at once, when
+    the shared fold's own follow() catches up).
+    """
     shared = Follower(bus)
-    ready = asyncio.Event()
     views: dict[str, SharedView] = {}
     job_nodes: dict[str, tuple[str, ...]] = {}
 
@@ -121,24 +123,30 @@ async def host_agents(url: str, first: int, count: int, nodes_total: int, gpus: 
         else:
             targets = tuple(views)
         for n in targets:
-            view = views.get(n)
-            if view is not None:
+            if (view := views.get(n)) is not None:
                 view.changed.set()
 
     shared.on_event(wake)
+    for agent in agents:
+        view = views[agent.node_id] = SharedView(shared, ready)
+        agent.follower = view  # type: ignore[assignment]
+        # The agent registered its per-event observer on its own Follower, which never runs here.
+        shared.on_event(agent._observe)
+    return shared
+
+
+async def host_agents(url: str, first: int, count: int, nodes_total: int, gpus: int) -> None:
+    configure_logging("warning")
+    bus = await Bus.connect(url, name=f"bench-agents-{first}")
     agents = []
     for i in range(first, first + count):
         node_id = f"n{i:03d}"
         inventory = fake_inventory(gpus, node_id=node_id, labels={"block": f"b{i // 32}", "leaf": f"l{i // 4}"})
         config = AgentConfig(node_id=node_id, data_dir=Path(tempfile.gettempdir()) / "corral-load" / node_id,
                              heartbeat_s=HEARTBEAT_S, tick_s=AGENT_TICK_S)
-        agent = Agent(bus, config, inventory, SimulatedRuntime())
-        view = SharedView(shared, ready)
-        agent.follower = view  # type: ignore[assignment]
-        # The agent registered its per-event observer on its own Follower, which never runs here.
-        shared.on_event(agent._observe)
-        views[node_id] = view
-        agents.append(agent)
+        agents.append(Agent(bus, config, inventory, SimulatedRuntime()))
+    ready = asyncio.Event()
+    shared = share_one_fold(bus, agents, ready)
     await shared.catch_up()
     ready.set()
     async with asyncio.TaskGroup() as tg:
