@@ -72,11 +72,12 @@ class AdmissionRefused(Exception):
         self.job_id = job_id
 
 
-def default_user(bus: Bus | None = None) -> str:
-    """Who a submit or cancel is recorded as when the caller does not say: the NATS user of the connection
-    (a password login), else the operating system's user ($USER, ...); "" if neither is known."""
-    options = getattr(getattr(bus, "nc", None), "options", None)
-    nats_user = options.get("user") if isinstance(options, dict) else None
+def default_user(bus: Bus | None = None, nats_user: object = None) -> str:
+    """Who a submit or cancel is recorded as when the caller does not say: the NATS user (given, or the
+    connection's password login), else the operating system's user ($USER, ...); "" if neither is known."""
+    if nats_user is None:
+        options = getattr(getattr(bus, "nc", None), "options", None)
+        nats_user = options.get("user") if isinstance(options, dict) else None
     if isinstance(nats_user, str) and nats_user:
         return nats_user
     try:

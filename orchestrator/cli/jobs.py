@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import os
 from collections.abc import Iterator
 from contextlib import aclosing
@@ -12,7 +11,7 @@ from contextlib import aclosing
 import msgspec
 
 from events.bus import Bus
-from events.sdk import FINAL, AdmissionRefused, Client
+from events.sdk import FINAL, AdmissionRefused, Client, default_user
 from events.subjects import type_filters
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import DENIED, FAILURE, NOT_FOUND, OK, TIMEOUT, UNREACHABLE, USAGE, CliError
@@ -29,13 +28,7 @@ from schemas import JobSpec, tag_of
 def current_user(args: argparse.Namespace | None = None) -> str:
     """Who submits or cancels, as recorded in the log (`explain`, `jobs --by-user` show it): the NATS user
     of the connection (--user), else $USER; "" if unknown."""
-    nats_user = getattr(args, "user", None)
-    if isinstance(nats_user, str) and nats_user:
-        return nats_user
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return ""
+    return default_user(nats_user=getattr(args, "user", None))
 
 
 #: Exit code for each refusal of the admission service (events.sdk.AdmissionRefused.code).
