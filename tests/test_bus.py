@@ -339,14 +339,23 @@ async def test_connect_to_nothing_fails_fast() -> None:
     assert time.monotonic() - t < 5
 
 
-async def test_undecodable_events_are_logged_once_per_reason(bus: Bus) -> None:
+async def test_undecodable_events_are_logged_once_per_reason(bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
     """Per reason (a closed set), not per claimed type: made-up types must not each cost a log line."""
-    from structlog.testing import capture_logs
+    import structlog
+    from structlog.testing import LogCapture
 
+    import events.bus
+
+    # The bus's own logger, not structlog.testing.capture_logs: an earlier test's configure_logging
+    # (cached loggers, a level filter) would hide what capture_logs installs.
+    capture = LogCapture()
+    monkeypatch.setattr(events.bus, "log", structlog.wrap_logger(None, processors=[capture],
+                                                                 wrapper_class=structlog.BoundLogger,
+                                                                 cache_logger_on_first_use=False))
     for i in range(3):
         await bus.js.publish("corral.job.j1.JobTeleported", b'{"type":"JobTeleported%d","n":%d}' % (i, i))
         await bus.js.publish("corral.job.j1.Garbage", b"\xff%d" % i)
-    with capture_logs() as logs:
-        envs = await replay_all(bus)
+    envs = await replay_all(bus)
     assert len(envs) == 6 and all(isinstance(e.event, Unknown) for e in envs)
-    assert sorted(str(x["reason"]) for x in logs if "undecodable" in x["event"]) == ["malformed", "unknown_type"]
+    logged = [x for x in capture.entries if "undecodable" in x["event"]]
+    assert sorted(str(x["reason"]) for x in logged) == ["malformed", "unknown_type"]

@@ -26,6 +26,7 @@ import nats.errors
 import pytest
 from nats.js import JetStreamContext
 
+from deploy.nats.permissions import APPENDS
 from deploy.nats.render import accounts, server
 from events.bus import Bus
 from events.security import connect_options
@@ -36,13 +37,14 @@ from tests.integration.harness import CORRAL, log_tail, start_corral
 
 NODES = ["n1", "n2"]
 PASSWORDS = passwords(NODES)
-#: What each role may append (deploy/nats/permissions.py); `admin` publishes only what `client` may not.
-SUBJECTS = {
-    "client": ["corral.job.p-{i}.JobSubmitted", "corral.job.p-{i}.CancelRequested"],
-    "admin": ["corral.queue.p-{i}.QueueDefined", "corral.queue.p-{i}.QueueDeleted", "corral.node.p-{i}.NodeCordoned",
-              "corral.node.p-{i}.NodeUncordoned"],
-}
+#: Entity of each tag the `client` and `admin` roles may append.
+_ENTITY = {"JobSubmitted": "job", "CancelRequested": "job", "QueueDefined": "queue", "QueueDeleted": "queue",
+           "NodeCordoned": "node", "NodeUncordoned": "node"}
+#: What each role may append, from the permissions themselves (deploy/nats/permissions.py), so a tag given to
+#: `client` or `admin` later is poisoned too; `admin` publishes only what `client` may not.
+SUBJECTS = {role: [f"corral.{_ENTITY[tag]}.p-{{i}}.{tag}" for tag in APPENDS[role]] for role in ("client", "admin")}
 KINDS = ("invalid_utf8", "truncated", "garbage", "unknown_type", "wrong_types")
+POISONED = sum(len(subjects) for subjects in SUBJECTS.values()) * len(KINDS)
 GARBAGE_BYTES = 1_000_000
 
 
@@ -113,10 +115,10 @@ def _unreadable_count(text: str) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 async def test_poison_messages_stop_no_reader(secured: Server, tmp_path: Path) -> None:
-    """Fault: 25 malformed messages (5 kinds x the 5 subjects `client` and `admin` may write), each
+    """Fault: POISONED malformed messages (5 kinds x the subjects `client` and `admin` may write), each
     published by the least-privileged role allowed to, while the services run.
     Check: the scheduler, both agents and a `corral tail --json` keep running; the next 20 jobs
-    complete; the scheduler counts 25 unreadable messages in `corral_unreadable_events_total`;
+    complete; the scheduler counts them all in `corral_unreadable_events_total`;
     `corral tail --json` printed one valid JSON record of type Unknown per poison message, and a
     `corral tail --no-follow` prints exactly one 'unreadable at position N: why' line for each, at
     its position."""
@@ -161,7 +163,7 @@ async def test_poison_messages_stop_no_reader(secured: Server, tmp_path: Path) -
                             await js.publish(subjects[0].format(i="big"), rng.randbytes(GARBAGE_BYTES))
                 finally:
                     await nc.close()
-            assert len(poison_seqs) == 25
+            assert len(poison_seqs) == POISONED
 
             nc, js = await _js(srv, "client")
             try:
