@@ -18,7 +18,7 @@ demo: $(BIN)/corral
 	$(BIN)/corral up --demo --duration 240 --data-dir .corral/demo --port 0
 
 test: $(BIN)/corral
-	$(BIN)/pytest -q -p no:cacheprovider
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25
 
 lint: $(BIN)/corral
 	$(BIN)/ruff check .
