@@ -113,6 +113,8 @@ class Agent:
         self._hb_kv: KeyValue | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._checkpoints_scanned = 0.0
+        #: Workers the log says this node started and never ended, of any attempt: key -> generation.
+        self._unended: dict[WorkerKey, int] = {}
         self.follower.on_event(self._observe)
 
     @property
@@ -167,7 +169,9 @@ class Agent:
         Which NodeFailed failed this incarnation (its position names our answer to it, so a
         repeated answer dedupes and the next failure gets a new one), and a gang restart's
         `not_before` (the first GangRestarted that moved the job to that attempt: a void or
-        duplicate one changes nothing). Both rebuild from the log when the agent restarts.
+        duplicate one changes nothing). And which workers the log has this node start and never end,
+        whatever their attempt (the state keeps only current attempts'). All rebuild from the log when
+        the agent restarts.
         """
         e = env.event
         if isinstance(e, NodeFailed | NodeRecovered | NodeRegistered):
@@ -177,6 +181,12 @@ class Agent:
                     self._failed_at = 0
                 elif not self._failed_at:
                     self._failed_at = env.seq
+        elif isinstance(e, WorkerStarted) and e.node_id == self.node_id:
+            self._unended[(e.job_id, e.attempt, e.rank)] = e.restarts
+        elif isinstance(e, WorkerExited) and e.node_id == self.node_id:
+            key = (e.job_id, e.attempt, e.rank)
+            if self._unended.get(key, e.restarts + 1) <= e.restarts:
+                del self._unended[key]
         elif isinstance(e, GangRestarted) and e.not_before > 0:
             job = self.follower.state.jobs.get(e.job_id)
             if job is not None and job.attempt == e.attempt:
@@ -257,6 +267,16 @@ class Agent:
                 log.warning("worker_vanished", job_id=key[0], attempt=key[1], rank=key[2])
                 info = ExitInfo.of(None, None, "no worker of this rank was found after the agent restarted")
                 await self._report_exit(key, rank.restarts, info, info.reason, will_restart=False)
+        # The same for a worker of an attempt that ended meanwhile (its gang was requeued while this agent
+        # was down): the fold no longer cares, but left untold the log would show it running on its GPUs
+        # forever, beside every later worker there.
+        for key, generation in list(self._unended.items()):
+            job = state.jobs.get(key[0])
+            if key not in seen and (job is None or job.attempt != key[1]):
+                log.warning("worker_vanished", job_id=key[0], attempt=key[1], rank=key[2], attempt_ended=True)
+                info = ExitInfo.of(None, None, "no worker of this superseded attempt was found after the agent "
+                                               "restarted")
+                await self._report_exit(key, generation, info, info.reason, will_restart=False)
 
     def _track(self, handle: WorkerHandle, job: Job, restarts: int, spec: WorkerSpec | None = None) -> Tracked:
         lb = handle.labels

@@ -189,6 +189,28 @@ async def test_a_rank_whose_worker_vanished_while_the_agent_was_down_is_reported
         ("V", 2, "1 rank(s) lost")]
 
 
+async def test_a_worker_of_an_attempt_requeued_while_the_agent_was_down_is_reported_ended(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """Its gang moved on (the node failed, the job was requeued as attempt 2) while the agent was down and the
+    worker died with it. The fold ignores attempt 1's exit, but without it the log showed attempt 1's worker on
+    its GPUs forever, beside every later worker there (found by tests/faults/chaos_check.py)."""
+    sim = await placed(bus, "Q")
+    sent = len(sim.log)
+    sim.start("Q")
+    sim.fail_node("n0")
+    assert [(e.job_id, e.attempt) for e in sim.decide() if isinstance(e, JobRequeued)] == [("Q", 2)]
+    await bus.append_many(sim.log[sent:])
+
+    agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), GatedRuntime())
+    async with running(agent):
+        await wait_until(agent.follower, lambda s: "n0" in s.nodes and not s.nodes["n0"].failed, 10,
+                         "the agent's registration")
+    ended = [(env.event.attempt, env.event.reason) async for batch in bus.replay() for env in batch
+             if isinstance(env.event, WorkerExited) and env.event.job_id == "Q"]
+    assert ended == [(1, "lost")]
+
+
 class SurvivingRuntime(GatedRuntime):
     """Its workers outlive the agent process, as Docker's and the process runtime's do."""
 
