@@ -176,7 +176,10 @@ def check(
             terminal[job] = kind
     for seq, t, node in failed:
         if not _explained(node, t, outs, registered, heartbeat_timeout, heartbeat_interval, slack):
-            r.violate(seq, f"NodeFailed for {node} whose heartbeats never stopped for {heartbeat_timeout}s")
+            near = [f"{o.what} {o.node or 'all'} {o.start - t:+.1f}..{'?' if o.end is None else f'{o.end - t:+.1f}'}s"
+                    for o in outs if o.node in (None, node) and abs(o.start - t) < 60]
+            r.violate(seq, f"NodeFailed for {node} whose heartbeats never stopped for {heartbeat_timeout}s "
+                           f"(outages of it or NATS within 60 s, relative to the NodeFailed: {near or 'none'})")
     r.jobs = len(submitted)
     r.outcomes = Counter(terminal.get(j, "pending") for j in submitted)
     if final:
@@ -198,8 +201,11 @@ def _explained(
         end = o.end
         if end is None:  # killed: its heartbeats resume once the new process registers
             end = min((r for r in registered.get(node, ()) if r >= o.start), default=float("inf"))
+        # After NATS comes back, agents reconnect and the monitor re-creates its watch once it was quiet for a
+        # third of the timeout (orchestrator/health.py): beats are invisible to the scheduler until then.
+        after = interval + slack + 1.0 + (timeout / 3 if o.node is None else 0.0)
         silent_from = o.start - interval - slack
-        if silent_from <= t - timeout and t <= end + interval + slack + 1.0:
+        if silent_from <= t - timeout and t <= end + after:
             return True
     return False
 

@@ -36,7 +36,9 @@ def fresh_fold(log: list[Stored]) -> tuple[int, int]:
 
 @pytest.mark.timeout(600)
 async def test_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
-    cfg = ChaosConfig(jobs=200, nodes=8, chaos_s=45.0, drain_s=240.0, seed=7)
+    # Lease 4 s and heartbeat timeout 8 s, as bench/chaos.py: pauses of up to 3x the lease still cross the
+    # timeout, and a loaded CI machine does not starve a healthy agent's heartbeats past it.
+    cfg = ChaosConfig(jobs=200, nodes=8, chaos_s=45.0, drain_s=240.0, seed=7, lease_ttl=4.0, heartbeat_timeout=8.0)
     result = await run_chaos(cfg, tmp_path, fresh_digest=fresh_fold)
     print(result.summary())
     assert result.report.violations == [], "\n".join(result.report.violations[:30])
