@@ -16,6 +16,7 @@ import pytest
 
 from orchestrator.sim.__main__ import main as sim_main
 from tests.cli.conftest import CORRAL, ROOT
+from tests.terminal import drain
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -42,15 +43,7 @@ def run(args: list[str], *, tty: bool) -> str:
     master, slave = pty.openpty()
     with subprocess.Popen([*CORRAL, *args], stdout=slave, stderr=subprocess.PIPE, env=env, cwd=ROOT) as p:
         os.close(slave)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            out += chunk
+        out = drain(master)
         assert p.wait(60) == 0, p.stderr.read() if p.stderr else ""
     os.close(master)
     return out.decode().replace("\r\n", "\n")

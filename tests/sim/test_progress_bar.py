@@ -17,6 +17,7 @@ from pathlib import Path
 from orchestrator.sim.__main__ import main
 from orchestrator.sim.cli import scenario_of
 from orchestrator.sim.runs import run_policies
+from tests.terminal import drain
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,15 +41,7 @@ def _sim(tmp_path: Path, *, tty: bool) -> tuple[int, str, str]:
     master, slave = pty.openpty()
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, env=env, cwd=ROOT) as p:
         os.close(slave)
-        err = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed its end
-                break
-            if not chunk:
-                break
-            err += chunk
+        err = drain(master)
         out = p.stdout.read() if p.stdout else b""
         rc = p.wait(120)
     os.close(master)
