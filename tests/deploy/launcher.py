@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import StreamConfig, StreamInfo
 
-from deploy.nats.render import password_envs, to_conf
+from deploy.nats.render import accounts, password_envs, server, to_conf
 
 #: JetStream error code: "no suitable peers for placement" (a meta leader that has not met every peer yet).
 _NO_PLACEMENT = 10005
@@ -68,6 +68,32 @@ def free_ports(n: int) -> list[int]:
 def passwords(nodes: list[str], teams: tuple[str, ...] = ()) -> dict[str, str]:
     """A test password for every $CORRAL_*_PASSWORD the accounts config needs."""
     return {var: f"pw-{var.lower()}" for var in password_envs(nodes, teams)}
+
+
+def password_of(passwords: dict[str, str], user: str) -> str:
+    """The password `passwords()` gave `user` (a role, or `agent-<node>`)."""
+    return passwords[f"CORRAL_{user.upper().replace('-', '_')}_PASSWORD"]
+
+
+def login_args(srv: Server, user: str, password: str, secrets: Path) -> list[str]:
+    """`--nats URL --user USER --password-file FILE`, as the deploy manifests pass them."""
+    secrets.mkdir(exist_ok=True)
+    path = secrets / f"{user}.password"
+    path.write_text(password + "\n")
+    return ["--nats", srv.url, "--user", user, "--password-file", str(path)]
+
+
+@contextlib.contextmanager
+def secured_server(tmp_path: Path, name: str, nodes: list[str], passwords: dict[str, str]) -> Iterator[Server]:
+    """One server with corral's per-role users (deploy/nats/render.py) and no stream yet."""
+    port, http = free_ports(2)
+    cfg = server(name=name, listen=f"127.0.0.1:{port}", http=f"127.0.0.1:{http}", store_dir=str(tmp_path / "js"),
+                 auth=accounts(nodes))
+    srv = Server(cfg, tmp_path / f"{name}.conf", passwords).start().wait_healthy()
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 class Server:

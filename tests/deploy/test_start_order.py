@@ -20,11 +20,10 @@ import nats.js.errors
 import pytest
 
 from deploy.nats import permissions
-from deploy.nats.render import accounts, server
 from events.bus import Bus
 from events.security import connect_options
 from orchestrator.cli.errors import DENIED
-from tests.deploy.launcher import Server, free_ports, passwords
+from tests.deploy.launcher import Server, login_args, password_of, passwords, secured_server
 from tests.faults.services import observer, until
 from tests.integration.harness import log_tail, start_corral, stop
 
@@ -33,28 +32,18 @@ PASSWORDS = passwords(NODES)
 
 
 def _password(user: str) -> str:
-    return PASSWORDS[f"CORRAL_{user.upper().replace('-', '_')}_PASSWORD"]
+    return password_of(PASSWORDS, user)
 
 
 @pytest.fixture
 def fresh(tmp_path: Path) -> Iterator[Server]:
     """A server with corral's users and no stream yet: nobody has started the scheduler."""
-    port, http = free_ports(2)
-    cfg = server(name="fresh", listen=f"127.0.0.1:{port}", http=f"127.0.0.1:{http}", store_dir=str(tmp_path / "js"),
-                 auth=accounts(NODES))
-    srv = Server(cfg, tmp_path / "fresh.conf", PASSWORDS).start().wait_healthy()
-    try:
+    with secured_server(tmp_path, "fresh", NODES, PASSWORDS) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def _login(srv: Server, user: str, secrets: Path) -> list[str]:
-    """`--nats URL --user USER --password-file FILE`, as the deploy manifests pass them."""
-    secrets.mkdir(exist_ok=True)
-    path = secrets / f"{user}.password"
-    path.write_text(_password(user) + "\n")
-    return ["--nats", srv.url, "--user", user, "--password-file", str(path)]
+    return login_args(srv, user, _password(user), secrets)
 
 
 def _agent(srv: Server, user: str, node: str, d: Path):  # type: ignore[no-untyped-def]

@@ -27,11 +27,10 @@ import pytest
 from nats.js import JetStreamContext
 
 from deploy.nats.permissions import APPENDS
-from deploy.nats.render import accounts, server
 from events.bus import Bus
 from events.security import connect_options
 from schemas import JobSpec, JobSubmitted, encode
-from tests.deploy.launcher import Server, free_ports, passwords
+from tests.deploy.launcher import Server, free_ports, login_args, password_of, passwords, secured_server
 from tests.faults.services import observer, stop_all, until
 from tests.integration.harness import CORRAL, log_tail, start_corral
 
@@ -49,26 +48,17 @@ GARBAGE_BYTES = 1_000_000
 
 
 def _password(user: str) -> str:
-    return PASSWORDS[f"CORRAL_{user.upper().replace('-', '_')}_PASSWORD"]
+    return password_of(PASSWORDS, user)
 
 
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[Server]:
-    port, http = free_ports(2)
-    cfg = server(name="poison", listen=f"127.0.0.1:{port}", http=f"127.0.0.1:{http}", store_dir=str(tmp_path / "js"),
-                 auth=accounts(NODES))
-    srv = Server(cfg, tmp_path / "poison.conf", PASSWORDS).start().wait_healthy()
-    try:
+    with secured_server(tmp_path, "poison", NODES, PASSWORDS) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def _login(srv: Server, user: str, d: Path) -> list[str]:
-    (d / "secrets").mkdir(exist_ok=True)
-    path = d / "secrets" / f"{user}.password"
-    path.write_text(_password(user) + "\n")
-    return ["--nats", srv.url, "--user", user, "--password-file", str(path)]
+    return login_args(srv, user, _password(user), d / "secrets")
 
 
 async def _js(srv: Server, user: str) -> tuple[nats.NATS, JetStreamContext]:
