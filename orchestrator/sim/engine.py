@@ -398,7 +398,10 @@ class Simulation:
         for at, jid in m:
             if at >= nxt:
                 return
-            j = jobs[jid]
+            # A job that finished may have left the fold already (past FINISHED_KEPT): nothing to preempt.
+            j = jobs.get(jid)
+            if j is None:
+                continue
             if threat is None or (j.status in ("reserved", "running") and j.stop is None and threat(j)):
                 self._wake(at)
                 return
