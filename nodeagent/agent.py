@@ -23,6 +23,7 @@ from nats.js.kv import KeyValue
 
 from events.bus import Bus, BusError, Envelope, append_reclaiming
 from events.cancel import stop_if_cancelled
+from events.follow import Follower
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, newest_manifest
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
@@ -30,9 +31,9 @@ from nodeagent.logs import LogServer
 from nodeagent.rank_env import rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from orchestrator import metrics
+from orchestrator.core.evolve import evolve
 from orchestrator.core.queries import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.state import ClusterState, Job
-from orchestrator.follow import Follower
 from schemas import (
     Checkpointed,
     Event,
@@ -98,7 +99,7 @@ class Agent:
         self.config = config
         self.inventory = inventory
         self.runtime = runtime
-        self.follower = Follower(bus)
+        self.follower = Follower(bus, evolve, ClusterState())
         self.incarnation = uuid.uuid4().hex[:12]
         self.workers: dict[WorkerKey, Tracked] = {}
         self._restarting: set[WorkerKey] = set()

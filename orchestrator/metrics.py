@@ -45,8 +45,8 @@ from schemas.events import UNREADABLE_REASONS
 
 if TYPE_CHECKING:
     from events.bus import Envelope
+    from events.follow import Follower
     from nodeagent.agent import Agent
-    from orchestrator.follow import Follower
     from orchestrator.service import Scheduler
 
 log = structlog.get_logger("corral.metrics")
@@ -104,7 +104,7 @@ class _BuildInfo:
         return [build_info()]
 
 
-def count_outcomes(follower: Follower) -> None:
+def count_outcomes(follower: Follower[ClusterState]) -> None:
     """Jobs finished by outcome, queue waits and GPU-seconds per queue, from what the fold did with each event.
 
     Read after each event is folded: a job the event finished is in `state.finished` at that event's
@@ -138,7 +138,7 @@ def count_outcomes(follower: Follower) -> None:
     follower.on_event(on_event)
 
 
-def count_folded(follower: Follower, service: str, *, cluster_facts: bool) -> None:
+def count_folded(follower: Follower[ClusterState], service: str, *, cluster_facts: bool) -> None:
     """Count what `follower` folds; `cluster_facts` also counts preemptions and restarts (one reader per process)."""
     children: dict[str, Any] = {}
 

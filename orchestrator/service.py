@@ -38,11 +38,12 @@ import structlog
 
 from events.bus import Bus, BusError, NotLast, append_reclaiming
 from events.cancel import stop_if_cancelled
+from events.follow import Follower
 from events.subjects import subject_for
 from orchestrator import metrics
 from orchestrator.core.decide import decide
+from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, Config
-from orchestrator.follow import Follower
 from orchestrator.health import HeartbeatMonitor
 from orchestrator.leader import LEASE_BUCKET, Lease
 from orchestrator.snapshot import SnapshotStore
@@ -74,7 +75,7 @@ class Scheduler:
     def __init__(self, bus: Bus, config: SchedulerConfig | None = None) -> None:
         self.bus = bus
         self.config = config or SchedulerConfig()
-        self.follower = Follower(bus)
+        self.follower = Follower(bus, evolve, ClusterState())
         self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded

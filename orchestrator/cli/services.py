@@ -183,11 +183,13 @@ async def run_admission(args: argparse.Namespace) -> int:
 
 async def run_demo_on_cluster(args: argparse.Namespace) -> int:
     """`corral demo`: the small demo workload on a running cluster, sized to its nodes' GPUs."""
+    from events.follow import Follower
     from orchestrator.cli.demo import run_demo
-    from orchestrator.follow import Follower
+    from orchestrator.core.evolve import evolve
+    from orchestrator.core.state import ClusterState
 
     async with connected(args, name="corral-demo") as bus:
-        follower = Follower(bus)
+        follower = Follower(bus, evolve, ClusterState())
         deadline = asyncio.get_running_loop().time() + args.wait
         while True:
             await follower.catch_up()
