@@ -21,6 +21,7 @@ from pathlib import Path
 import structlog
 from nats.js.kv import KeyValue
 
+from events import telemetry
 from events.bus import Bus, BusError, Envelope, append_reclaiming
 from events.cancel import stop_if_cancelled
 from events.follow import Follower
@@ -30,7 +31,6 @@ from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
 from nodeagent.rank_env import rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
-from orchestrator import metrics
 from orchestrator.core.evolve import evolve
 from orchestrator.core.queries import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.state import ClusterState, Job
@@ -216,7 +216,7 @@ class Agent:
                 log.warning("append_retry", event_id=event.event_id, error=str(e), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 10.0)
-        metrics.EVENTS_APPENDED.labels("agent").inc()
+        telemetry.EVENTS_APPENDED.labels("agent").inc()
         return seq
 
     # --- adoption (agent restart) ----------------------------------------------------

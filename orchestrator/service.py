@@ -36,6 +36,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 
+from events import telemetry
 from events.bus import Bus, BusError, NotLast, append_reclaiming
 from events.cancel import stop_if_cancelled
 from events.follow import Follower
@@ -101,6 +102,13 @@ class Scheduler:
         """The heartbeat monitor, once `run` started it."""
         return self._monitor
 
+    def heartbeat_ages(self) -> dict[str, float] | None:
+        """Per live node, seconds since the monitor received its heartbeat (None before it runs)."""
+        monitor = self._monitor
+        if monitor is None:
+            return None
+        return monitor.silence((n.node_id, n.incarnation) for n in self.state.nodes.values() if not n.failed)
+
     @property
     def leading(self) -> bool:
         """We lead when the *log* says so: our SchedulerElected is the newest one folded."""
@@ -111,7 +119,7 @@ class Scheduler:
         if events:
             seqs = await append_reclaiming(self.bus, events)
             self.appended += len(events)
-            metrics.EVENTS_APPENDED.labels("scheduler").inc(len(events))
+            telemetry.EVENTS_APPENDED.labels("scheduler").inc(len(events))
             self._awaiting = max(self._awaiting, *seqs)
 
     async def _restore(self) -> None:
