@@ -82,8 +82,8 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from events.cancel import stop_if_cancelled
 from events.subjects import ALL, check_id, normalize_filters, subject_for
+from events.swallowed_cancel import stop_if_cancelled
 from schemas import AnyEvent, Event, Unknown, decode, encode
 
 log = structlog.get_logger("corral.bus")

@@ -182,7 +182,7 @@ class MetricsServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            async with asyncio.timeout(5.0):  # not wait_for: see events/follow.py, Follower.wait_changed
+            async with asyncio.timeout(5.0):  # not wait_for: events/swallowed_cancel.py
                 head = await reader.readuntil(b"\r\n\r\n")
             parts = head.split(b"\r\n", 1)[0].split()
             method, path = (parts[0], parts[1]) if len(parts) >= 2 else (b"", b"")

@@ -23,8 +23,8 @@ from nats.js.kv import KeyValue
 
 from events import telemetry
 from events.bus import Bus, BusError, Envelope, append_reclaiming
-from events.cancel import stop_if_cancelled
 from events.follow import Follower
+from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, newest_manifest
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat

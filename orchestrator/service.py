@@ -38,9 +38,9 @@ import structlog
 
 from events import telemetry
 from events.bus import Bus, BusError, NotLast, append_reclaiming
-from events.cancel import stop_if_cancelled
 from events.follow import Follower
 from events.subjects import subject_for
+from events.swallowed_cancel import stop_if_cancelled
 from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve

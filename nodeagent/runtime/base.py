@@ -151,7 +151,7 @@ async def stop_with_grace(runtime: Runtime, handle: WorkerHandle, grace_s: float
     """The shared stop sequence: TERM, wait up to `grace_s`, KILL, wait."""
     await runtime.signal(handle, signals.SIGTERM)
     try:
-        async with asyncio.timeout(max(grace_s, 0.0)):  # not wait_for, which may swallow a cancellation
+        async with asyncio.timeout(max(grace_s, 0.0)):  # not wait_for: events/swallowed_cancel.py
             return await runtime.wait(handle)
     except TimeoutError:
         await runtime.signal(handle, signals.SIGKILL)
