@@ -49,13 +49,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from events.bus import Bus, Envelope  # noqa: E402
+from events.follow import Follower  # noqa: E402
 from events.sdk import Client  # noqa: E402
 from events.server import NatsServer  # noqa: E402
 from nodeagent.agent import Agent, AgentConfig  # noqa: E402
 from nodeagent.fake_gpus import fake_inventory  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
+from orchestrator.core.evolve import evolve  # noqa: E402
 from orchestrator.core.state import ClusterState  # noqa: E402
-from orchestrator.follow import Follower  # noqa: E402
 from orchestrator.logging import configure_logging  # noqa: E402
 from schemas import GangReserved, JobRunning, JobSpec, JobSubmitted, tag_of  # noqa: E402
 
@@ -76,7 +77,7 @@ def pct(xs: list[float], p: float) -> float:
 class SharedView:
     """What an Agent uses of its Follower, backed by one fold shared by every agent of the process."""
 
-    def __init__(self, shared: Follower, ready: asyncio.Event) -> None:
+    def __init__(self, shared: Follower[ClusterState], ready: asyncio.Event) -> None:
         self._shared = shared
         self._ready = ready
         self.changed = asyncio.Event()
@@ -101,13 +102,13 @@ class SharedView:
                 await self.changed.wait()
 
 
-def share_one_fold(bus: Bus, agents: list[Agent], ready: asyncio.Event) -> Follower:
+def share_one_fold(bus: Bus, agents: list[Agent], ready: asyncio.Event) -> Follower[ClusterState]:
     """Point every agent at one shared fold, which wakes an agent for events about its node or its jobs.
 
     The agents' catch-up waits for `ready`: set it once the shared fold has caught up (or at once, when
     the shared fold's own follow() catches up).
     """
-    shared = Follower(bus)
+    shared = Follower(bus, evolve, ClusterState())
     views: dict[str, SharedView] = {}
     job_nodes: dict[str, tuple[str, ...]] = {}
 
@@ -231,7 +232,7 @@ async def load_bench(jobs: int, clients: int, nodes: int, gpus: int, agent_procs
                 bus = await Bus.connect(url, name="bench-watch")
                 watch = Watch()
                 tail = asyncio.create_task(watch.run(bus))
-                follower = Follower(bus)
+                follower = Follower(bus, evolve, ClusterState())
                 follow = asyncio.create_task(follower.follow())
                 t_wait = time.monotonic()
                 while not (follower.state.epoch >= 1 and len(follower.state.nodes) == nodes):

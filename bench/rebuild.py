@@ -38,15 +38,15 @@ from replay import read_raw
 from scheduler import lifecycle_log
 
 from events.bus import Bus
+from events.follow import Follower
 from events.server import NatsServer
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, snapshot
-from orchestrator.follow import Follower
 from orchestrator.snapshot import SnapshotStore
 
 
 async def rebuild(bus: Bus, expect: int) -> tuple[float, ClusterState]:
-    follower = Follower(bus)
+    follower = Follower(bus, evolve, ClusterState())
     t = time.perf_counter()
     await follower.catch_up()
     dt = time.perf_counter() - t
@@ -77,7 +77,7 @@ async def restart(bus: Bus, n: int, tail: int) -> tuple[float, int, int]:
     t = time.perf_counter()
     loaded = await SnapshotStore(bus.js, name="bench").load(ClusterState)
     assert loaded is not None
-    follower = Follower(bus, loaded)
+    follower = Follower(bus, evolve, loaded)
     await follower.catch_up()
     dt = time.perf_counter() - t
     assert follower.state.seq == n

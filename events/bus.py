@@ -40,7 +40,7 @@ nats-server restart or its own process being paused past its watchdog: it
 creates a new consumer at the sequence after the last one it handed to its
 caller (never after one it only buffered), so nothing is lost or repeated.
 Readers of the whole stream check that positions are contiguous as well
-(orchestrator/follow.py) and stop with LogGap rather than skip.
+(events/follow.py) and stop with LogGap rather than skip.
 
 Decoding uses `schemas.decode`, which never raises: an unknown or corrupt event
 arrives as an Envelope carrying `Unknown`, logged once per reason.
@@ -82,8 +82,8 @@ from nats.js.api import (
 )
 from nats.js.kv import KeyValue
 
-from events.cancel import stop_if_cancelled
 from events.subjects import ALL, check_id, normalize_filters, subject_for
+from events.swallowed_cancel import stop_if_cancelled
 from schemas import AnyEvent, Event, Unknown, decode, encode
 
 log = structlog.get_logger("corral.bus")

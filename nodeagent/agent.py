@@ -21,22 +21,22 @@ from pathlib import Path
 import structlog
 from nats.js.kv import KeyValue
 
+from events import telemetry
 from events.bus import Bus, BusError, Envelope, append_reclaiming
-from events.cancel import stop_if_cancelled
+from events.follow import Follower
+from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, newest_manifest
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
-from nodeagent.rank_env import rank_env
+from nodeagent.rank_env import ignored_spec_env, rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
-from orchestrator import metrics
+from orchestrator.core.evolve import evolve
 from orchestrator.core.queries import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.state import ClusterState, Job
-from orchestrator.follow import Follower
 from schemas import (
     Checkpointed,
     Event,
-    GangReserved,
     GangRestarted,
     Inventory,
     NodeFailed,
@@ -98,7 +98,7 @@ class Agent:
         self.config = config
         self.inventory = inventory
         self.runtime = runtime
-        self.follower = Follower(bus)
+        self.follower = Follower(bus, evolve, ClusterState())
         self.incarnation = uuid.uuid4().hex[:12]
         self.workers: dict[WorkerKey, Tracked] = {}
         self._restarting: set[WorkerKey] = set()
@@ -215,7 +215,7 @@ class Agent:
                 log.warning("append_retry", event_id=event.event_id, error=str(e), retry_in_s=delay)
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 10.0)
-        metrics.EVENTS_APPENDED.labels("agent").inc()
+        telemetry.EVENTS_APPENDED.labels("agent").inc()
         return seq
 
     # --- adoption (agent restart) ----------------------------------------------------
@@ -486,26 +486,28 @@ class Agent:
         base = Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else root / job.job_id
         return checkpoint_dir(base, attempt, rank)
 
+    def _warn_ignored_env(self, job: Job, attempt: int) -> None:
+        """Say once per attempt and node (at its first rank's first start) which spec env keys corral overrides."""
+        if ignored := ignored_spec_env(job.spec):
+            log.warning("spec_env_ignored", job_id=job.job_id, attempt=attempt, keys=list(ignored),
+                        why="corral sets these for every rank; the job's values are dropped")
+
     async def _start(self, key: WorkerKey, restarts: int) -> None:
         job_id, attempt, rank = key
         state = self.follower.state
         if rank_intent(state, self.node_id, key) != "run":
             return  # never a worker for an attempt that is not current in our fold now
         job = state.jobs[job_id]
-        reservation = GangReserved(
-            event_id="",
-            occurred_at=0.0,
-            job_id=job_id,
-            attempt=attempt,
-            epoch=job.epoch,
-            ranks=job.placement,
-            master_port=job.master_port,
-        )
         placement = next(p for p in job.placement if p.rank == rank)
+        if restarts == 0 and rank == min(p.rank for p in job.placement if p.node_id == self.node_id):
+            self._warn_ignored_env(job, attempt)
         ckpt = self._checkpoint_dir(job, attempt, rank)
         env = rank_env(
-            reservation,
+            job.placement,
             rank,
+            job_id=job_id,
+            attempt=attempt,
+            master_port=job.master_port,
             spec=job.spec,
             node_addresses={n.node_id: n.address for n in state.nodes.values()},
             resume_from=job.resume_from,

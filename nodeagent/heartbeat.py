@@ -10,7 +10,7 @@ import msgspec
 import structlog
 from nats.js.kv import KeyValue
 
-from events.cancel import stop_if_cancelled
+from events.swallowed_cancel import stop_if_cancelled
 from schemas.heartbeat import Heartbeat
 
 log = structlog.get_logger("corral.agent")

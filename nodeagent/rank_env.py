@@ -1,4 +1,4 @@
-"""Each rank's environment: what torchrun would set, derived from the gang reservation.
+"""Each rank's environment: what torchrun would set, derived from the gang's placement.
 
 Node order is the order of first appearance when ranks are sorted, so rank 0's
 node is NODE_RANK 0 and MASTER_ADDR, and the scheduler's "ranks of one node are
@@ -21,9 +21,9 @@ network) finds rank 0 on its own loopback: `in_private_network`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from schemas.events import GangReserved, RankPlacement
+from schemas.events import RankPlacement
 from schemas.jobspec import JobSpec
 
 #: Set by corral; the job spec's env can never override these (nor any CORRAL_* key).
@@ -61,27 +61,30 @@ def is_reserved(key: str) -> bool:
 
 
 def ignored_spec_env(spec: JobSpec) -> tuple[str, ...]:
-    """The spec env keys `rank_env` drops, so the agent can say so once."""
+    """The spec env keys `rank_env` drops (corral sets them), so the agent can say so once."""
     return tuple(sorted(k for k in spec.env if is_reserved(k)))
 
 
-def node_order(reservation: GangReserved) -> tuple[str, ...]:
+def node_order(ranks: Sequence[RankPlacement]) -> tuple[str, ...]:
     """Node ids in NODE_RANK order: first appearance by ascending rank."""
     seen: dict[str, None] = {}
-    for p in sorted(reservation.ranks, key=lambda p: p.rank):
+    for p in sorted(ranks, key=lambda p: p.rank):
         seen.setdefault(p.node_id, None)
     return tuple(seen)
 
 
-def ranks_on_node(reservation: GangReserved, node_id: str) -> tuple[RankPlacement, ...]:
+def ranks_on_node(ranks: Sequence[RankPlacement], node_id: str) -> tuple[RankPlacement, ...]:
     """This node's placements, by ascending rank (LOCAL_RANK order)."""
-    return tuple(sorted((p for p in reservation.ranks if p.node_id == node_id), key=lambda p: p.rank))
+    return tuple(sorted((p for p in ranks if p.node_id == node_id), key=lambda p: p.rank))
 
 
 def rank_env(
-    reservation: GangReserved,
+    ranks: Sequence[RankPlacement],
     rank: int,
     *,
+    job_id: str,
+    attempt: int,
+    master_port: int,
     spec: JobSpec,
     node_addresses: Mapping[str, str],
     resume_from: str | None = None,
@@ -89,23 +92,24 @@ def rank_env(
     gpu_uuids: Mapping[int, str] | None = None,
     isolated_gpus: bool = False,
 ) -> dict[str, str]:
-    """The full environment for `rank` of `reservation` (spec env first, corral's keys win).
+    """The full environment of `rank` of the gang placed as `ranks` (spec env first, corral's keys win).
 
+    `ranks`, `attempt` and `master_port` are the gang's: a GangReserved's, or the folded Job's.
     `node_addresses` maps node id -> address other nodes reach it at (only rank
     0's node is needed). `checkpoint_dir` overrides the spec's (e.g. a per-job
     path on this host). CORRAL_RESUME_FROM is absent when there is nothing to
     resume from, so `os.environ.get` and `"X" in os.environ` agree.
     """
-    by_rank = {p.rank: p for p in reservation.ranks}
+    by_rank = {p.rank: p for p in ranks}
     if rank not in by_rank:
-        raise ValueError(f"rank {rank} is not in the reservation of {reservation.job_id}")
+        raise ValueError(f"rank {rank} is not in the reservation of {job_id}")
     if 0 not in by_rank:
-        raise ValueError(f"reservation of {reservation.job_id} has no rank 0")
+        raise ValueError(f"reservation of {job_id} has no rank 0")
     me = by_rank[rank]
     master_node = by_rank[0].node_id
     if master_node not in node_addresses:
-        raise ValueError(f"no address for node {master_node!r} (rank 0 of {reservation.job_id})")
-    local = ranks_on_node(reservation, me.node_id)
+        raise ValueError(f"no address for node {master_node!r} (rank 0 of {job_id})")
+    local = ranks_on_node(ranks, me.node_id)
 
     if isolated_gpus:
         cuda = ",".join(str(i) for i in range(len(me.gpus)))
@@ -118,19 +122,19 @@ def rank_env(
     env = {k: v for k, v in spec.env.items() if not is_reserved(k)}
     env.update(
         {
-            "WORLD_SIZE": str(len(reservation.ranks)),
+            "WORLD_SIZE": str(len(ranks)),
             "RANK": str(rank),
             "LOCAL_RANK": str(local.index(me)),
             "LOCAL_WORLD_SIZE": str(len(local)),
-            "NODE_RANK": str(node_order(reservation).index(me.node_id)),
+            "NODE_RANK": str(node_order(ranks).index(me.node_id)),
             "MASTER_ADDR": node_addresses[master_node],
-            "MASTER_PORT": str(reservation.master_port),
+            "MASTER_PORT": str(master_port),
             "CUDA_VISIBLE_DEVICES": cuda,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
             # "void": no GPU for a CPU-only rank (the container toolkit's value for none).
             "NVIDIA_VISIBLE_DEVICES": ",".join(host_ids) if host_ids else "void",
-            "CORRAL_JOB_ID": reservation.job_id,
-            "CORRAL_ATTEMPT": str(reservation.attempt),
+            "CORRAL_JOB_ID": job_id,
+            "CORRAL_ATTEMPT": str(attempt),
             "CORRAL_NODE_ID": me.node_id,
             "CORRAL_CHECKPOINT_SIGNAL": spec.checkpoint_signal,
         }

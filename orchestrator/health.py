@@ -28,7 +28,7 @@ import nats.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from events.cancel import stop_if_cancelled
+from events.swallowed_cancel import stop_if_cancelled
 from schemas.heartbeat import Heartbeat
 
 log = structlog.get_logger("corral.health")
@@ -74,7 +74,7 @@ class HeartbeatMonitor:
             try:
                 while True:
                     stop_if_cancelled()
-                    # Not watcher.updates(timeout): it waits with wait_for (events/cancel.py).
+                    # Not watcher.updates(timeout): it waits with wait_for (events/swallowed_cancel.py).
                     try:
                         async with asyncio.timeout(quiet_s):
                             entry = await anext(watcher)

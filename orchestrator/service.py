@@ -36,13 +36,15 @@ import nats.errors
 import nats.js.errors
 import structlog
 
+from events import telemetry
 from events.bus import Bus, BusError, NotLast, append_reclaiming
-from events.cancel import stop_if_cancelled
+from events.follow import Follower
 from events.subjects import subject_for
+from events.swallowed_cancel import stop_if_cancelled
 from orchestrator import metrics
 from orchestrator.core.decide import decide
+from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, Config
-from orchestrator.follow import Follower
 from orchestrator.health import HeartbeatMonitor
 from orchestrator.leader import LEASE_BUCKET, Lease
 from orchestrator.snapshot import SnapshotStore
@@ -74,7 +76,7 @@ class Scheduler:
     def __init__(self, bus: Bus, config: SchedulerConfig | None = None) -> None:
         self.bus = bus
         self.config = config or SchedulerConfig()
-        self.follower = Follower(bus)
+        self.follower = Follower(bus, evolve, ClusterState())
         self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded
@@ -100,6 +102,13 @@ class Scheduler:
         """The heartbeat monitor, once `run` started it."""
         return self._monitor
 
+    def heartbeat_ages(self) -> dict[str, float] | None:
+        """Per live node, seconds since the monitor received its heartbeat (None before it runs)."""
+        monitor = self._monitor
+        if monitor is None:
+            return None
+        return monitor.silence((n.node_id, n.incarnation) for n in self.state.nodes.values() if not n.failed)
+
     @property
     def leading(self) -> bool:
         """We lead when the *log* says so: our SchedulerElected is the newest one folded."""
@@ -110,7 +119,7 @@ class Scheduler:
         if events:
             seqs = await append_reclaiming(self.bus, events)
             self.appended += len(events)
-            metrics.EVENTS_APPENDED.labels("scheduler").inc(len(events))
+            telemetry.EVENTS_APPENDED.labels("scheduler").inc(len(events))
             self._awaiting = max(self._awaiting, *seqs)
 
     async def _restore(self) -> None:

@@ -2,7 +2,7 @@
 
 nats-py waits with asyncio.wait_for, which on 3.11 returns its result instead
 of raising CancelledError when the cancel lands in the same loop iteration as
-the result (events/cancel.py). The heartbeat monitor's KV watch did: with beats
+the result (events/swallowed_cancel.py). The heartbeat monitor's KV watch did: with beats
 streaming in, a cancelled scheduler ran on and its teardown hung (CI, fault
 suite). These fail (hang past the check) without the fix.
 """
@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 
 from events.bus import Bus
-from events.cancel import stop_if_cancelled
+from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.heartbeat import publish_heartbeats
 from orchestrator.health import HeartbeatMonitor
 from schemas.heartbeat import HEARTBEAT_BUCKET

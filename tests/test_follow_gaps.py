@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from events.bus import Bus, Envelope, LogGap
+from events.follow import REREADS, Follower, fold_batch
 from events.server import NatsServer
+from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.follow import REREADS, Follower, fold_batch
 from schemas import NodeCordoned
 from tests.faults.services import agent_proc, scheduler_proc
 from tests.integration.harness import CORRAL
@@ -41,7 +42,7 @@ async def append(bus: Bus, n: int) -> None:
 
 
 def test_apply_folds_the_next_position_skips_redeliveries_and_refuses_a_gap() -> None:
-    f = Follower(None)  # type: ignore[arg-type]  # apply does no IO
+    f = Follower(None, evolve, ClusterState())  # type: ignore[arg-type]  # apply does no IO
     assert f.apply(env(1)) and f.apply(env(2))
     assert not f.apply(env(2)) and not f.apply(env(1)), "a redelivery is skipped silently"
     with pytest.raises(LogGap) as e:
@@ -51,20 +52,20 @@ def test_apply_folds_the_next_position_skips_redeliveries_and_refuses_a_gap() ->
 
 
 def test_batches_fold_up_to_the_gap() -> None:
-    f = Follower(None)  # type: ignore[arg-type]
+    f = Follower(None, evolve, ClusterState())  # type: ignore[arg-type]
     with pytest.raises(LogGap) as e:
         f.apply_batch([env(1), env(2), env(2), env(5), env(6)])
     assert (e.value.expected, e.value.found) == (3, 5)
     assert f.state.seq == 2
     with pytest.raises(LogGap):
-        fold_batch(ClusterState(), [env(2)])  # a fold from scratch starts at seq 1
+        fold_batch(ClusterState(), [env(2)], evolve)  # a fold from scratch starts at seq 1
     # A log file folds what it holds (an export may be filtered).
-    assert fold_batch(ClusterState(), [env(2), env(5)], contiguous=False).seq == 5
+    assert fold_batch(ClusterState(), [env(2), env(5)], evolve, contiguous=False).seq == 5
 
 
 async def test_a_read_that_lost_events_is_read_again(bus: Bus) -> None:
     await append(bus, 8)
-    f = Follower(bus)
+    f = Follower(bus, evolve, ClusterState())
     seen: list[int] = []
     f.on_event(lambda e: seen.append(e.seq))
     calls: list[int] = []
@@ -82,7 +83,7 @@ async def test_a_read_that_lost_events_is_read_again(bus: Bus) -> None:
 
 async def test_a_position_the_log_holds_but_reads_keep_missing_stops_the_fold(bus: Bus) -> None:
     await append(bus, 5)
-    f = Follower(bus)
+    f = Follower(bus, evolve, ClusterState())
 
     async def always_without_3(start: int) -> AsyncGenerator[list[Envelope], None]:
         async for batch in bus.replay(from_seq=start):
@@ -98,14 +99,14 @@ async def test_a_position_the_log_holds_but_reads_keep_missing_stops_the_fold(bu
 async def test_a_deleted_event_stops_catch_up_and_follow_naming_it(bus: Bus) -> None:
     await append(bus, 6)
     await bus.js.delete_msg(bus.stream, 4)
-    f = Follower(bus)
+    f = Follower(bus, evolve, ClusterState())
     with pytest.raises(LogGap) as e:
         await f.catch_up()
     assert (e.value.expected, e.value.found) == (4, 5)
     assert "seq 4 was deleted" in str(e.value) and "needs seq 4" in str(e.value)
     assert f.state.seq == 3, "everything before the hole is folded, nothing after it"
 
-    live = Follower(bus)
+    live = Follower(bus, evolve, ClusterState())
     with pytest.raises(LogGap) as e:
         async with asyncio.timeout(30):
             await live.follow()
@@ -117,11 +118,11 @@ async def test_a_log_whose_head_moved_past_the_fold_stops_it(bus: Bus) -> None:
     await append(bus, 6)
     await bus.js.purge_stream(bus.stream, seq=4)  # removes 1..3
     with pytest.raises(LogGap) as e:
-        await Follower(bus).catch_up()
+        await Follower(bus, evolve, ClusterState()).catch_up()
     assert (e.value.expected, e.value.found) == (1, 4)
     assert "starts at seq 4" in str(e.value)
     # A fold that already holds 1..3 (a snapshot) goes on.
-    f = Follower(bus, ClusterState(seq=3))
+    f = Follower(bus, evolve, ClusterState(seq=3))
     await f.catch_up()
     assert f.state.seq == 6
 

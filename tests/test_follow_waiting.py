@@ -14,14 +14,16 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from orchestrator.follow import Follower
+from events.follow import Follower
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState
 from tests.integration.harness import wait_until
 
 
 @pytest.fixture
-async def busy_follower() -> AsyncIterator[Follower]:
+async def busy_follower() -> AsyncIterator[Follower[ClusterState]]:
     """A follower whose `changed` fires at every turn of the event loop, as under a stream of events."""
-    f = Follower(bus=None)  # type: ignore[arg-type]  # never reads the log here
+    f = Follower(None, evolve, ClusterState())  # type: ignore[arg-type]  # never reads the log here
 
     async def fold_forever() -> None:
         while True:
@@ -39,7 +41,7 @@ async def _ends_within(task: asyncio.Task[None], seconds: float) -> bool:
     return bool(done)
 
 
-async def test_wait_until_fails_at_its_deadline_while_events_keep_coming(busy_follower: Follower) -> None:
+async def test_wait_until_fails_at_its_deadline_while_events_keep_coming(busy_follower: Follower[ClusterState]) -> None:
     give_up = False  # a hung wait is ended by its predicate, not by cancelling it (which it would swallow)
     waiter = asyncio.create_task(wait_until(busy_follower, lambda s: give_up, 0.2, "something that never holds"))
     ended = await _ends_within(waiter, 5.0)
@@ -51,7 +53,8 @@ async def test_wait_until_fails_at_its_deadline_while_events_keep_coming(busy_fo
         waiter.result()
 
 
-async def test_a_loop_of_wait_changed_stops_when_cancelled_while_events_keep_coming(busy_follower: Follower) -> None:
+async def test_a_loop_of_wait_changed_stops_when_cancelled_while_events_keep_coming(
+        busy_follower: Follower[ClusterState]) -> None:
     turns = 0
     stop = False  # a hung loop is ended by this flag, not by cancelling it (which it would swallow)
 

@@ -151,7 +151,8 @@ async def stop_with_grace(runtime: Runtime, handle: WorkerHandle, grace_s: float
     """The shared stop sequence: TERM, wait up to `grace_s`, KILL, wait."""
     await runtime.signal(handle, signals.SIGTERM)
     try:
-        return await asyncio.wait_for(runtime.wait(handle), timeout=max(grace_s, 0.0))
+        async with asyncio.timeout(max(grace_s, 0.0)):  # not wait_for: events/swallowed_cancel.py
+            return await runtime.wait(handle)
     except TimeoutError:
         await runtime.signal(handle, signals.SIGKILL)
         return await runtime.wait(handle)

@@ -228,7 +228,8 @@ async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[in
                     return
 
     try:
-        await asyncio.wait_for(narrate(), max(0.0, deadline - time.monotonic()))
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):  # not wait_for: events/swallowed_cancel.py
+            await narrate()
         if urgent_task is not None:
             await urgent_task  # done: its job is final; raises if the submit failed
     except TimeoutError:

@@ -26,8 +26,8 @@ from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_i
 from schemas import ClusterConfigured, Inventory
 
 if TYPE_CHECKING:
+    from events.telemetry import MetricsServer
     from nodeagent.runtime.docker_options import DockerOptions
-    from orchestrator.metrics import MetricsServer
 
 log = structlog.get_logger("corral.cli")
 
@@ -90,11 +90,17 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
     """Serve Prometheus metrics of the services of this process on --metrics-port (0: off)."""
     if not args.metrics_port:
         return None
-    from orchestrator.metrics import MetricsServer, registry_for
+    from events.telemetry import MetricsServer, ServiceRegistry
+    from nodeagent.metrics import watch_agents
+    from orchestrator.metrics import watch_scheduler
 
+    # Before the services run, so their catch-up is counted too; each registers its own collectors.
+    registry = ServiceRegistry([*([scheduler.bus] if scheduler is not None else []), *(a.bus for a in agents)])
+    if scheduler is not None:
+        watch_scheduler(registry, scheduler.follower, scheduler.heartbeat_ages)
+    watch_agents(registry, agents)
     try:
-        return await MetricsServer(registry_for(scheduler, agents), host=args.metrics_host,
-                                   port=args.metrics_port).start()
+        return await MetricsServer(registry, host=args.metrics_host, port=args.metrics_port).start()
     except OSError as e:
         raise CliError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e.strerror or e}",
                        FAILURE) from None
@@ -183,11 +189,13 @@ async def run_admission(args: argparse.Namespace) -> int:
 
 async def run_demo_on_cluster(args: argparse.Namespace) -> int:
     """`corral demo`: the small demo workload on a running cluster, sized to its nodes' GPUs."""
+    from events.follow import Follower
     from orchestrator.cli.demo import run_demo
-    from orchestrator.follow import Follower
+    from orchestrator.core.evolve import evolve
+    from orchestrator.core.state import ClusterState
 
     async with connected(args, name="corral-demo") as bus:
-        follower = Follower(bus)
+        follower = Follower(bus, evolve, ClusterState())
         deadline = asyncio.get_running_loop().time() + args.wait
         while True:
             await follower.catch_up()

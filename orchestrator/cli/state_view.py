@@ -25,11 +25,12 @@ import structlog
 from nats.js.errors import BucketNotFoundError
 
 from events.bus import Bus, Envelope
+from events.follow import Follower, fold_batch
 from events.logfile import LogFile
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import NOT_FOUND, CliError
+from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.follow import Follower, fold_batch
 from orchestrator.snapshot import SNAPSHOT_BUCKET, SnapshotStore
 
 log = structlog.get_logger("corral.cli")
@@ -90,10 +91,10 @@ async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot:
     if isinstance(bus, LogFile):  # no snapshots beside a file
         state = ClusterState()
         async for batch in bus.replay(to_seq=target):
-            state = fold_batch(state, batch, contiguous=False)  # an export may be filtered: fold what it holds
+            state = fold_batch(state, batch, evolve, contiguous=False)  # an export may be filtered: fold what it holds
         return state
     start = await newest_snapshot(bus, at_most=target) if use_snapshot else None
-    follower = Follower(bus, start)
+    follower = Follower(bus, evolve, start if start is not None else ClusterState())
     await follower.catch_up(to_seq=target)
     return follower.state
 

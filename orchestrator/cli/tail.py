@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from events.bus import Bus, Envelope, LogGap
+from events.follow import Rereads
 from events.subjects import ALL, ROOT, normalize_filters, type_filters
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK, USAGE, CliError
@@ -34,7 +35,6 @@ from orchestrator.cli.render import line, unreadable
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.timespec import parse_instant
 from orchestrator.core.usage import resolve_queue
-from orchestrator.follow import Rereads
 from schemas import EVENT_TAGS, GangReserved, JobSubmitted, Unknown, tag_of
 
 #: Job events that name a node: what `--node` shows besides the node's own events.
@@ -172,7 +172,7 @@ async def _events(bus: Bus, subjects: list[str], *, from_seq: int | None, since:
 
     Unfiltered, positions are contiguous from the first one read: a gap means
     the read lost events, so it reads again after the last one printed, and
-    stops where the log no longer holds the next one (orchestrator/follow.py).
+    stops where the log no longer holds the next one (events/follow.py).
     With filters positions are not contiguous and cannot be checked this way;
     the bus's reader hands out each event once, in order, across resets.
     """

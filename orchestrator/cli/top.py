@@ -26,13 +26,14 @@ from rich.table import Table
 from rich.text import Text
 
 from events.bus import Bus, Envelope
+from events.follow import Follower
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK
 from orchestrator.cli.render import line
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, readable, sorted_nodes
+from orchestrator.core.evolve import evolve
 from orchestrator.core.state import FREE, ClusterState
-from orchestrator.follow import Follower
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta", "bright_green",
            "bright_yellow", "bright_blue", "bright_red")
@@ -185,7 +186,7 @@ async def top(args: argparse.Namespace) -> int:
         if args.once:
             console.print(frame(state, recent, time.time()))
             return OK
-        follower = Follower(bus, state)
+        follower = Follower(bus, evolve, state)
         follower.on_event(recent.append)
         follow = asyncio.create_task(follower.follow(), name="top-follow")
         try:

@@ -1,7 +1,7 @@
 """How long the n-th restart of a crashing job waits: one rule for both restart policies.
 
 `rank`: the node agent restarts the worker itself and sleeps this delay first
-(nodeagent.backoff adds jitter and forgives a stable run). `gang`: the
+(nodeagent.backoff adds jitter). `gang`: the
 scheduler core decides the restart and writes `now + delay` into the
 GangRestarted as `not_before`, which every agent of the gang honours; so the
 delay is in the log, the same for every node, and survives an agent restart.

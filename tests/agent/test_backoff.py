@@ -9,8 +9,7 @@ from nodeagent.backoff import Backoff
 
 def test_exponential_capped_without_jitter() -> None:
     b = Backoff(base_s=1, factor=2, cap_s=10, jitter=0.5, rand=lambda: 0.5)  # 0.5 -> no jitter
-    b.started(0)
-    assert [b.failed(1) for _ in range(6)] == [1, 2, 4, 8, 10, 10]
+    assert [b.delay_for(n) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
 
 
 def test_jitter_bounds_and_cap() -> None:
@@ -18,19 +17,6 @@ def test_jitter_bounds_and_cap() -> None:
     high = Backoff(base_s=4, jitter=0.25, cap_s=4.5, rand=lambda: 0.999999)
     assert low.delay_for(1) == 3.0
     assert high.delay_for(1) == 4.5  # jitter never exceeds the cap
-
-
-def test_reset_after_stable_period() -> None:
-    b = Backoff(base_s=1, factor=3, jitter=0, stable_after_s=30)
-    b.started(0)
-    assert b.failed(1) == 1
-    b.started(2)
-    assert b.failed(3) == 3
-    b.started(10)
-    assert b.failed(45) == 1  # ran 35 s >= 30 s: the earlier crashes are forgiven
-    assert b.failures == 1
-    b.reset()
-    assert b.failures == 0
 
 
 def test_invalid_settings() -> None:

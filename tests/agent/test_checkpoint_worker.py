@@ -24,7 +24,8 @@ WORKER = [sys.executable, str(REPO / "examples" / "worker.py")]
 def _env(ckpt: Path, *, attempt: int = 1, resume: str | None = None, rank: int = 0) -> dict[str, str]:
     g = GangReserved(event_id="e", occurred_at=0, job_id="j1", attempt=attempt, epoch=1,
                      ranks=(RankPlacement(rank=0, node_id="n1", gpus=(0,)), RankPlacement(rank=1, node_id="n1", gpus=(1,))))  # fmt: skip
-    return rank_env(g, rank, spec=JobSpec(name="toy", ranks=2, checkpoint_dir=str(ckpt)),
+    return rank_env(g.ranks, rank, job_id=g.job_id, attempt=g.attempt, master_port=g.master_port,
+                    spec=JobSpec(name="toy", ranks=2, checkpoint_dir=str(ckpt)),
                     node_addresses={"n1": "127.0.0.1"}, resume_from=resume)  # fmt: skip
 
 
@@ -137,7 +138,8 @@ async def test_ddp_allreduce_over_gloo(tmp_path: Path) -> None:
     rt = ProcessRuntime(tmp_path / "state")
     handles = []
     for r in range(3):
-        env = rank_env(g, r, spec=JobSpec(name="ddp", ranks=3, gpus_per_rank=0),
+        env = rank_env(g.ranks, r, job_id=g.job_id, attempt=g.attempt, master_port=g.master_port,
+                       spec=JobSpec(name="ddp", ranks=3, gpus_per_rank=0),
                        node_addresses={"n0": "127.0.0.1"})  # fmt: skip
         env |= {"GLOO_SOCKET_IFNAME": "lo", "DDP_OUT_DIR": str(tmp_path / "out"), "OMP_NUM_THREADS": "1"}
         s = spec([sys.executable, str(REPO / "examples" / "ddp_allreduce.py")], rank=r, job="ddp", env=env)

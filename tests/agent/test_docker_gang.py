@@ -24,9 +24,11 @@ from typing import Any
 import pytest
 
 from events.bus import Bus
+from events.follow import Follower
 from events.sdk import Client
 from events.server import NatsServer
-from orchestrator.follow import Follower
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState
 from schemas import Checkpointed, JobSpec, WorkerExited
 from tests.agent.conftest import BUSYBOX_IMAGE
 from tests.integration.harness import log_tail, scheduler, start_corral, stop, wait_until
@@ -91,8 +93,8 @@ def nodes(docker_client: Any) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture
-async def follower(bus: Bus) -> AsyncIterator[Follower]:
-    f = Follower(bus)
+async def follower(bus: Bus) -> AsyncIterator[Follower[ClusterState]]:
+    f = Follower(bus, evolve, ClusterState())
     task = asyncio.create_task(f.follow())
     yield f
     task.cancel()
@@ -132,7 +134,7 @@ def why(procs: list[Any]) -> str:
 
 @pytest.mark.docker
 async def test_two_ranks_on_two_docker_agents_meet_at_master_addr(
-        bus: Bus, follower: Follower, docker_agents: list[Any], nodes: tuple[str, str]) -> None:
+        bus: Bus, follower: Follower[ClusterState], docker_agents: list[Any], nodes: tuple[str, str]) -> None:
     async with scheduler(bus):
         await wait_until(follower, lambda s: len(s.nodes) == 2, 60, "two agents registered")
         await Client(bus).submit(job("meet", steps=3), job_id="meet")
@@ -153,7 +155,7 @@ async def test_two_ranks_on_two_docker_agents_meet_at_master_addr(
 
 @pytest.mark.docker
 async def test_preempted_gang_resumes_in_new_containers_from_the_host_checkpoint(
-        bus: Bus, follower: Follower, docker_agents: list[Any], tmp_path: Path) -> None:
+        bus: Bus, follower: Follower[ClusterState], docker_agents: list[Any], tmp_path: Path) -> None:
     client = Client(bus)
     async with scheduler(bus):
         await wait_until(follower, lambda s: len(s.nodes) == 2, 60, "two agents registered")

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 
 from events.bus import Bus
+from events.follow import Follower
 from events.sdk import Client
 from nodeagent.runtime.base import Runtime, WorkerHandle
 from nodeagent.runtime.simulated import SimulatedRuntime
-from orchestrator.follow import Follower
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState
 from schemas import JobSpec
 from tests.integration.harness import agents, scheduler, wait_until
 
@@ -39,8 +41,8 @@ class HeldRemoval(SimulatedRuntime):
 
 
 @pytest.fixture
-async def follower(bus: Bus) -> AsyncIterator[Follower]:
-    f = Follower(bus)
+async def follower(bus: Bus) -> AsyncIterator[Follower[ClusterState]]:
+    f = Follower(bus, evolve, ClusterState())
     task = asyncio.create_task(f.follow())
     yield f
     task.cancel()
@@ -48,7 +50,7 @@ async def follower(bus: Bus) -> AsyncIterator[Follower]:
 
 
 async def test_next_gang_starts_while_the_previous_gangs_workers_are_still_being_removed(
-        bus: Bus, follower: Follower, tmp_path: Path) -> None:
+        bus: Bus, follower: Follower[ClusterState], tmp_path: Path) -> None:
     release = asyncio.Event()
     runtimes: list[HeldRemoval] = []
 

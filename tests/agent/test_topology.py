@@ -1,4 +1,4 @@
-"""The topology parsers over every real nvidia-smi output in shared/fixtures/topology/.
+"""Real nvidia-smi outputs (shared/fixtures/topology/) read by tests/agent/nvidia_smi.py: link scores, clique rule.
 
 Each fixture gets generic invariants (so a new file is covered the day it is
 added) plus, where we know them, facts read off the file by hand.
@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from nodeagent.fabric import FabricHealth, FabricInfo, FabricState, node_clique
-from nodeagent.topology import (
+from schemas.inventory import LINK_NVLINK_BASE, LINK_PHB, LINK_SYS, link_score
+from tests.agent.fixture_paths import FIXTURES
+from tests.agent.nvidia_smi import (
     TopologyParseError,
     is_full_nvlink_mesh,
     nearest_nics,
@@ -23,8 +25,7 @@ from nodeagent.topology import (
     parse_topo_matrix,
     to_link_scores,
 )
-from schemas.inventory import LINK_NVLINK_BASE, LINK_PHB, LINK_SYS, link_score
-from tests.agent.fixture_paths import FIXTURES
+from tests.core.harness import DGX1_LINKS
 
 TOPOLOGY = FIXTURES / "topology"
 ALL_FILES = sorted(p for p in TOPOLOGY.glob("*") if p.is_file() and p.name != "README.md")
@@ -126,6 +127,7 @@ def test_dgx1_hybrid_cube_mesh_is_one_island_with_partial_links(name: str) -> No
     assert is_full_nvlink_mesh(scores, [0, 1, 2, 3])
     assert not is_full_nvlink_mesh(scores, [0, 1, 2, 5])
     assert m.numa_affinity == (None,) * 8  # old format: no NUMA column
+    assert scores == DGX1_LINKS  # the matrix the core's placement tests use is this box's
 
 
 def test_dgx1_old_format_nics_named_by_device_out_of_order() -> None:

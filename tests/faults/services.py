@@ -18,8 +18,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 
 from events.bus import Bus
+from events.follow import Follower
+from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.follow import Follower
 from tests.integration.harness import log_tail, start_corral, stop
 
 Proc = subprocess.Popen[bytes]
@@ -68,9 +69,9 @@ def stop_all(procs: list[Proc]) -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def observer(bus: Bus) -> AsyncIterator[Follower]:
+async def observer(bus: Bus) -> AsyncIterator[Follower[ClusterState]]:
     """The test's own projection of the live log."""
-    f = Follower(bus)
+    f = Follower(bus, evolve, ClusterState())
     task = asyncio.create_task(f.follow())
     try:
         yield f
@@ -79,7 +80,7 @@ async def observer(bus: Bus) -> AsyncIterator[Follower]:
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def until(follower: Follower, predicate: Callable[[ClusterState], bool], timeout: float, what: str,
+async def until(follower: Follower[ClusterState], predicate: Callable[[ClusterState], bool], timeout: float, what: str,
                 *, alive: Sequence[Proc] = ()) -> None:
     """Wait for `predicate(state)`; fail early (with its log tail) if a service process died meanwhile.
 

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 from events.bus import Bus
+from events.follow import Follower
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.backoff import Backoff
 from nodeagent.fake_gpus import fake_inventory
@@ -20,7 +21,6 @@ from nodeagent.runtime.process import ProcessRuntime
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import HOLDING, ClusterState
-from orchestrator.follow import Follower
 from orchestrator.service import Scheduler, SchedulerConfig
 from schemas import ClusterConfigured
 
@@ -97,7 +97,8 @@ async def scheduler(bus: Bus, **config: object) -> AsyncIterator[Scheduler]:
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def wait_until(follower: Follower, predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+async def wait_until(follower: Follower[ClusterState], predicate, timeout: float,  # type: ignore[no-untyped-def]
+                     what: str) -> None:
     def holds() -> bool:
         try:
             return bool(predicate(follower.state))

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from events.bus import Bus
+from events.follow import Follower
 from events.sdk import Client
-from orchestrator.follow import Follower
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState
 from schemas import Checkpointed, JobSpec, WorkerExited, WorkerStarted
 from tests.integration.harness import agents, processes, scheduler, wait_until
 
@@ -32,8 +34,8 @@ def worker(steps: int, step_ms: float = 5, *extra: str) -> tuple[str, ...]:
 
 
 @pytest.fixture
-async def follower(bus: Bus) -> AsyncIterator[Follower]:
-    f = Follower(bus)
+async def follower(bus: Bus) -> AsyncIterator[Follower[ClusterState]]:
+    f = Follower(bus, evolve, ClusterState())
     task = asyncio.create_task(f.follow())
     yield f
     task.cancel()
@@ -58,7 +60,7 @@ def logs(data_dir: Path, job_id: str) -> dict[str, str]:
     return {p.name: p.read_text() for p in data_dir.glob(f"n*/logs/*-{job_id}-*.log")}
 
 
-async def test_gang_of_8_ranks_on_two_nodes_sees_consistent_rank_env(bus: Bus, follower: Follower,
+async def test_gang_of_8_ranks_on_two_nodes_sees_consistent_rank_env(bus: Bus, follower: Follower[ClusterState],
                                                                        tmp_path: Path) -> None:
     """A 2-node x 4-rank gang starts whole; every rank's env agrees with the reservation (torchrun layout)."""
     async with scheduler(bus), agents(bus, 2, tmp_path, gpus=4, runtime=processes):
@@ -82,7 +84,7 @@ async def test_gang_of_8_ranks_on_two_nodes_sees_consistent_rank_env(bus: Bus, f
         assert e["CORRAL_JOB_ID"] == "g8" and e["CORRAL_ATTEMPT"] == "1"
 
 
-async def test_sigkilled_worker_restarts_alone_under_policy_rank(bus: Bus, follower: Follower,
+async def test_sigkilled_worker_restarts_alone_under_policy_rank(bus: Bus, follower: Follower[ClusterState],
                                                                  tmp_path: Path) -> None:
     """Policy `rank`: only the killed worker restarts (same attempt), and the job still completes."""
     async with scheduler(bus), agents(bus, 2, tmp_path, gpus=4, runtime=processes):
@@ -101,7 +103,7 @@ async def test_sigkilled_worker_restarts_alone_under_policy_rank(bus: Bus, follo
     assert follower.state.jobs["rk"].attempt == 1
 
 
-async def test_sigkilled_worker_restarts_whole_gang_under_policy_gang(bus: Bus, follower: Follower,
+async def test_sigkilled_worker_restarts_whole_gang_under_policy_gang(bus: Bus, follower: Follower[ClusterState],
                                                                      tmp_path: Path) -> None:
     """Policy `gang`: the scheduler restarts all ranks together as attempt 2 on the same GPUs."""
     async with scheduler(bus), agents(bus, 2, tmp_path, gpus=4, runtime=processes):
@@ -119,7 +121,8 @@ async def test_sigkilled_worker_restarts_whole_gang_under_policy_gang(bus: Bus, 
     assert starts == {1: 2, 2: 2}, "both ranks started once per attempt"
 
 
-async def test_preempted_job_checkpoints_and_resumes_from_it(bus: Bus, follower: Follower, tmp_path: Path) -> None:
+async def test_preempted_job_checkpoints_and_resumes_from_it(bus: Bus, follower: Follower[ClusterState],
+                                                             tmp_path: Path) -> None:
     """Preemption end to end: signal -> checkpoint -> Checkpointed -> requeue -> resume with step > 0."""
     async with scheduler(bus), agents(bus, 2, tmp_path, gpus=4, runtime=processes):
         client = Client(bus)
@@ -146,7 +149,7 @@ async def test_preempted_job_checkpoints_and_resumes_from_it(bus: Bus, follower:
 
 
 async def test_agent_sigkill_and_restart_adopts_workers_and_reports_exits(
-        bus: Bus, follower: Follower, nats_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        bus: Bus, follower: Follower[ClusterState], nats_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Kill an agent process with SIGKILL while its workers run, restart it on the same data dir.
 
     Check: no worker is started twice (one WorkerStarted per job/attempt/rank), none is orphaned
@@ -193,7 +196,8 @@ async def test_agent_sigkill_and_restart_adopts_workers_and_reports_exits(
 
 @pytest.mark.skipif(os.environ.get("CI") != "true" and not __import__("importlib").util.find_spec("torch"),
                     reason="torch not installed (CI installs torch==2.13.0 CPU)")
-async def test_pytorch_ddp_allreduce_across_two_agents(bus: Bus, follower: Follower, tmp_path: Path) -> None:
+async def test_pytorch_ddp_allreduce_across_two_agents(bus: Bus, follower: Follower[ClusterState],
+                                                       tmp_path: Path) -> None:
     """A 2-node x 2-rank gang of PyTorch DDP (gloo, CPU): the all-reduce proves the rank/master env is right."""
     out = tmp_path / "ddp"
     cmd = (sys.executable, str(ROOT / "examples" / "ddp_allreduce.py"), "--out-dir", str(out))

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from events.bus import Bus
+from events.follow import Follower
 from events.sdk import Client
 from events.server import NatsServer
+from orchestrator.core.evolve import evolve
 from orchestrator.core.state import TERMINAL, ClusterState, snapshot
-from orchestrator.follow import Follower
 from orchestrator.snapshot import SnapshotStore
 from schemas import GangReserved, JobSpec, Topology
 from tests.integration.harness import agents, assert_no_double_booking, start_corral, stop, wait_until
@@ -47,7 +48,7 @@ async def test_two_schedulers_500_gangs_leader_killed(nats_server: NatsServer, b
     common = ["--nats", nats_server.url, "scheduler", "--lease-ttl", "1.5", "--tick", "0.2",
               "--heartbeat-timeout", "60", "--topology-levels", "block,leaf", "--log-level", "warning"]
     procs = {sid: start_corral(*common, "--id", sid, log=tmp_path / f"{sid}.log") for sid in ("s1", "s2")}
-    follower = Follower(bus)
+    follower = Follower(bus, evolve, ClusterState())
     follow = asyncio.create_task(follower.follow())
     try:
         async with agents(bus, 8, tmp_path / "agents"):

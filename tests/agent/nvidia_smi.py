@@ -1,4 +1,9 @@
-"""Parsers for nvidia-smi's topology outputs, and what the scheduler derives from them.
+"""Readers of the real nvidia-smi outputs in shared/fixtures/topology/, and what the scheduler derives from them.
+
+Test support, not part of the agent: the agent discovers GPUs, links and
+fabric through NVML (nodeagent/discovery.py). These readers let the tests hold
+what that discovery feeds the scheduler (link scores, clique labels) against
+real boxes: HGX A100/H100, the DGX-1's partial NVLink, PCIe-only, a GB200 tray.
 
 - `nvidia-smi topo -m`: GPU x GPU link tokens, GPU -> NIC affinity, CPU/NUMA per GPU;
 - `nvidia-smi nvlink -s` / `--status` and `--capabilities`: per-link state;

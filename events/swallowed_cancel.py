@@ -8,6 +8,9 @@ test's teardown -- ran on, and whoever awaited it hung (seen in CI: the
 scheduler's heartbeat watch, with beats arriving every half second). The task
 still counts the request (`Task.cancelling()`), so every service loop checks
 it once a turn. Our own waits use `asyncio.timeout`, which does not swallow.
+
+Beside the bus because the bus's own reads need it, and every service package
+already stands on events/.
 """
 
 from __future__ import annotations

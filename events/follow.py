@@ -1,9 +1,11 @@
-"""Following the log into a ClusterState: the one fold loop every service shares.
+"""Following the log into a projection: the one fold loop every service shares.
 
 The scheduler, the node agents and the live CLI views all hold the same
-projection (`evolve` over the log); this is the IO around it: catch up by the
-fast replay path, then tail live, skipping anything already folded (so a
-redelivery is never applied twice, DESIGN.md invariant 6).
+projection (`orchestrator.core.evolve` over the log); this is the IO around
+any such fold, which the caller passes in with its initial state (the bus
+knows no core): catch up by the fast replay path, then tail live, skipping
+anything already folded (so a redelivery is never applied twice, DESIGN.md
+invariant 6).
 
 Exactly once and in order, or stop (#19): a follower reads the whole stream,
 whose positions are contiguous, so every fold checks that an event sits at
@@ -20,23 +22,35 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
 from events.bus import Bus, Envelope, LogGap
-from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from schemas import AnyEvent, Unknown
 
 log = structlog.get_logger("corral.follow")
 
 _T = TypeVar("_T")
 
+
+class Positioned(Protocol):
+    """A projection that knows the last log position folded into it."""
+
+    @property
+    def seq(self) -> int: ...
+
+
+S = TypeVar("S", bound=Positioned)
+
+#: `fold(state, event, seq) -> state`: apply the event at log position `seq` (it may work in place).
+Fold = Callable[[S, AnyEvent | Unknown, int], S]
+
 #: Reads in a row that may miss the same position (which the log still holds) before a reader gives up.
 REREADS = 3
 
 
-def fold_batch(state: ClusterState, batch: list[Envelope], *, contiguous: bool = True) -> ClusterState:
+def fold_batch(state: S, batch: list[Envelope], fold: Fold[S], *, contiguous: bool = True) -> S:
     """Fold a replay batch into `state`, skipping positions it already holds (every reader's fold loop).
 
     `contiguous` (a read of the whole stream): an event beyond `state.seq + 1`
@@ -49,7 +63,7 @@ def fold_batch(state: ClusterState, batch: list[Envelope], *, contiguous: bool =
         if seq > state.seq:
             if contiguous and seq != state.seq + 1:
                 raise LogGap(state.seq + 1, seq)
-            state = evolve(state, env.event, seq)
+            state = fold(state, env.event, seq)
     return state
 
 
@@ -80,10 +94,13 @@ class Rereads:
         raise LogGap(gap.expected, gap.found, why) from None
 
 
-class Follower:
-    def __init__(self, bus: Bus, state: ClusterState | None = None) -> None:
+class Follower(Generic[S]):
+    """`fold` over the log from `initial` (a fresh state, or a snapshot at its `seq`), kept in `state`."""
+
+    def __init__(self, bus: Bus, fold: Fold[S], initial: S) -> None:
         self.bus = bus
-        self.state = state if state is not None else ClusterState()
+        self.fold = fold
+        self.state = initial
         #: Set whenever an event was folded; consumers clear it when they have looked.
         self.changed = asyncio.Event()
         self._listeners: list[Callable[[Envelope], None]] = []
@@ -103,7 +120,7 @@ class Follower:
             return False
         if seq != self.state.seq + 1:
             raise LogGap(self.state.seq + 1, seq)
-        self.state = evolve(self.state, env.event, seq)
+        self.state = self.fold(self.state, env.event, seq)
         for listener in self._listeners:
             listener(env)
         self.changed.set()
@@ -149,7 +166,7 @@ class Follower:
         """`apply` for a replay batch: the same fold, with one wake-up per batch instead of per event.
 
         This loop is most of a rebuild's own cost (bench/rebuild.py), so with
-        nobody listening per event it calls `evolve` and nothing else. A gap
+        nobody listening per event it calls `fold` and nothing else. A gap
         raises LogGap with the events before it folded.
         """
         if self._listeners:
@@ -157,7 +174,7 @@ class Follower:
                 self.apply(env)
             return
         try:
-            self.state = fold_batch(self.state, batch)
+            self.state = fold_batch(self.state, batch, self.fold)
         finally:
             self.changed.set()
             if self._seq_waiters:
