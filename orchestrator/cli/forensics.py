@@ -19,7 +19,7 @@ from orchestrator.cli.position import add_at_arg, log_clock, resolve_at
 from orchestrator.cli.state_view import LogSource, add_log_arg, envelope_at, load_state, log_source
 from orchestrator.cli.timeline import Entry, Run, Story, pending_by_reason, runs, story_summary
 from orchestrator.cli.timespec import LogClock
-from orchestrator.cli.views import cluster_summary, gpu_map, queues_rows
+from orchestrator.cli.views import cluster_summary, estimate_lines, gpu_map, job_estimate, queues_rows
 
 # --- replay --at -------------------------------------------------------------------------
 
@@ -106,14 +106,21 @@ async def explain(args: argparse.Namespace) -> int:
         raise CliError(f"job {job_id!r} has no event up to #{at.seq} (--at {args.at})", NOT_FOUND)
     summary = story_summary(job, job_id, entries)
     pending = pending_by_reason(entries, story.end)
+    # A job's first reason names its estimate only if it queued behind others; say it for any job not over,
+    # as of the log's newest event (the story's "now").
+    estimate = job_estimate(story.state, job, story.end) if job is not None else None
     if args.json:
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
-                    "summary": summary, "pending_s": pending, "timeline": [e.to_dict() for e in entries]})
+                    "summary": summary, "pending_s": pending, "estimate": estimate,
+                    "timeline": [e.to_dict() for e in entries]})
         return OK if job is not None else NOT_FOUND
     print(summary)
     if pending:
         reasons = ", ".join(f"{human_duration(t)} {code}" for code, t in pending.items())
         print(f"  pending {human_duration(sum(pending.values()))} in all: {reasons}")
+    if job is not None and estimate is not None:  # no history yet: the story has nothing to add
+        for key, value in estimate_lines(estimate, job, story.end):
+            print(f"  {key}: {value}")
     print("\n".join(story_lines(entries, clock, every=args.all)))
     return OK if job is not None else NOT_FOUND  # a story without its submission is not the job's story
 
