@@ -139,10 +139,10 @@ def story_lines(entries: list[Entry], clock: LogClock, *, every: bool) -> list[s
         e, last = run.first, run.last
         out.append(f"  {clock.time_of_day(e.time):>{tw}} {clock.offset(e.time - t0):>{ow}} #{e.seq:<6} "
                    f"{clock.moments(e.text)}")
-        if run.count > 1:
+        if run.told > 1:
             collapsed = True
             newest = f", newest: {clock.moments(last.event.message)}" if last.text != e.text else ""
-            out.append(f"  {'':>{tw}} {'':>{ow}} {'':>7} ... told {run.count} times, the last at "
+            out.append(f"  {'':>{tw}} {'':>{ow}} {'':>7} ... told {run.told} times, the last at "
                        f"{clock.time_of_day(last.time)} #{last.seq} ({human_duration(last.time - e.time)} later)"
                        f"{newest}")
     if collapsed:

@@ -183,7 +183,7 @@ class Run(NamedTuple):
 
     first: Entry
     last: Entry
-    count: int
+    told: int
 
 
 def runs(entries: Iterable[Entry]) -> list[Run]:
@@ -200,7 +200,7 @@ def runs(entries: Iterable[Entry]) -> list[Run]:
         prev = out[-1] if out else None
         if (prev is not None and isinstance(e.event, JobWaiting) and isinstance(prev.last.event, JobWaiting)
                 and e.event.code == prev.last.event.code and not e.void and not prev.last.void):
-            out[-1] = Run(prev.first, e, prev.count + 1)
+            out[-1] = Run(prev.first, e, prev.told + 1)
         else:
             out.append(Run(e, e, 1))
     return out
