@@ -42,7 +42,7 @@ from events.follow import Follower
 from events.server import NatsServer
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, snapshot
-from orchestrator.snapshot import SnapshotStore
+from orchestrator.snapshot_store import SnapshotStore
 
 
 async def rebuild(bus: Bus, expect: int) -> tuple[float, ClusterState]:

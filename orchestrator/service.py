@@ -47,7 +47,7 @@ from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, Config
 from orchestrator.health import HeartbeatMonitor
 from orchestrator.leader import LEASE_BUCKET, Lease
-from orchestrator.snapshot import SnapshotStore
+from orchestrator.snapshot_store import SnapshotStore
 from schemas import ClusterConfigured, Event, NodeFailed, SchedulerElected, decode
 from schemas.heartbeat import HEARTBEAT_BUCKET
 

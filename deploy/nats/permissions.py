@@ -18,7 +18,7 @@ object store; every corral user lives in it):
                 schedulers use the same user: the lease and the epoch in the
                 log, not NATS, decide who leads.
 - ``ops``       reads everything (tail, replay, heartbeats), writes nothing.
-- ``admission`` the admission service (orchestrator/admission.py): answers
+- ``admission`` the admission service (orchestrator/gateway.py): answers
                 the requests team accounts send on ``corral-submit.*`` and
                 ``corral-cancel.*``, appends JobSubmitted and CancelRequested
                 for the teams that own the queue.

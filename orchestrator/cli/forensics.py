@@ -19,7 +19,7 @@ from orchestrator.cli.position import add_at_arg, log_clock, resolve_at
 from orchestrator.cli.state_view import LogSource, add_log_arg, envelope_at, load_state, log_source
 from orchestrator.cli.timeline import Entry, Run, Story, pending_by_reason, runs, story_summary
 from orchestrator.cli.timespec import LogClock
-from orchestrator.cli.views import cluster_summary, gpu_map, queues_rows
+from orchestrator.cli.views import cluster_summary, estimate_lines, gpu_map, job_estimate, queues_rows
 
 # --- replay --at -------------------------------------------------------------------------
 
@@ -106,14 +106,21 @@ async def explain(args: argparse.Namespace) -> int:
         raise CliError(f"job {job_id!r} has no event up to #{at.seq} (--at {args.at})", NOT_FOUND)
     summary = story_summary(job, job_id, entries)
     pending = pending_by_reason(entries, story.end)
+    # A job's first reason names its estimate only if it queued behind others; say it for any job not over,
+    # as of the log's newest event (the story's "now").
+    estimate = job_estimate(story.state, job, story.end) if job is not None else None
     if args.json:
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
-                    "summary": summary, "pending_s": pending, "timeline": [e.to_dict() for e in entries]})
+                    "summary": summary, "pending_s": pending, "estimate": estimate,
+                    "timeline": [e.to_dict() for e in entries]})
         return OK if job is not None else NOT_FOUND
     print(summary)
     if pending:
         reasons = ", ".join(f"{human_duration(t)} {code}" for code, t in pending.items())
         print(f"  pending {human_duration(sum(pending.values()))} in all: {reasons}")
+    if job is not None and estimate is not None:  # no history yet: the story has nothing to add
+        for key, value in estimate_lines(estimate, job, story.end):
+            print(f"  {key}: {value}")
     print("\n".join(story_lines(entries, clock, every=args.all)))
     return OK if job is not None else NOT_FOUND  # a story without its submission is not the job's story
 
@@ -132,10 +139,10 @@ def story_lines(entries: list[Entry], clock: LogClock, *, every: bool) -> list[s
         e, last = run.first, run.last
         out.append(f"  {clock.time_of_day(e.time):>{tw}} {clock.offset(e.time - t0):>{ow}} #{e.seq:<6} "
                    f"{clock.moments(e.text)}")
-        if run.count > 1:
+        if run.told > 1:
             collapsed = True
             newest = f", newest: {clock.moments(last.event.message)}" if last.text != e.text else ""
-            out.append(f"  {'':>{tw}} {'':>{ow}} {'':>7} ... told {run.count} times, the last at "
+            out.append(f"  {'':>{tw}} {'':>{ow}} {'':>7} ... told {run.told} times, the last at "
                        f"{clock.time_of_day(last.time)} #{last.seq} ({human_duration(last.time - e.time)} later)"
                        f"{newest}")
     if collapsed:

@@ -98,7 +98,7 @@ async def job(args: argparse.Namespace) -> int:
         raise CliError(f"unknown job {job_id!r} (see `corral jobs`; one that finished long ago: "
                        f"`corral explain {job_id}`)", NOT_FOUND)
     if args.json:
-        print_json({"seq": state.seq, **job_detail(state, found)})
+        print_json({"seq": state.seq, **job_detail(state, found, now)})
     else:
         print("\n".join(job_lines(state, found, now)))
     return OK

@@ -109,7 +109,7 @@ def essentials(event: AnyEvent | Unknown) -> str:
         case NodeCordoned():
             return event.reason
         case NodeUncordoned():
-            return ""
+            return "uncordoned: takes new work again"
         case QueueDefined():
             limit = "-" if event.limit_gpus is None else event.limit_gpus
             parent = f" parent={event.parent}" if event.parent else ""

@@ -174,7 +174,7 @@ async def run_agent(args: argparse.Namespace) -> int:
 
 
 async def run_admission(args: argparse.Namespace) -> int:
-    from orchestrator.admission import Admission, Owners
+    from orchestrator.gateway import Admission, Owners
 
     configure_logging(args.log_level)
     try:

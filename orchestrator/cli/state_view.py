@@ -31,7 +31,7 @@ from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import NOT_FOUND, CliError
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.snapshot import SNAPSHOT_BUCKET, SnapshotStore
+from orchestrator.snapshot_store import SNAPSHOT_BUCKET, SnapshotStore
 
 log = structlog.get_logger("corral.cli")
 

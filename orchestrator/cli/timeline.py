@@ -10,7 +10,7 @@ and priority) or what a resumed attempt resumes from.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, assert_never
 
 import msgspec
 
@@ -19,8 +19,10 @@ from orchestrator.cli.render import placement_summary, unreadable
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, Job
 from schemas import (
+    AnyEvent,
     CancelRequested,
     Checkpointed,
+    ClusterConfigured,
     GangReserved,
     GangRestarted,
     JobCancelled,
@@ -31,8 +33,16 @@ from schemas import (
     JobRunning,
     JobSubmitted,
     JobWaiting,
+    NodeCordoned,
+    NodeFailed,
+    NodeRecovered,
+    NodeRegistered,
+    NodeUncordoned,
     Preempted,
     PreemptionRequested,
+    QueueDefined,
+    QueueDeleted,
+    SchedulerElected,
     Unknown,
     WorkerExited,
     WorkerStarted,
@@ -68,8 +78,12 @@ def _exit(e: WorkerExited) -> str:
     return f"rank {e.rank} exited on {e.node_id}: {e.reason} ({how}{again})"
 
 
-def _text(ev: object, job_id: str, before: Job | None, state: ClusterState) -> str | None:
-    """What `ev` means for `job_id`; None when it is not about it."""
+def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) -> str | None:
+    """What `ev` means for `job_id`; None when it is not about it.
+
+    Exhaustive over the event types, so a new one cannot enter a story blank
+    (an unreadable message, `Unknown`, is told by `Story.add` from its subject).
+    """
     match ev:
         case PreemptionRequested() if ev.preemptor_job_id == job_id and ev.job_id != job_id:
             return f"preempting {_who(state, ev.job_id)} to make room: {ev.reason}"
@@ -124,8 +138,11 @@ def _text(ev: object, job_id: str, before: Job | None, state: ClusterState) -> s
             return f"failed (attempt {ev.attempt}): {ev.reason}"
         case JobCancelled():
             return "cancelled" + (f": {ev.reason}" if ev.reason else "")
+        case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
+              | QueueDeleted() | SchedulerElected() | ClusterConfigured()):
+            return None  # about no job: the job_id test above has already left
         case _:
-            return tag_of(ev)  # type: ignore[arg-type]
+            assert_never(ev)
 
 
 class Story:
@@ -166,7 +183,7 @@ class Run(NamedTuple):
 
     first: Entry
     last: Entry
-    count: int
+    told: int
 
 
 def runs(entries: Iterable[Entry]) -> list[Run]:
@@ -183,7 +200,7 @@ def runs(entries: Iterable[Entry]) -> list[Run]:
         prev = out[-1] if out else None
         if (prev is not None and isinstance(e.event, JobWaiting) and isinstance(prev.last.event, JobWaiting)
                 and e.event.code == prev.last.event.code and not e.void and not prev.last.void):
-            out[-1] = Run(prev.first, e, prev.count + 1)
+            out[-1] = Run(prev.first, e, prev.told + 1)
         else:
             out.append(Run(e, e, 1))
     return out

@@ -129,8 +129,3 @@ def _iso(t: str, text: str) -> float:
 def parse_instant(text: str, now: float) -> float:
     """Epoch seconds for `10m` (that long before `now`) or an ISO timestamp (local time if no zone)."""
     return LogClock().parse(text, now)
-
-
-def format_instant(ts: float) -> str:
-    """Local ISO time to the millisecond: what `parse_instant` reads back."""
-    return LogClock().instant(ts)

@@ -16,6 +16,7 @@ from nodeagent.runtime.base import WorkerLabels
 from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
+from orchestrator.core.estimates import estimated_end
 from orchestrator.core.queries import queue_loads
 from orchestrator.core.state import (
     FINAL_RANKS_KEPT,
@@ -29,6 +30,7 @@ from orchestrator.core.state import (
     RankState,
 )
 from orchestrator.core.usage import resolve_queue
+from orchestrator.policies import DEFAULT_POLICIES
 
 #: Every job status, in lifecycle order (what `corral jobs --state` accepts).
 STATUSES: tuple[JobStatus, ...] = (
@@ -135,8 +137,46 @@ def rank_states(state: ClusterState, job: Job) -> dict[int, RankState]:
     return live if live is not None else dict(job.final_ranks)
 
 
-def job_detail(state: ClusterState, job: Job) -> dict[str, Any]:
-    """Everything about one job for `corral job --json`: the summary, its spec, ranks and recovery facts."""
+#: Where a job's gang is expected to end by its estimate: placed, not being stopped.
+_ENDS_BY_ESTIMATE = frozenset({"reserved", "running"})
+
+
+def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | None:
+    """The run time the scheduler expects of a job not yet finished, learned from the log, and its source.
+
+    The same estimate backfill plans with (`Policies.estimate`, core/estimates.py): the median
+    of the newest completed runs of the job's name by its user in its queue, else of its queue.
+    A placed gang's `expected_end` is when backfill counts on its GPUs coming back (never
+    before `now`). None: the job is over, or nothing like it has completed yet.
+    """
+    if job.status in TERMINAL:
+        return None
+    est = DEFAULT_POLICIES.estimate(state, job, job_queue(state, job))
+    if est is None:
+        return None
+    end = estimated_end(est, job, now) if job.status in _ENDS_BY_ESTIMATE else None
+    return {"seconds": est.seconds, "source": est.source, "samples": est.samples, "about": est.about,
+            "text": est.describe(), "expected_end": end}
+
+
+def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> list[tuple[str, str]]:
+    """`estimate` and, for a placed gang, `ends` (key, value) for the human views of a job not over."""
+    if job.status in TERMINAL:
+        return []
+    if estimate is None:
+        return [("estimate", f"none yet: no completed run of {job.spec.name!r} or in its queue")]
+    out = [("estimate", estimate["text"])]
+    end = estimate["expected_end"]
+    if end is not None:
+        clock = LogClock(simulated=now < SIMULATED_BEFORE_S)
+        late = "now: it has run past its estimate" if end <= now else f"in {human_duration(end - now)}, by the estimate"
+        out.append(("ends", f"{clock.instant(end)} ({late})"))
+    return out
+
+
+def job_detail(state: ClusterState, job: Job, now: float) -> dict[str, Any]:
+    """Everything about one job for `corral job --json`: the summary, its spec, ranks, recovery facts and
+    the run time expected of it (`job_estimate`)."""
     ranks = rank_states(state, job)
     rank_rows = []
     for rp in job.placement:
@@ -166,6 +206,7 @@ def job_detail(state: ClusterState, job: Job) -> dict[str, Any]:
         "stop": _builtins(job.stop),
         "failure": job.failure or None,
         "earmark": _builtins(job.earmark),
+        "estimate": job_estimate(state, job, now),
         "rank_states": rank_rows,
         "spec": _builtins(job.spec),
     }
@@ -190,7 +231,7 @@ JOBS_HEADERS = ("JOB", "NAME", "USER", "QUEUE", "STATE", "ATTEMPT", "GPUS", "PRI
 
 def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
     """`corral job JOB` for humans: aligned key/value lines, then one line per rank."""
-    d = job_detail(state, job)
+    d = job_detail(state, job, now)
     spec = job.spec
     kv: list[tuple[str, str]] = [
         ("job", f"{job.job_id} ({spec.name})"),
@@ -208,6 +249,7 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
     if job.status == "pending":
         w = job.waiting
         kv.append(("pending", f"{w.code}: {readable(w.message, now)}" if w else "not looked at by the scheduler yet"))
+    kv.extend(estimate_lines(d["estimate"], job, now))
     if job.status == "preempting":
         kv.append(("preempted for", job.preemptor))
     if job.stop is not None:

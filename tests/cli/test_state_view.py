@@ -11,7 +11,7 @@ from events.bus import Bus
 from orchestrator.cli.state_view import envelope_at, load_state, seq_at_time
 from orchestrator.core.evolve import fold
 from orchestrator.core.state import snapshot
-from orchestrator.snapshot import SNAPSHOT_BUCKET, SnapshotStore
+from orchestrator.snapshot_store import SNAPSHOT_BUCKET, SnapshotStore
 from tests.cli.test_top import EVENTS
 
 

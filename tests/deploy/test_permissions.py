@@ -33,7 +33,7 @@ from tests.deploy.launcher import Server, free_ports, passwords
 NODES = ["n1", "n2"]
 TEAMS = ("vision",)
 USERS = {  # role -> the user that plays it
-    "client": "client",  # client-<team> users live in their team accounts (test_admission.py)
+    "client": "client",  # client-<team> users live in their team accounts (test_gateway.py)
     "admin": "admin",
     "agent": "agent-n1",
     "scheduler": "scheduler",

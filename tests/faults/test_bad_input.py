@@ -29,7 +29,7 @@ from events.server import NatsServer
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, snapshot
-from orchestrator.snapshot import SnapshotStore
+from orchestrator.snapshot_store import SnapshotStore
 from schemas import (
     GangReserved,
     JobRejected,

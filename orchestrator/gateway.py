@@ -1,4 +1,4 @@
-"""The admission service: team submissions and cancels, checked against the queues each team owns.
+"""The team gateway (`corral admission`): team submissions and cancels, checked against the queues each team owns.
 
 NATS permissions match subjects, and a job's subject names no queue, so the
 server cannot keep team vision out of queue nlp. This service can: each team

@@ -1,0 +1,140 @@
+"""`corral job` and `corral explain` show the run time the scheduler expects of a job and where it comes from.
+
+The estimate is the one backfill plans with (core/estimates.py): the median of the job's own
+completed runs (same name, user and queue), else of its queue's. Read in-process through the
+parser from a folded log file: three completed runs of alice's `train` (500, 600, 700 s) and one
+of bob's `eval` (300 s) in queue q, then a running and a pending `train`, a pending job of a new
+name (its queue's estimate) and one in a queue without history (none).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.cli.timespec import LogClock
+from schemas import (
+    Event,
+    GangReserved,
+    JobCompleted,
+    JobRunning,
+    JobSpec,
+    JobSubmitted,
+    JobWaiting,
+    NodeRegistered,
+    QueueDefined,
+    RankPlacement,
+    SchedulerElected,
+    WorkerStarted,
+)
+from schemas.codec import encode
+from schemas.inventory import Gpu, Inventory
+
+T0 = 1_700_000_000.0
+#: When the jobs under test were submitted; the log ends 120 s later.
+NOW = T0 + 10_000
+
+
+def _submit(job_id: str, name: str, user: str, at: float, queue: str = "q") -> JobSubmitted:
+    return JobSubmitted(event_id=f"s-{job_id}", occurred_at=at, job_id=job_id, submitted_by=user,
+                        spec=JobSpec(name=name, queue=queue))
+
+
+def _start(job_id: str, at: float) -> list[Event]:
+    ranks = (RankPlacement(rank=0, node_id="n1", gpus=(0,)),)
+    return [GangReserved(event_id=f"g-{job_id}", occurred_at=at, job_id=job_id, attempt=1, epoch=1, ranks=ranks),
+            WorkerStarted(event_id=f"w-{job_id}", occurred_at=at, job_id=job_id, attempt=1, rank=0, node_id="n1"),
+            JobRunning(event_id=f"r-{job_id}", occurred_at=at, job_id=job_id, attempt=1)]
+
+
+def _history() -> list[Event]:
+    gpus = tuple(Gpu(index=i, uuid=f"g{i}", model="H100", memory_mib=1) for i in range(8))
+    out: list[Event] = [
+        NodeRegistered(event_id="n", occurred_at=T0, node_id="n1", incarnation="1", address="a",
+                       inventory=Inventory(gpus=gpus)),
+        QueueDefined(event_id="q", occurred_at=T0, queue="q"),
+        QueueDefined(event_id="r", occurred_at=T0, queue="r"),
+        SchedulerElected(event_id="e", occurred_at=T0, epoch=1, scheduler_id="s"),
+    ]
+    at = T0 + 10
+    for job_id, name, user, seconds in [("d1", "train", "alice", 500), ("d2", "train", "alice", 600),
+                                        ("d3", "train", "alice", 700), ("d4", "eval", "bob", 300)]:
+        out += [_submit(job_id, name, user, at), *_start(job_id, at),
+                JobCompleted(event_id=f"c-{job_id}", occurred_at=at + seconds, job_id=job_id, attempt=1)]
+        at += seconds + 10
+    out += [
+        _submit("running", "train", "alice", NOW), *_start("running", NOW),
+        _submit("waiting", "train", "alice", NOW),
+        _submit("new-name", "sweep", "alice", NOW),
+        _submit("lonely", "train", "alice", NOW, queue="r"),
+        JobWaiting(event_id="w", occurred_at=NOW + 120, job_id="waiting", code="capacity",
+                   message="needs 1 GPU, 0 free", epoch=1),
+    ]
+    return out
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> Path:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in _history()))
+    return path
+
+
+def corral(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """`corral ARGS` in this process; its stdout (exit 0 asserted)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out = capsys.readouterr()
+    assert int(exit_.value.code or 0) == 0, out.err
+    return out.out
+
+
+def _fields(text: str) -> dict[str, str]:
+    """`corral job`'s aligned `key  value` lines as a dict (the rank lines after `ranks:` left out)."""
+    head = text.split("\nranks:", 1)[0]
+    return {k: v.strip() for k, _, v in (line.partition("  ") for line in head.splitlines())}
+
+
+def test_job_shows_the_estimate_its_source_and_a_running_jobs_end(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    running = _fields(corral(capsys, "job", "--log", str(log), "running"))
+    assert running["estimate"] == "~600 s, median of 3 runs of name 'train' of alice in queue q"
+    # Started at NOW, expected to hold its GPUs 600 s; the log's end (the command's now) is NOW + 120.
+    assert running["ends"] == f"{LogClock().instant(NOW + 600)} (in 8m00s, by the estimate)"
+
+    waiting = _fields(corral(capsys, "job", "--log", str(log), "waiting"))
+    assert waiting["estimate"] == "~600 s, median of 3 runs of name 'train' of alice in queue q"
+    assert "ends" not in waiting  # not placed: no end to expect yet
+
+    by_queue = _fields(corral(capsys, "job", "--log", str(log), "new-name"))
+    assert by_queue["estimate"] == "~550 s, median of 4 runs of queue q"
+    assert _fields(corral(capsys, "job", "--log", str(log), "lonely"))["estimate"].startswith("none yet")
+    assert "estimate" not in _fields(corral(capsys, "job", "--log", str(log), "d1"))  # finished
+
+
+def test_job_json_has_the_estimate(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    running = json.loads(corral(capsys, "job", "--log", str(log), "running", "--json"))["estimate"]
+    assert running == {"seconds": 600.0, "source": "job", "samples": 3, "about": "name 'train' of alice in queue q",
+                       "text": "~600 s, median of 3 runs of name 'train' of alice in queue q",
+                       "expected_end": NOW + 600}
+    waiting = json.loads(corral(capsys, "job", "--log", str(log), "waiting", "--json"))["estimate"]
+    assert (waiting["seconds"], waiting["source"], waiting["expected_end"]) == (600.0, "job", None)
+    by_queue = json.loads(corral(capsys, "job", "--log", str(log), "new-name", "--json"))["estimate"]
+    assert (by_queue["seconds"], by_queue["source"], by_queue["samples"]) == (550.0, "queue", 4)
+    for job_id in ("lonely", "d1"):
+        assert json.loads(corral(capsys, "job", "--log", str(log), job_id, "--json"))["estimate"] is None
+
+
+def test_explain_tells_the_estimate_of_a_job_not_over(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job placed at once, or told a capacity reason, never had its estimate in a JobWaiting: explain says it."""
+    out = corral(capsys, "explain", "--log", str(log), "running")
+    assert "  estimate: ~600 s, median of 3 runs of name 'train' of alice in queue q\n" in out
+    assert f"  ends: {LogClock().instant(NOW + 600)} (in 8m00s, by the estimate)\n" in out
+    out = corral(capsys, "explain", "--log", str(log), "waiting")
+    assert "estimate: ~600 s" in out and "ends:" not in out
+    assert "estimate" not in corral(capsys, "explain", "--log", str(log), "d1")
+    assert "estimate" not in corral(capsys, "explain", "--log", str(log), "lonely")  # no history: nothing to add
+    story = json.loads(corral(capsys, "explain", "--log", str(log), "new-name", "--json"))
+    assert (story["estimate"]["seconds"], story["estimate"]["source"]) == (550.0, "queue")
