@@ -49,6 +49,14 @@ Writes into --out: events-<policy>.jsonl (the log, one event per line, foldable 
 corral reader: `corral explain --log FILE JOB`, `corral replay --log FILE --at +3d`),
 metrics.json, table.txt and PNG figures; the logs and figures an earlier run left there
 and this one does not rewrite are removed, other files are left alone.
+Load sweep (--load 0.5,0.8,1.0,1.2): every policy at each offered load -- the GPU-seconds the
+  jobs would run while they arrive, had each started on arrival, over the GPUs x that window.
+  Only the arrival rate changes, never the cluster: --generate makes its trace at each load (same
+  seed, same jobs); a --trace or --from-log workload has its arrival times scaled about the first
+  arrival to each load (node outages keep their times; a load the jobs cannot reach however closely
+  they arrive is an error). Into --out: load-<L>/ per load with what a single run writes, and
+  metrics.json (each load's figures, each policy's figures over the loads), table.txt and figures
+  of avg JCT, total wait and share error against load (sweep_*.png).
 Examples, the columns and the table's rows: the README, section "Simulating a workload".
 """
 
@@ -81,6 +89,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="seconds of work between checkpoints; 0: checkpoint on the preemption signal (default %(default)s)")
     p.add_argument("--restart-overhead", metavar="S", type=float, default=120.0, dest="restart_overhead",
                    help="seconds a restarted attempt spends before making progress (default %(default)s)")
+    p.add_argument("--generate", metavar="JOBS", type=int,
+                   help="instead of --trace: a generated trace of JOBS jobs (as `sim gen` makes it, --seed) for "
+                        "--cluster SPEC, or without it `sim gen`'s standard cluster (352 x 8 GPUs, 11 teams); "
+                        "at `sim gen`'s default load, or at each --load")
+    p.add_argument("--seed", type=int, help="with --generate: the trace's seed (default 1)")
+    p.add_argument("--load", metavar="LIST",
+                   help="a load sweep: comma-separated offered loads (fractions of the GPUs while the jobs arrive), "
+                        "e.g. 0.5,0.8,1.0,1.2; every policy runs at each (see above)")
     p.add_argument("--no-logs", action="store_true", help="do not write the event logs (faster)")
     p.add_argument("--no-figures", action="store_true", help="do not draw PNG figures")
     p.add_argument("--strict", action="store_true", help="check the safety invariants at every instant (slow)")

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, USAGE
 from orchestrator.cli.output import human_duration
@@ -27,10 +28,11 @@ from orchestrator.sim.cluster import (
     setup_events,
 )
 from orchestrator.sim.engine import Scenario, SimConfig, SimulationError
-from orchestrator.sim.gen import GenConfig, generate, standard_cluster, window_load
+from orchestrator.sim.gen import LOAD_TOLERANCE, GenConfig, generate, standard_cluster, window_load
 from orchestrator.sim.replay import LoggedScenario, from_log
-from orchestrator.sim.runs import headline, run_policies
+from orchestrator.sim.runs import headline, json_ready, run_policies
 from orchestrator.sim.specs import sim_jobs, unfit_jobs
+from orchestrator.sim.sweep import SweepReport, at_load, load_name, offered_load, parse_loads, run_label, run_sweep
 from orchestrator.sim.trace import Trace, TraceError, load_trace, write_outages, write_trace
 
 
@@ -55,14 +57,66 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
     """The scenario the arguments describe; TraceError / ClusterSpecError / ValueError on bad input."""
     if args.trace and args.from_log:
         raise ValueError("give --trace FILE or --from-log FILE, not both")
-    cluster = load_cluster(args.cluster) if args.cluster else None
-    for w in cluster_warnings(cluster) if cluster is not None else []:
-        _warn(f"{args.cluster}: {w}")
+    cluster = _cluster(args)
     if args.from_log:
         return _logged(args.from_log, cluster)
     if not args.trace or cluster is None:
-        raise ValueError("give --trace FILE and --cluster SPEC (or --from-log FILE)")
+        raise ValueError("give --trace FILE and --cluster SPEC (or --from-log FILE, or --generate JOBS)")
     return _traced(load_trace(args.trace, args.outages), cluster, args.outages)
+
+
+def _cluster(args: argparse.Namespace) -> ClusterSpec | None:
+    """--cluster's spec (None without it), its warnings said on stderr."""
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    for w in cluster_warnings(cluster) if cluster is not None else []:
+        _warn(f"{args.cluster}: {w}")
+    return cluster
+
+
+def single_scenario(args: argparse.Namespace) -> Scenario:
+    """A single run's scenario: generated at `sim gen`'s default load (--generate), or what scenario_of reads."""
+    if args.generate is None:
+        return _given(args)
+    return _generated(_gen_cluster(args), args, GenConfig().load)
+
+
+def sweep_scenarios(args: argparse.Namespace, loads: Sequence[float]) -> dict[float, Scenario]:
+    """The scenario of each load (orchestrator/sim/sweep.py): generated at the load (--generate), or the
+    workload of --trace / --from-log with its arrivals scaled to it. Every load is made before any runs, so a
+    load out of the workload's reach is told at once."""
+    if args.generate is not None:
+        cluster = _gen_cluster(args)
+        made = {load: _generated(cluster, args, load) for load in loads}
+        for load, scenario in made.items():
+            if abs((offered := offered_load(scenario)) - load) > LOAD_TOLERANCE * load:
+                _warn(f"load {load_name(load)}: {args.generate} jobs offer {offered:.3f}: too few to keep "
+                      f"{cluster.total_gpus} GPUs that busy while they arrive (more --generate jobs, or a smaller "
+                      "--cluster)")
+        return made
+    base = _given(args)
+    return {load: at_load(base, load) for load in loads}
+
+
+def _given(args: argparse.Namespace) -> Scenario:
+    """The workload of --trace or --from-log (scenario_of); --seed is for --generate only."""
+    if args.seed is not None:
+        raise ValueError("--seed goes with --generate JOBS (a trace file or a log has its arrivals already)")
+    return scenario_of(args)
+
+
+def _gen_cluster(args: argparse.Namespace) -> ClusterSpec:
+    """The cluster --generate makes its trace for: --cluster's, or `sim gen`'s standard one."""
+    given = [flag for flag, v in (("--trace", args.trace), ("--from-log", args.from_log), ("--outages", args.outages))
+             if v]
+    if given:
+        raise ValueError(f"--generate makes the workload: give it without {' and '.join(given)}")
+    if args.generate < 1:
+        raise ValueError(f"--generate needs at least 1 job, got {args.generate}")
+    return _cluster(args) or standard_cluster()
+
+
+def _generated(cluster: ClusterSpec, args: argparse.Namespace, load: float) -> Scenario:
+    return _traced(generate(cluster, GenConfig(jobs=args.generate, load=load, seed=1 if args.seed is None else args.seed)), cluster, None)
 
 
 def _traced(trace: Trace, cluster: ClusterSpec, outages: str | None) -> Scenario:
@@ -121,16 +175,19 @@ def run(args: argparse.Namespace) -> int:
         return _error(missing, NOT_FOUND)
     try:
         policies = parse_policies(args.policy)
+        loads = parse_loads(args.load) if args.load is not None else None
         if args.checkpoint_interval < 0 or args.restart_overhead < 0:
             raise ValueError("--checkpoint-interval and --restart-overhead must be >= 0")
-        scenario = scenario_of(args)
+        scenarios = sweep_scenarios(args, loads) if loads is not None else {}
+        scenario = single_scenario(args) if loads is None else next(iter(scenarios.values()))
         _out_dir(args.out)
     except (TraceError, ClusterSpecError, ValueError) as e:
         return _error(str(e))
     config = SimConfig(checkpoint_interval_s=args.checkpoint_interval, restart_overhead_s=args.restart_overhead,
                        strict=args.strict)
     quiet = args.json
-    bar = None if quiet or not sys.stderr.isatty() else ProgressBar(policies, len(scenario.jobs))
+    runs = [run_label(load, p) for load in scenarios for p in policies] if loads is not None else policies
+    bar = None if quiet or not sys.stderr.isatty() else ProgressBar(runs, len(scenario.jobs))
 
     def progress(line: str) -> None:
         if bar is not None:
@@ -138,20 +195,41 @@ def run(args: argparse.Namespace) -> int:
         elif not quiet:
             print(line, file=sys.stderr, flush=True)
 
+    options: dict[str, Any] = {"write_logs": not args.no_logs, "figures": not args.no_figures, "progress": progress,
+                               "advance": bar.advance if bar is not None else None}
     try:
         with bar if bar is not None else contextlib.nullcontext():
-            report = run_policies(scenario, policies, config, args.out, write_logs=not args.no_logs,
-                                  figures=not args.no_figures, progress=progress,
-                                  advance=bar.advance if bar is not None else None)
+            if loads is None:
+                report = run_policies(scenario, policies, config, args.out, **options)
+            else:
+                swept = run_sweep(scenarios, policies, config, args.out, **options)
     except SimulationError as e:
         print(f"corral sim: simulation failed: {e}", file=sys.stderr)
         return FAILURE
-    if args.json:
+    if loads is not None:
+        _print_sweep(swept, args)
+    elif args.json:
         print(json.dumps(headline(report), allow_nan=False))
     else:
         print(report.table)
         print(f"\nwrote {', '.join(str(f) for f in report.files)}")
     return OK
+
+
+def _print_sweep(swept: SweepReport, args: argparse.Namespace) -> None:
+    """Each load's table, then the sweep's (or the one JSON object of --json)."""
+    if args.json:
+        print(json.dumps(json_ready(swept.figures), allow_nan=False))
+        return
+    for r in swept.runs:
+        print(f"load {load_name(r.load)} (offered {r.offered:.3f})")
+        print(r.report.table)
+        print()
+    print("sweep")
+    print(swept.table)
+    top = [f for f in swept.files if f.parent == args.out]
+    print(f"\nwrote {', '.join(str(f) for f in top)}, and each load's run in "
+          f"{', '.join(str(args.out / f'load-{load_name(r.load)}') for r in swept.runs)}")
 
 
 class ProgressBar:
