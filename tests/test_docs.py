@@ -43,6 +43,10 @@ NOT_RUN = {
 REWRITTEN = {
     "replay --at 2m": ("replay --at +1", "the test's cluster is seconds old: two minutes ago is before its first event"),
     "sim gen --jobs 2000": ("sim gen --jobs 200", "2,000 jobs under five policies take ~40 s on two cores"),
+    "--jobs 1000 --out small.csv": ("--jobs 200 --out small.csv", "1,000 jobs at four loads under five policies "
+                                                                 "take minutes on two cores"),
+    "--generate 1000": ("--generate 200", "the same"),
+    "--load 0.5,0.8,1.0,1.2 --policy all": ("--load 0.5,1.2 --policy corral,fifo --no-figures", "the same"),
 }
 # Commands that follow the log until Ctrl-C: the options that make them print once and exit.
 ONCE = {"tail": ["--no-follow"], "top": ["--once", "--no-screen"]}

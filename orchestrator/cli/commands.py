@@ -6,7 +6,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from orchestrator.cli import admin, completion, forensics, jobs, listing, logs, services, tail, top, usage
+    from orchestrator.cli import admin, completion, forensics, jobs, listing, logs, services, sim, tail, top, usage
 
     services.register(sub)
     jobs.register(sub)
@@ -18,7 +18,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tail.register(sub)
     forensics.register(sub)
     top.register(sub)
-
-    from orchestrator.sim import cli as sim
-
     sim.register(sub)

@@ -4,7 +4,8 @@
 the real `evolve`/`decide` (orchestrator.core) in virtual time and plays the
 node agents; `run_policies` compares several policy sets on one scenario.
 Randomness lives only in `gen` (seeded); everything else is deterministic.
-See cli.py for the command line (`corral sim`, `corral sim gen`).
+The command line (`corral sim`, `corral sim gen`) is orchestrator/cli/sim.py; this library never
+imports the CLI.
 """
 
 from orchestrator.sim.baselines import POLICY_NAMES, policies_for

@@ -1,22 +1,14 @@
-"""`python -m orchestrator.sim ...`: the `corral sim` command without the rest of the CLI."""
+"""`python -m orchestrator.sim ARGS`: an alias of `corral sim ARGS`, whose command is orchestrator/cli/sim.py.
+
+An entry point, not part of the library: no module of orchestrator.sim imports it, so the library
+never depends on the CLI (tests/sim/test_layers.py checks that this alias is the one exception).
+"""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import sys
 
-from orchestrator.sim.cli import register
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.sim")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    register(sub)
-    args = parser.parse_args(["sim", *(sys.argv[1:] if argv is None else argv)])
-    code: int = asyncio.run(args.handler(args))
-    return code
-
+from orchestrator.cli.sim import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from orchestrator.sim.cluster import ClusterSpec, Level, NodeGroup, QueueSpec, node_id
@@ -136,10 +137,16 @@ def _window_ratio(times: list[float], drafts: list[tuple[str, int, float, int, b
 
 def window_load(trace: Trace, gpus: int) -> float:
     """The load a trace puts on `gpus` GPUs while it arrives, if every job started on arrival."""
-    if not trace.jobs:
+    return arrival_load([(j.submit_time, j.duration, j.num_gpus) for j in trace.jobs], gpus)
+
+
+def arrival_load(jobs: Sequence[tuple[float, float, int]], gpus: int) -> float:
+    """`window_load` of jobs given as (submit time, duration, GPUs): the GPU-seconds they would run inside their
+    arrival window (first to last submit) if each started on arrival, over `gpus` x the window; 0 for no window."""
+    if not jobs:
         return 0.0
-    start, end = trace.jobs[0].submit_time, max(j.submit_time for j in trace.jobs)
-    inside = sum(j.num_gpus * min(j.duration, end - j.submit_time) for j in trace.jobs)
+    start, end = min(t for t, _, _ in jobs), max(t for t, _, _ in jobs)
+    inside = sum(g * min(d, end - t) for t, d, g in jobs)
     return inside / (gpus * (end - start)) if end > start else 0.0
 
 

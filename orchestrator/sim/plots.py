@@ -6,6 +6,7 @@ committed next to the benchmark results.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,27 @@ def share_vs_fair(metrics: Mapping[str, Mapping[str, Any]], path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def against_load(loads: Sequence[float], series: Mapping[str, Sequence[float | None]], ylabel: str,
+                 path: Path, *, log: bool = False) -> Path:
+    """One figure of a load sweep: `ylabel` against the offered load, one line per policy (a gap where a load
+    has no value); a policy with another's line says so in the legend. `log`: a logarithmic y axis, unless a
+    value is not above 0."""
+    fig, ax = plt.subplots(figsize=(7.6, 3.8))
+    points = {name: (list(loads), [math.nan if v is None else v for v in values]) for name, values in series.items()}
+    twins = same_as(points)
+    for i, (name, (x, y)) in enumerate(points.items()):
+        ax.plot(x, y, label=_label(name, twins), marker=MARKERS[i % len(MARKERS)], markersize=5, fillstyle="none",
+                **_style(i, 2.0))
+    ax.set_title(f"{ylabel} against offered load")
+    if log and all(v > 0 for _, y in points.values() for v in y if not math.isnan(v)):
+        ax.set_yscale("log")
+        ylabel = f"{ylabel}, log scale"
+    ax.set_xticks(list(loads))
+    ax.set_xlabel("offered load (fraction of the GPUs while jobs arrive)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -13,11 +13,15 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from orchestrator.cli.errors import USAGE
 from tests.cli.conftest import CORRAL, ROOT, assert_one_line_error
 
 #: Extras (or what they pull in) that `corral --help` must not import.
 HEAVY = {"matplotlib", "numpy", "docker"}
+#: Nor the simulator library: only `corral sim` needs it (orchestrator/cli/sim.py imports it when run).
+SIMULATOR = ("orchestrator.sim", "orchestrator.cli.simrun")
 
 
 def without(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -33,14 +37,31 @@ def test_version_is_the_installed_packages() -> None:
     assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
-def test_help_imports_neither_matplotlib_numpy_nor_docker() -> None:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli", "--help"],
+def _imported(*args: str) -> set[str]:
+    """The modules `corral ARGS` imports (python -X importtime)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli", *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
-    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
-                if line.startswith("import time:") and line.count("|") == 2}
-    assert {"orchestrator.cli", "orchestrator.cli.services", "orchestrator.sim.cli"} <= imported, "not parsed"
-    heavy = sorted(m for m in imported if m.partition(".")[0] in HEAVY)
-    assert not heavy, f"corral --help imports {heavy}"
+    return {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2}
+
+
+@pytest.mark.parametrize("args", [["--help"], ["jobs", "--help"]], ids=" ".join)
+def test_help_imports_neither_the_simulator_matplotlib_numpy_nor_docker(args: list[str]) -> None:
+    imported = _imported(*args)
+    assert {"orchestrator.cli", "orchestrator.cli.services", "orchestrator.cli.sim"} <= imported, "not parsed"
+    heavy = sorted(m for m in imported if m.partition(".")[0] in HEAVY
+                   or any(m == s or m.startswith(f"{s}.") for s in SIMULATOR))
+    assert not heavy, f"corral {' '.join(args)} imports {heavy}"
+
+
+def test_sim_help_names_the_policies(capsys: pytest.CaptureFixture[str]) -> None:
+    """The policy names are filled in when `corral sim --help` is shown, not when the parser is built."""
+    from orchestrator.cli.sim import main
+    from orchestrator.sim.baselines import POLICY_NAMES
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert f"comma-separated policies ({', '.join(POLICY_NAMES)})" in " ".join(capsys.readouterr().out.split())
 
 
 def test_sim_without_the_sim_extra_says_what_to_install(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.sim.__main__ import main as sim_main
+from orchestrator.cli.sim import main as sim_main
 from tests.cli.conftest import CORRAL, ROOT
 from tests.terminal import drain
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.sim.__main__ import main
+from orchestrator.cli.sim import main
 from orchestrator.sim.baselines import POLICY_NAMES, parse_policies
 from orchestrator.sim.cluster import parse_cluster, setup_events
 from orchestrator.sim.replay import fold_log

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from events.logfile import LogFile
+from orchestrator.cli.sim import main as sim_main
 from orchestrator.cli.timeline import Story, story_summary
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import FREE, ClusterState
-from orchestrator.sim.__main__ import main as sim_main
 from orchestrator.sim.replay import read_log
 from schemas import Event, JobSpec, JobSubmitted, JobWaiting, PreemptionRequested
 from schemas.codec import encode

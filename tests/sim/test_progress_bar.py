@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.sim.__main__ import main
-from orchestrator.sim.cli import scenario_of
+from orchestrator.cli.sim import main
+from orchestrator.cli.simrun import scenario_of
 from orchestrator.sim.runs import run_policies
 from tests.terminal import drain
 

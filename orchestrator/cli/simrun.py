@@ -1,9 +1,7 @@
-"""`corral sim` and `corral sim gen`: argparse wiring for the simulator.
+"""What `corral sim` and `corral sim gen` do: read the inputs, run the simulator, print and write the results.
 
-`register(subparsers)` adds the `sim` command to any argparse parser (the
-`corral` CLI and `python -m orchestrator.sim` both use it); handlers are
-`async def handler(args) -> int` stored with `set_defaults(handler=...)`.
-The simulation itself is synchronous CPU work: the handlers just call it.
+Imported only when one of them runs (orchestrator/cli/sim.py holds their parsers): this module pulls in
+the simulator library and, through it, the scheduler core. The simulation is synchronous CPU work.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from typing import Any
 
 from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, USAGE
 from orchestrator.cli.output import human_duration
-from orchestrator.sim.baselines import POLICY_NAMES, parse_policies
+from orchestrator.sim.baselines import parse_policies
 from orchestrator.sim.cluster import (
     ClusterSpec,
     ClusterSpecError,
@@ -30,89 +28,12 @@ from orchestrator.sim.cluster import (
     setup_events,
 )
 from orchestrator.sim.engine import Scenario, SimConfig, SimulationError
-from orchestrator.sim.gen import GenConfig, generate, standard_cluster, window_load
+from orchestrator.sim.gen import LOAD_TOLERANCE, GenConfig, generate, standard_cluster, window_load
 from orchestrator.sim.replay import LoggedScenario, from_log
-from orchestrator.sim.runs import headline, run_policies
+from orchestrator.sim.runs import headline, json_ready, run_policies
 from orchestrator.sim.specs import sim_jobs, unfit_jobs
+from orchestrator.sim.sweep import SweepReport, at_load, load_name, offered_load, parse_loads, run_label, run_sweep
 from orchestrator.sim.trace import Trace, TraceError, load_trace, write_outages, write_trace
-
-SIM_HELP = """\
-Replay a workload trace against the production scheduler core (evolve/decide) on a
-virtual clock, under one or more policies, and report scheduling quality: JCT,
-queueing delay, GPU allocation, fair share per queue, preemption cost.
-
-Trace CSV: a header naming job_id,submit_time,duration,num_gpus,queue (any order), optionally
-  priority (higher first, may preempt lower; default 0), preemptible (default true),
-  gpu_model, topology (a level: leaf = prefer one leaf, leaf:require = only inside one; none),
-  time_limit (the user's estimate backfill plans with). Times in seconds.
-Outages CSV header: node_id,time,duration (empty duration: the node never returns).
-Cluster YAML: nodes, gpus_per_node, gpu_model, topology levels with sizes, queues
-  (name, weight, guaranteed_gpus, limit_gpus, parent). Without `queues:` every queue name
-  of the trace is a queue of its own (weight 1, no guarantee, no limit), as on a real
-  cluster with no queue defined. Jobs a queue's limit_gpus (or the cluster) can never hold
-  are trace errors; jobs the scheduler rejects at run time (--from-log) are counted as rejected.
-
-Writes into --out: events-<policy>.jsonl (the log, one event per line, foldable by any
-corral reader: `corral explain --log FILE JOB`, `corral replay --log FILE --at +3d`),
-metrics.json, table.txt and PNG figures; the logs and figures an earlier run left there
-and this one does not rewrite are removed, other files are left alone.
-Examples, the columns and the table's rows: the README, section "Simulating a workload".
-"""
-
-GEN_HELP = """\
-Generate a synthetic trace: Poisson arrivals with a daily cycle, heavy-tailed durations
-(bigger gangs run longer), mostly 1-GPU jobs with most GPU-time in 8-128 GPU gangs, teams
-with different loads, spread so that the cluster carries the requested offered load while
-the jobs arrive. Too few jobs for the cluster cannot carry that load at all: they are
-spread by their total work instead, and a note says so. Deterministic for a seed.
-"""
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "sim", help="simulate a workload trace under scheduling policies (virtual clock)",
-        description=SIM_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--trace", metavar="FILE", help="jobs CSV (see above)")
-    p.add_argument("--outages", metavar="FILE", help="node outages CSV")
-    p.add_argument("--cluster", metavar="SPEC", help="cluster spec YAML (optional with --from-log)")
-    p.add_argument("--from-log", metavar="FILE", dest="from_log",
-                   help="re-run the JobSubmitted events of an event-log file (its cluster too, unless --cluster): "
-                        "a simulation's events-<policy>.jsonl, or a cluster's log exported with "
-                        "`corral tail --no-follow --json > FILE`")
-    p.add_argument("--policy", default="corral", metavar="LIST",
-                   help=f"comma-separated policies ({', '.join(POLICY_NAMES)}), or 'all' alone for every one; "
-                        "default %(default)s")
-    p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
-                   help="output directory, created if needed; a rerun replaces what it writes there and removes "
-                        "the logs and figures of an earlier run it does not rewrite (default %(default)s)")
-    p.add_argument("--checkpoint-interval", metavar="S", type=float, default=1800.0, dest="checkpoint_interval",
-                   help="seconds of work between checkpoints; 0: checkpoint on the preemption signal (default %(default)s)")
-    p.add_argument("--restart-overhead", metavar="S", type=float, default=120.0, dest="restart_overhead",
-                   help="seconds a restarted attempt spends before making progress (default %(default)s)")
-    p.add_argument("--no-logs", action="store_true", help="do not write the event logs (faster)")
-    p.add_argument("--no-figures", action="store_true", help="do not draw PNG figures")
-    p.add_argument("--strict", action="store_true", help="check the safety invariants at every instant (slow)")
-    p.add_argument("--json", action="store_true", help="print one JSON object with the key figures instead of the table")
-    p.set_defaults(handler=run_handler)
-    sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
-    g = sub.add_parser("gen", help="generate a synthetic trace", description=GEN_HELP,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    g.add_argument("--out", metavar="FILE", type=Path, required=True, help="trace CSV to write")
-    g.add_argument("--cluster", metavar="SPEC", help="cluster spec YAML to size the load for")
-    g.add_argument("--nodes", type=int, default=352, help="without --cluster: nodes (default %(default)s)")
-    g.add_argument("--gpus-per-node", type=int, default=8, dest="gpus_per_node", help="default %(default)s")
-    g.add_argument("--queues", type=int, default=11, help="without --cluster: teams (default %(default)s)")
-    g.add_argument("--cluster-out", metavar="FILE", type=Path, dest="cluster_out",
-                   help="write the cluster spec used (handy without --cluster)")
-    g.add_argument("--jobs", type=int, default=20_000, help="default %(default)s")
-    g.add_argument("--load", type=float, default=0.9, help="offered load, fraction of the GPUs (default %(default)s)")
-    g.add_argument("--seed", type=int, default=1, help="default %(default)s")
-    g.add_argument("--node-mtbf-days", type=float, default=0.0, dest="node_mtbf_days",
-                   help="mean days between outages per node; 0: none (default %(default)s)")
-    g.add_argument("--outages-out", metavar="FILE", type=Path, dest="outages_out",
-                   help="outages CSV to write (required with --node-mtbf-days: the trace holds only jobs)")
-    g.set_defaults(handler=gen_handler)
-    return p
 
 
 def _error(msg: str, code: int = USAGE) -> int:
@@ -136,14 +57,66 @@ def scenario_of(args: argparse.Namespace) -> Scenario:
     """The scenario the arguments describe; TraceError / ClusterSpecError / ValueError on bad input."""
     if args.trace and args.from_log:
         raise ValueError("give --trace FILE or --from-log FILE, not both")
-    cluster = load_cluster(args.cluster) if args.cluster else None
-    for w in cluster_warnings(cluster) if cluster is not None else []:
-        _warn(f"{args.cluster}: {w}")
+    cluster = _cluster(args)
     if args.from_log:
         return _logged(args.from_log, cluster)
     if not args.trace or cluster is None:
-        raise ValueError("give --trace FILE and --cluster SPEC (or --from-log FILE)")
+        raise ValueError("give --trace FILE and --cluster SPEC (or --from-log FILE, or --generate JOBS)")
     return _traced(load_trace(args.trace, args.outages), cluster, args.outages)
+
+
+def _cluster(args: argparse.Namespace) -> ClusterSpec | None:
+    """--cluster's spec (None without it), its warnings said on stderr."""
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    for w in cluster_warnings(cluster) if cluster is not None else []:
+        _warn(f"{args.cluster}: {w}")
+    return cluster
+
+
+def single_scenario(args: argparse.Namespace) -> Scenario:
+    """A single run's scenario: generated at `sim gen`'s default load (--generate), or what scenario_of reads."""
+    if args.generate is None:
+        return _given(args)
+    return _generated(_gen_cluster(args), args, GenConfig().load)
+
+
+def sweep_scenarios(args: argparse.Namespace, loads: Sequence[float]) -> dict[float, Scenario]:
+    """The scenario of each load (orchestrator/sim/sweep.py): generated at the load (--generate), or the
+    workload of --trace / --from-log with its arrivals scaled to it. Every load is made before any runs, so a
+    load out of the workload's reach is told at once."""
+    if args.generate is not None:
+        cluster = _gen_cluster(args)
+        made = {load: _generated(cluster, args, load) for load in loads}
+        for load, scenario in made.items():
+            if abs((offered := offered_load(scenario)) - load) > LOAD_TOLERANCE * load:
+                _warn(f"load {load_name(load)}: {args.generate} jobs offer {offered:.3f}: too few to keep "
+                      f"{cluster.total_gpus} GPUs that busy while they arrive (more --generate jobs, or a smaller "
+                      "--cluster)")
+        return made
+    base = _given(args)
+    return {load: at_load(base, load) for load in loads}
+
+
+def _given(args: argparse.Namespace) -> Scenario:
+    """The workload of --trace or --from-log (scenario_of); --seed is for --generate only."""
+    if args.seed is not None:
+        raise ValueError("--seed goes with --generate JOBS (a trace file or a log has its arrivals already)")
+    return scenario_of(args)
+
+
+def _gen_cluster(args: argparse.Namespace) -> ClusterSpec:
+    """The cluster --generate makes its trace for: --cluster's, or `sim gen`'s standard one."""
+    given = [flag for flag, v in (("--trace", args.trace), ("--from-log", args.from_log), ("--outages", args.outages))
+             if v]
+    if given:
+        raise ValueError(f"--generate makes the workload: give it without {' and '.join(given)}")
+    if args.generate < 1:
+        raise ValueError(f"--generate needs at least 1 job, got {args.generate}")
+    return _cluster(args) or standard_cluster()
+
+
+def _generated(cluster: ClusterSpec, args: argparse.Namespace, load: float) -> Scenario:
+    return _traced(generate(cluster, GenConfig(jobs=args.generate, load=load, seed=1 if args.seed is None else args.seed)), cluster, None)
 
 
 def _traced(trace: Trace, cluster: ClusterSpec, outages: str | None) -> Scenario:
@@ -193,7 +166,7 @@ def _missing_extra(args: argparse.Namespace) -> str | None:
     return "the figures need matplotlib, which is not installed: pip install 'corral[sim]' (or pass --no-figures)"
 
 
-async def run_handler(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if hint := _missing_extra(args):
         return _error(hint)
     missing = _missing(("--trace", args.trace), ("--outages", args.outages), ("--cluster", args.cluster),
@@ -202,16 +175,19 @@ async def run_handler(args: argparse.Namespace) -> int:
         return _error(missing, NOT_FOUND)
     try:
         policies = parse_policies(args.policy)
+        loads = parse_loads(args.load) if args.load is not None else None
         if args.checkpoint_interval < 0 or args.restart_overhead < 0:
             raise ValueError("--checkpoint-interval and --restart-overhead must be >= 0")
-        scenario = scenario_of(args)
+        scenarios = sweep_scenarios(args, loads) if loads is not None else {}
+        scenario = single_scenario(args) if loads is None else next(iter(scenarios.values()))
         _out_dir(args.out)
     except (TraceError, ClusterSpecError, ValueError) as e:
         return _error(str(e))
     config = SimConfig(checkpoint_interval_s=args.checkpoint_interval, restart_overhead_s=args.restart_overhead,
                        strict=args.strict)
     quiet = args.json
-    bar = None if quiet or not sys.stderr.isatty() else ProgressBar(policies, len(scenario.jobs))
+    runs = [run_label(load, p) for load in scenarios for p in policies] if loads is not None else policies
+    bar = None if quiet or not sys.stderr.isatty() else ProgressBar(runs, len(scenario.jobs))
 
     def progress(line: str) -> None:
         if bar is not None:
@@ -219,20 +195,41 @@ async def run_handler(args: argparse.Namespace) -> int:
         elif not quiet:
             print(line, file=sys.stderr, flush=True)
 
+    options: dict[str, Any] = {"write_logs": not args.no_logs, "figures": not args.no_figures, "progress": progress,
+                               "advance": bar.advance if bar is not None else None}
     try:
         with bar if bar is not None else contextlib.nullcontext():
-            report = run_policies(scenario, policies, config, args.out, write_logs=not args.no_logs,
-                                  figures=not args.no_figures, progress=progress,
-                                  advance=bar.advance if bar is not None else None)
+            if loads is None:
+                report = run_policies(scenario, policies, config, args.out, **options)
+            else:
+                swept = run_sweep(scenarios, policies, config, args.out, **options)
     except SimulationError as e:
         print(f"corral sim: simulation failed: {e}", file=sys.stderr)
         return FAILURE
-    if args.json:
+    if loads is not None:
+        _print_sweep(swept, args)
+    elif args.json:
         print(json.dumps(headline(report), allow_nan=False))
     else:
         print(report.table)
         print(f"\nwrote {', '.join(str(f) for f in report.files)}")
     return OK
+
+
+def _print_sweep(swept: SweepReport, args: argparse.Namespace) -> None:
+    """Each load's table, then the sweep's (or the one JSON object of --json)."""
+    if args.json:
+        print(json.dumps(json_ready(swept.figures), allow_nan=False))
+        return
+    for r in swept.runs:
+        print(f"load {load_name(r.load)} (offered {r.offered:.3f})")
+        print(r.report.table)
+        print()
+    print("sweep")
+    print(swept.table)
+    top = [f for f in swept.files if f.parent == args.out]
+    print(f"\nwrote {', '.join(str(f) for f in top)}, and each load's run in "
+          f"{', '.join(str(args.out / f'load-{load_name(r.load)}') for r in swept.runs)}")
 
 
 class ProgressBar:
@@ -289,7 +286,7 @@ def _gen_problems(args: argparse.Namespace) -> list[str]:
     return out
 
 
-async def gen_handler(args: argparse.Namespace) -> int:
+def gen(args: argparse.Namespace) -> int:
     if args.cluster and (missing := _missing(("--cluster", args.cluster))):
         return _error(missing, NOT_FOUND)
     try:
