@@ -58,7 +58,7 @@ class Policies:
     #: `reservation_aging_s` (bounded aging), the first in that order -- after the heads before
     #: it in that order that fit now, which start first (as in EASY backfill). Every other
     #: reservation goes to the first gang the fair-share loop finds blocked by capacity, and a
-    #: held reservation is charged to its queue's share (admit.py), so reservations follow fair
+    #: held reservation is charged to its queue's share (core/reservations.py), so reservations follow fair
     #: share on a full cluster. None: fair-share order only.
     reservation_order: Callable[[Job], JobKey] | None = longest_waiting
     #: Bounded aging of reservations: a blocked gang pending longer than this may take a free
