@@ -14,7 +14,6 @@ from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import BACKFILL_HEAD, PLACED, PREEMPTING, QUOTA, Outcome
 from orchestrator.core.heads import blocked_verdict
 from orchestrator.core.state import Job
-from orchestrator.policies.backfill import may_use_held
 from orchestrator.policies.placement import GangRequest
 
 #: Verdicts that later changes of the plan in the same cycle leave as they are: a placement, a
@@ -48,8 +47,9 @@ def complete(adm: AdmitContext) -> bool:
     (`final_verdicts`, whose result `admit` checks). More ways to differ:
     gangs placed now may be victims next time (not while min_runtime_s
     keeps them), a placement on held GPUs ends after a reservation's start
-    (not under the default `may_use_held`: the told reservation stands, and
-    its changed count of free GPUs is no reason to tell it again), a preemption or a preemptor's start moves
+    (not under the declared default rule, `Policies.may_use_held` None: the
+    told reservation stands, and its changed count of free GPUs is no reason
+    to tell it again), a preemption or a preemptor's start moves
     `freed_seq` (its reservations are planned again), and a free reservation
     goes to a head blocked by capacity (none left over, or reservations
     chosen in the loop, where this cycle gave them). And the heads looked at
@@ -62,7 +62,7 @@ def complete(adm: AdmitContext) -> bool:
     c, plan = adm.c, adm.plan
     if adm.out_of_searches or (adm.placed and c.state.config.min_runtime_s <= 0):
         return False
-    if adm.through_hold and c.policies.may_use_held is not may_use_held:
+    if adm.through_hold and c.policies.may_use_held is not None:
         return False  # another rule may let a gang outlast a reservation's start: it is planned again
     if plan.victims or any(c.state.jobs[p.job_id].earmark for p in adm.placed):
         return False  # folded, these move freed_seq: told reservations are planned again

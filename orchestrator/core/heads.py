@@ -26,7 +26,6 @@ from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.state import Job
 from orchestrator.policies import Ending
-from orchestrator.policies.backfill import may_use_held
 from orchestrator.policies.placement import GangRequest, Placement
 from schemas.events import GangReserved
 
@@ -112,9 +111,13 @@ def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, b
 
 
 def _may_use_held(adm: AdmitContext, job: Job) -> bool:
-    """A job may run on held GPUs only if it ends before every reservation of this cycle starts."""
+    """A job may run on held GPUs only if it ends before every reservation of this cycle starts.
+
+    Under the declared default rule (`Policies.may_use_held` None: `backfill.may_use_held`
+    for each reservation) that is one comparison with the earliest start.
+    """
     ends, holds, rule = _ends_if_started(adm, job), adm.plan.holds, adm.c.policies.may_use_held
-    if rule is may_use_held:  # the default rule: ends before the earliest reservation starts
+    if rule is None:
         if adm.held_until[0] != len(holds):
             untils = [h.until for h in holds]
             adm.held_until = (len(holds), min(untils) if all(map(math.isfinite, untils)) else -math.inf)

@@ -9,7 +9,7 @@ from orchestrator.core.cycle import Cycle
 from orchestrator.core.plan import Plan
 from orchestrator.core.state import Job, LineKey
 from orchestrator.core.usage import resolve_queue
-from orchestrator.policies.fairshare import JobKey, job_order_key
+from orchestrator.policies.fairshare import JobKey
 
 #: A queue's place in the order: (0, waiting since) for a starving head, else (1, `Policies.queue_key`).
 Rank = tuple[object, ...]
@@ -45,12 +45,13 @@ class Line:
 def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
     """Each queue's line of pending jobs (jobs already decided on this cycle are skipped).
 
-    With the default order the fold's sorted lines are read as they are (several
-    spec queue names may resolve to one queue: their lines merge); a custom
-    `job_key` sorts the backlog once per cycle.
+    With the fold's line order (`Policies.job_key` None) the fold's sorted lines
+    are read as they are (several spec queue names may resolve to one queue:
+    their lines merge); a `job_key` function sorts the backlog once per cycle.
     """
     state, busy = c.state, plan.busy
-    if c.policies.job_key is job_order_key:
+    key = c.policies.job_key
+    if key is None:
         by_queue: dict[str, list[list[LineKey]]] = {}
         for name, keys in state.lines.items():
             by_queue.setdefault(resolve_queue(state, name), []).append(keys)
@@ -59,7 +60,6 @@ def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
             q: Line(((k, jobs[k[2]]) for k in (ks[0] if len(ks) == 1 else merge(*ks))), busy)
             for q, ks in by_queue.items()
         }
-    key = c.policies.job_key
     custom: dict[str, list[tuple[JobKey, Job]]] = {}
     for jid in state.pending:
         job = state.jobs[jid]

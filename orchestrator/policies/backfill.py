@@ -171,5 +171,9 @@ def longest_waiting(job: Job) -> tuple[float, str]:
 
 
 def may_use_held(ends_at: float, hold: Hold) -> bool:
-    """A job may run on held GPUs only if it is sure to end (time limit) before the reservation starts."""
+    """A job may run on held GPUs only if it is sure to end (time limit) before the reservation starts.
+
+    The rule `Policies.may_use_held` None declares (admission then compares with the earliest
+    start at once); as a `may_use_held` function it decides the same, asked per reservation.
+    """
     return math.isfinite(hold.until) and ends_at <= hold.until
