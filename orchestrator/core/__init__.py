@@ -10,7 +10,7 @@ Import the modules themselves (this package imports nothing, so that
     orchestrator.core.queries  node_work, why_pending, gpu_owners, queue_loads, ...
 
 A decide cycle's stages, in order: react.py, snapshot.py (plan.py), reject.py,
-admit.py (queue lines, allocate / preempt / quota / backfill), explain.py.
+lines.py, admit.py (heads.py, preemption.py, reservations.py, completeness.py), explain.py.
 What a cycle derives from the state is kept between calls where rebuilding it
 would cost O(nodes) or O(gangs): topology.topology_of, freegpus.py (free GPUs
 and capacity indexes) and plan.running_gangs -- memos of the state's values,

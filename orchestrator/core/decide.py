@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from orchestrator.core.admit import admit, queue_lines
+from orchestrator.core.admit import admit
 from orchestrator.core.backlog import Backlog
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import explain
+from orchestrator.core.lines import queue_lines
 from orchestrator.core.plan import Plan
 from orchestrator.core.react import react
 from orchestrator.core.reject import reject_unfit
@@ -27,7 +28,7 @@ from schemas.events import Event, JobRunning
 
 class Decision(NamedTuple):
     events: list[Event]
-    #: Admission ran and is complete (admit.Admitted): folding `events` and the workers' WorkerStarted
+    #: Admission ran and is complete (admit.Admitted, completeness.py): folding `events` and the workers' WorkerStarted
     #: answers, a call at the same `now` may pass `after_complete` and skip it.
     complete: bool
 
@@ -55,7 +56,7 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     #    requeued, preempted, stopped, cancelled).
     followups = react(c, backlog.stopping)
     if after_complete and not backlog.fresh and all(isinstance(e, JobRunning) for e in followups):
-        return Decision(followups, True)  # stages 2-6 would decide nothing more (admit._complete)
+        return Decision(followups, True)  # stages 2-6 would decide nothing more (completeness.complete)
     # 2. Snapshot: the tentative plan -- free GPUs per node and domain, queue usage --
     #    with the GPUs the follow-ups release already free.
     plan: Plan = snapshot(c, followups)
@@ -63,8 +64,8 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     rejections = reject_unfit(c, plan, backlog.fresh)
     # 4. Heads: each queue's line of pending jobs (priority, submit time, id: kept sorted by the fold).
     lines = queue_lines(c, plan)
-    # 5. Admit in fair-share order: allocate, else preempt / reclaim, else wait
-    #    for quota, else hold a backfill reservation for the first blocked gang.
+    # 5. Admit in fair-share order: allocate, else preempt / reclaim, else hold a
+    #    backfill reservation for the first blocked gang, else wait (quota, backfill, capacity).
     admitted = admit(c, plan, lines)
     # 6. Explain: a JobWaiting for each job left pending whose reason changed.
     waiting = explain(c, plan, backlog.fresh, admitted.outcomes)

@@ -12,7 +12,7 @@ The estimate (the policy `Policies.estimate`, `learned_estimate` by default) is
 the median of the most specific key's samples -- the job's own key, else its
 queue's -- with its source (which key, how many runs). Backfill reads it when
 no time limit says when a running gang ends: a reservation behind such gangs
-names an estimated start (admit.py) instead of "when running jobs end".
+names an estimated start (reservations.py) instead of "when running jobs end".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ every tail pay for numbers nobody reads. Messages avoid relative times so
 they do not change every tick. A job's first "queued" reason tells its
 expected run time learned from the log (core/estimates.py) and where it comes
 from; a reservation behind gangs without time limits names an estimated start
-(admit._estimated_start).
+(reservations._estimated_start).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Outcome(NamedTuple):
     message: str
     #: BACKFILL_HEAD: the reservation, told with the reason so the log keeps it.
     hold: Hold | None = None
-    #: The told reservation was planned afresh because GPUs came back since (admit._came_back).
+    #: The told reservation was planned afresh because GPUs came back since (reservations._came_back).
     replanned: bool = False
 
 
@@ -113,7 +113,7 @@ def due(job: Job, o: Outcome, now: float, settle_at: float, unexplained: bool) -
     if unexplained and w.at < settle_at <= now:
         return True
     if o.hold is not None and w.code == o.code:
-        # A told reservation is kept from the log while no GPU comes back (admit._told_hold):
+        # A told reservation is kept from the log while no GPU comes back (reservations._told_hold):
         # tell a new one; the same one again every REFRESH_S (its message's numbers move), and
         # once it was planned afresh because GPUs came back -- told again, the next cycles keep
         # it instead of planning it again (measured: half of all plans in a busy cluster).

@@ -287,7 +287,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
     holders: list[str] = msgspec.field(default_factory=list)
     #: Log position of the newest event that gave GPUs back or moved a gang's end earlier (a gang
     #: ended, an earmark cleared, a stop asked for, a node joined, recovered or was uncordoned).
-    #: A backfill reservation told after it is still the earliest one (admit.py).
+    #: A backfill reservation told after it is still the earliest one (reservations.py).
     freed_seq: int = 0
     #: When the newest node first registered (capacity verdicts wait until it settled).
     newest_node_at: float = 0.0

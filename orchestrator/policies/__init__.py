@@ -16,8 +16,8 @@ from orchestrator.core.estimates import Estimate, learned_estimate
 from orchestrator.core.facts import ClusterFacts
 from orchestrator.core.plan import Hold, QueueLoad
 from orchestrator.core.state import ClusterState, Job
-from orchestrator.policies.backfill import Ending, earliest_start, longest_waiting, may_use_held
-from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key, job_order_key
+from orchestrator.policies.backfill import Ending, earliest_start, longest_waiting
+from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
 from orchestrator.policies.reject import unfit_reasons
 from orchestrator.policies.victims import PRIORITY_AND_RECLAIM, Candidate, PreemptionAsk, PreemptionRule, find_victims
@@ -46,8 +46,11 @@ class Policies:
     #: Capacity-only feasibility (same answer as `place` is not None, cheaper).
     fits: FitsFn = fits
     request: Callable[[Job], GangRequest] = request_of
-    #: Order inside a queue; the default one is kept sorted by the fold (no per-cycle sort).
-    job_key: Callable[[Job], JobKey] = job_order_key
+    #: Order inside a queue. None declares the fold's line order (`fairshare.job_order_key`:
+    #: higher priority, longest waiting, job id), which `ClusterState.lines` keeps sorted, so a
+    #: cycle reads those lines as they are; a key function, even one ordering alike, sorts the
+    #: pending jobs once per cycle (core/lines.py).
+    job_key: Callable[[Job], JobKey] | None = None
     queue_key: Callable[[QueueLoad], QueueKey] = fair_share_key
     victims: VictimsFn = find_victims
     #: Who may preempt whom and in which order victims go (priority and guarantee reclaim by default).
@@ -58,7 +61,7 @@ class Policies:
     #: `reservation_aging_s` (bounded aging), the first in that order -- after the heads before
     #: it in that order that fit now, which start first (as in EASY backfill). Every other
     #: reservation goes to the first gang the fair-share loop finds blocked by capacity, and a
-    #: held reservation is charged to its queue's share (admit.py), so reservations follow fair
+    #: held reservation is charged to its queue's share (core/reservations.py), so reservations follow fair
     #: share on a full cluster. None: fair-share order only.
     reservation_order: Callable[[Job], JobKey] | None = longest_waiting
     #: Bounded aging of reservations: a blocked gang pending longer than this may take a free
@@ -73,7 +76,13 @@ class Policies:
     #: Aging: a queue head pending longer than this goes before the fair-share order, oldest
     #: first (off by default: under overload every head starves and the order becomes FIFO).
     starving_after_s: float = math.inf
-    may_use_held: Callable[[float, Hold], bool] = may_use_held
+    #: Whether a job ending at the given time may run on a reservation's held GPUs. None declares
+    #: the default rule (`backfill.may_use_held`: only if it ends, by its time limit, before the
+    #: reservation starts), which admission reads as one comparison with the earliest start of the
+    #: cycle's reservations; under it no placement on held GPUs outlasts a told reservation, so
+    #: such a placement leaves `Admitted.complete` as it is (core/completeness.py). A rule function,
+    #: even one deciding alike, is asked per reservation and makes such a cycle incomplete.
+    may_use_held: Callable[[float, Hold], bool] | None = None
     #: A job's run time learned from the log (state, job, its queue): backfill names an estimated
     #: start from it where running gangs have no time limit (core/estimates.py). None: no estimate.
     estimate: Callable[[ClusterState, Job, str], Estimate | None] = learned_estimate

@@ -1,7 +1,7 @@
 """Backfill: a blocked gang holds the GPUs it will start on.
 
-A holder (a queue head blocked by capacity, not by quota, chosen as admit.py
-says and kept until it starts; `Policies.reservations` of them) gets a reservation
+A holder (a queue head blocked by capacity, not by quota, chosen as
+core/reservations.py says and kept until it starts; `Policies.reservations` of them) gets a reservation
 at the earliest time enough GPUs free up: running gangs are released in order
 of their expected end (start + time limit; gangs without a limit never end in
 this estimate, so they come last, oldest first) until the head fits
@@ -12,7 +12,7 @@ before the reservation (before every reservation, when there are several).
 Every other GPU stays open to everyone. So a 64-GPU gang accumulates the GPUs
 it waits for instead of losing each freed one to a stream of small jobs. A
 second holder is planned the same way, except that GPUs the first will start
-on never come free for it (admit.py filters them out of the running gangs).
+on never come free for it (core/reservations.py filters them out of the running gangs).
 """
 
 from __future__ import annotations
@@ -171,5 +171,9 @@ def longest_waiting(job: Job) -> tuple[float, str]:
 
 
 def may_use_held(ends_at: float, hold: Hold) -> bool:
-    """A job may run on held GPUs only if it is sure to end (time limit) before the reservation starts."""
+    """A job may run on held GPUs only if it is sure to end (time limit) before the reservation starts.
+
+    The rule `Policies.may_use_held` None declares (admission then compares with the earliest
+    start at once); as a `may_use_held` function it decides the same, asked per reservation.
+    """
     return math.isfinite(hold.until) and ends_at <= hold.until

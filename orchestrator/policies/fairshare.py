@@ -1,8 +1,9 @@
 """Order: queues by weighted fair share, then priority, then submit time, then job id.
 
 Inside a queue the default order (higher priority, earlier submit, job id) is
-kept sorted by the fold itself (`ClusterState.lines`), so a cycle never sorts
-the backlog; a custom `job_key` works too, at the price of a sort per cycle.
+kept sorted by the fold itself (`ClusterState.lines`; `Policies.job_key` None
+declares it), so a cycle never sorts the backlog; a `job_key` function works
+too, at the price of a sort per cycle.
 
 A queue's share is its usage divided by its weight; usage is the GPUs it holds
 (or, with a half-life configured, its decayed average GPUs) plus what it got
@@ -29,7 +30,11 @@ QueueKey = tuple[Any, ...]
 
 
 def job_order_key(job: Job) -> JobKey:
-    """Inside a queue: higher priority first, then the longest waiting (submit or preemption), then job id."""
+    """Inside a queue: higher priority first, then the longest waiting (submit or preemption), then job id.
+
+    The order `Policies.job_key` None declares (the fold keeps its lines in it); as a
+    `job_key` function it gives the same order through a sort per cycle.
+    """
     return job.line_key
 
 

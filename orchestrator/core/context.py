@@ -1,0 +1,187 @@
+"""What one cycle's admission shares between the heads it judges (built lazily, dropped with the cycle).
+
+Owner and lifetime: `admit` builds one `AdmitContext` per decide call and
+every head's judgment reads and extends it; nothing in it outlives the call.
+It holds the events decided so far, lazily derived views of the state
+(running gangs, preemption candidates, preemptors' victims), memos of
+placement answers that stay true while free GPUs only shrink, and the facts
+the skip certificate (`completeness.py`) is judged on.
+"""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.cycle import Cycle
+from orchestrator.core.explain import Outcome, capacity_outcome
+from orchestrator.core.plan import Plan, RunningGangs, running_gangs
+from orchestrator.core.state import Job, LineKey, attained_service
+from orchestrator.policies import Candidate, Ending
+from orchestrator.policies.links import Links
+from orchestrator.policies.placement import GangRequest, Placement
+from schemas.events import Event
+
+#: A gang shape: what placement answers depend on besides the free GPUs.
+Shape = tuple[object, ...]
+
+
+def shape_of(req: GangRequest) -> Shape:
+    return (req.cls, req.ranks, req.gpus_per_rank, req.level, req.required)
+
+
+class AdmitContext:
+    """What the admission of one cycle shares between heads (built lazily)."""
+
+    def __init__(self, c: Cycle, plan: Plan) -> None:
+        self.c = c
+        self.plan = plan
+        self.events: list[Event] = []
+        #: Each judged job's verdict (`admit`'s answer; `completeness.final_verdicts` may restate some).
+        self.outcomes: dict[str, Outcome] = {}
+        self.searches = c.policies.preemption_searches
+        self._eligible_jobs: list[Job] | None = None
+        self._running: RunningGangs | None = None
+        self._candidates: list[Candidate] | None = None
+        self._victims_of: dict[str, list[str]] | None = None
+        #: Gangs placed earlier in this cycle: they end too (backfill estimates).
+        self.placed: list[Ending] = []
+        self.memo: dict[tuple[object, ...], object] = {}
+        #: Victim searches that found nothing: shape/queue -> highest priority that failed.
+        self.hopeless: dict[tuple[object, ...], float] = {}
+        #: Victim searches that spent the budget without a `hopeless` entry (the next alike head searches too).
+        self.unremembered_searches = 0
+        #: (holds counted, the earliest start among them): the default may_use_held rule's bound.
+        self.held_until: tuple[int, float] = (0, math.inf)
+        #: A reservation of this cycle was planned afresh: a later holder cannot keep its told one past returns.
+        self.replanned = False
+        # What `Admitted.complete` is judged on: each blocked head (and its queue) with the plan's
+        # (version, charges) it was judged at, a placement on held GPUs, a victim search the budget refused.
+        self.blocked: list[tuple[int, int, Job, str]] = []
+        self.through_hold = False
+        self.out_of_searches = False
+        #: A head looked at first is not holding (or one holding was not looked at first).
+        self.holders_differ = False
+        #: Limited queue -> the queue head its limit blocked first (in line order): its quota is
+        #: kept for that gang (set once per cycle, before any head is judged: see quota_holds).
+        self.quota_holds: dict[str, tuple[LineKey, str]] = {}
+        #: A reservation was given in the fair-share loop (not to a head looked at first).
+        self.loop_holds = False
+        #: Per queue, the blocked heads the fair-share loop judged.
+        self.blocked_heads: dict[str, int] = {}
+        #: A head waits for GPUs (not placed, preempting or over quota).
+        self.capacity_blocked = False
+
+    # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
+    # their preemptor), so a gang shape that found no room in the plan's shared index finds
+    # none later in the cycle either: remember it instead of searching 64 leaves again.
+
+    def place(self, req: GangRequest, index: FreeIndex, *, shared: bool) -> Placement | None:
+        key = ("no room", shape_of(req))
+        if shared and key in self.memo:
+            return None
+        p = self.c.policies.place(req, index, self.links_of)
+        if p is None and shared:
+            self.memo[key] = None
+        return p
+
+    def place_through_hold(self, req: GangRequest) -> Placement | None:
+        """Place on free and held GPUs (held ones only shrink too, so a shape that found no room finds none later)."""
+        key = ("no room through hold", shape_of(req))
+        if key in self.memo:
+            return None
+        p = self.c.policies.place(req, self.plan.index(req.cls, through_hold=True), self.links_of)
+        if p is None:
+            self.memo[key] = None
+        else:
+            self.through_hold = True
+        return p
+
+    def fits_now(self, req: GangRequest) -> bool:
+        key = ("fits", shape_of(req), self.plan.version)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self.c.policies.fits(req, self.plan.index(req.cls))
+        return bool(found)
+
+    def fits_through_hold(self, req: GangRequest) -> bool:
+        key = ("through hold", shape_of(req), self.plan.version)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self.c.policies.fits(req, self.plan.index(req.cls, through_hold=True))
+        return bool(found)
+
+    def capacity_outcome(self, req: GangRequest, index: FreeIndex, model: str | None, *, shared: bool) -> Outcome:
+        """Why it does not fit; the numbers are computed once per shape until the plan changes."""
+        if not shared:
+            return capacity_outcome(req, index, model)
+        key = ("why", shape_of(req), model, self.plan.version)
+        found = self.memo.get(key)
+        if not isinstance(found, Outcome):
+            found = self.memo[key] = capacity_outcome(req, index, model)
+        return found
+
+    def links_of(self, node: str) -> Links:
+        return self.c.state.nodes[node].inventory.links
+
+    def running(self) -> RunningGangs:
+        if self._running is None:
+            self._running = running_gangs(self.c.state)
+        return self._running
+
+    def _eligible(self) -> list[Job]:
+        """Running preemptible gangs not yet decided on this cycle (rebuilt after each preemption)."""
+        if self._eligible_jobs is None:
+            state, busy = self.c.state, self.plan.busy
+            jobs = state.jobs
+            self._eligible_jobs = [
+                j
+                for jid in sorted(self.running().preemptible)
+                if jid not in busy and (j := jobs[jid]).status in ("reserved", "running") and j.stop is None
+            ]
+            self._candidates = None
+        return self._eligible_jobs
+
+    def candidates(self) -> list[Candidate]:
+        if self._candidates is None:
+            now = self.c.now
+            self._candidates = [
+                Candidate(
+                    job_id=j.job_id,
+                    attempt=j.attempt,
+                    queue=j.queue,
+                    priority=j.spec.priority,
+                    preemptible=j.spec.preemptible,
+                    started_at=j.reserved_at,
+                    gpus=j.gpus,
+                    placement=j.placement,
+                    attained=attained_service(j, now),
+                    interruptions=max(0, j.attempt - 1 - j.restarts),
+                    at_risk=j.gpus * max(0.0, now - j.reserved_at),
+                )
+                for j in self._eligible()
+            ]
+        return self._candidates
+
+    def could_preempt(self, queue: str, priority: int, owed: bool) -> bool:
+        """Cheap necessary condition for a victim search: someone it may preempt at all.
+
+        (It counts gangs already decided on this cycle too: a search then finds out.)
+        """
+        lowest = self.running().lowest
+        if lowest.get(queue, priority) < priority:
+            return True
+        return owed and any(q != queue for q in lowest)
+
+    def preempted(self) -> None:
+        self._eligible_jobs = None
+        self._candidates = None
+
+    def victims_of(self, preemptor: str) -> list[str]:
+        if self._victims_of is None:
+            self._victims_of = {}
+            for jid in self.c.state.watch:  # every preempting gang is watched
+                j = self.c.state.jobs[jid]
+                if j.status == "preempting" and j.preemptor:
+                    self._victims_of.setdefault(j.preemptor, []).append(jid)
+        return self._victims_of.get(preemptor, [])

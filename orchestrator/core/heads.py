@@ -1,0 +1,153 @@
+"""The decision chain for one queue head: what it gets, in this order (the code's order).
+
+  a. a preemptor still waiting on its victims keeps waiting;
+  b. allocate: place the whole gang on free GPUs (a preemptor also on the
+     GPUs earmarked for it; a job that ends before the backfill reservations
+     start also on the GPUs held for them);
+  c. preempt / reclaim: a minimal victim set, whose GPUs are earmarked
+     (preemption.py);
+  d. backfill: a gang blocked by capacity, while fewer than
+     `Policies.reservations` gangs hold GPUs, holds the GPUs it will start on
+     (planned around the earlier holders' GPUs: reservations.py);
+  e. otherwise it is told why it waits (`blocked_verdict`): its queue is at
+     its limit or its freed quota is kept for an older gang ("quota"), the
+     free GPUs it would fit are held by backfill, or capacity.
+A head over quota skips b and d (and keeps c: reclaiming may free its limit).
+"""
+
+from __future__ import annotations
+
+import math
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.context import AdmitContext, shape_of
+from orchestrator.core.explain import BACKFILL, PLACED, PREEMPTING, QUOTA, Outcome
+from orchestrator.core.preemption import preempt, waiting_for
+from orchestrator.core.reservations import give_reservation, quota_kept
+from orchestrator.core.state import Job
+from orchestrator.policies import Ending
+from orchestrator.policies.placement import GangRequest, Placement
+from schemas.events import GangReserved
+
+
+def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
+    """`judge`, remembering a blocked head's outcome for the next head alike until the plan changes.
+
+    At a busy moment a cycle looks at hundreds of blocked heads, most of them
+    alike (1-GPU jobs of one queue): for a head without an earmark the answer
+    depends only on its shape, GPU model, queue, priority and whether it may
+    use held GPUs -- and on the plan, which `version` and `charges` track. An
+    outcome that changed nothing (no GPUs taken, nothing charged, no events,
+    no victim search left unremembered) is the answer for the next such head.
+    """
+    plan, pol = adm.plan, adm.c.policies
+    req = pol.request(job)
+    if job.earmark or not pol.preemption.priority_or_reclaim_only:
+        return judge(adm, job, queue, req)
+    key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
+           _may_use_held(adm, job), plan.version, plan.charges)
+    found = adm.memo.get(key)
+    if isinstance(found, Outcome):
+        return found
+    before = (plan.version, plan.charges, len(adm.events), adm.unremembered_searches)
+    outcome = judge(adm, job, queue, req)
+    if (plan.version, plan.charges, len(adm.events), adm.unremembered_searches) == before:
+        adm.memo[key] = outcome
+    return outcome
+
+
+def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
+    plan, pol = adm.plan, adm.c.policies
+    # a. A preemptor waits for its victims; afterwards it may use its earmarked GPUs.
+    if job.earmark:
+        waiting_on = adm.victims_of(job.job_id)
+        if waiting_on:
+            return Outcome(PREEMPTING, waiting_for(waiting_on))
+        # The plan counted its claim for its queue; judge it afresh (placing charges it again).
+        plan.charge(queue, -job.spec.total_gpus)
+        base = plan.earmark_view(job, req.cls)
+    else:
+        base = plan.index(req.cls)
+    over = plan.limit_blocker(queue, req.gpus)
+    kept = over is None and quota_kept(adm, job, queue) is not None
+    # b. Allocate.
+    if over is None and not kept:
+        p = adm.place(req, base, shared=not job.earmark)
+        if p is None and plan.holds and _may_use_held(adm, job):
+            p = adm.place_through_hold(req)
+        if p is not None:
+            _reserve(adm, job, queue, p)
+            return Outcome(PLACED, p.reason)
+    # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
+    outcome = preempt(adm, job, queue, req, base)
+    if outcome is not None:
+        return outcome
+    # d. Backfill: the first gang blocked by capacity holds what it will start on.
+    if over is None and not kept and len(plan.holds) < pol.reservations:
+        outcome = give_reservation(adm, job, queue, req, base)
+        if outcome is not None:
+            return outcome
+    # e. It waits: quota, backfill or capacity.
+    return blocked_verdict(adm, job, queue, req, base, over)
+
+
+def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex,
+                    over: tuple[str, int, int] | None) -> Outcome:
+    """Why a head that was not placed, is not preempting and holds no reservation waits."""
+    plan = adm.plan
+    # Quota: over a limit, or the limit's freed quota is kept for an older gang.
+    if over is not None:
+        name, limit, used = over
+        return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {req.gpus} more")
+    kept = quota_kept(adm, job, queue)
+    if kept is not None:
+        name, holder = kept
+        return Outcome(QUOTA, f"queue {name}'s quota is kept for job {holder}, first blocked by its limit")
+    if plan.holds and adm.fits_through_hold(req):
+        ids = [h.job_id for h in plan.holds]
+        more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
+        return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {ids[0]}{more}")
+    return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
+
+
+def _may_use_held(adm: AdmitContext, job: Job) -> bool:
+    """A job may run on held GPUs only if it ends before every reservation of this cycle starts.
+
+    Under the declared default rule (`Policies.may_use_held` None: `backfill.may_use_held`
+    for each reservation) that is one comparison with the earliest start.
+    """
+    ends, holds, rule = _ends_if_started(adm, job), adm.plan.holds, adm.c.policies.may_use_held
+    if rule is None:
+        if adm.held_until[0] != len(holds):
+            untils = [h.until for h in holds]
+            adm.held_until = (len(holds), min(untils) if all(map(math.isfinite, untils)) else -math.inf)
+        return ends <= adm.held_until[1]
+    return all(rule(ends, h) for h in holds)
+
+
+def _ends_if_started(adm: AdmitContext, job: Job) -> float:
+    limit = job.spec.time_limit_s
+    if limit is None:
+        return math.inf
+    return adm.c.now + limit + job.spec.grace_period_s + adm.c.policies.stop_margin_s
+
+
+def _reserve(adm: AdmitContext, job: Job, queue: str, p: Placement) -> None:
+    c, plan = adm.c, adm.plan
+    port = plan.master_port(job.job_id, job.attempt, p.ranks[0].node_id)
+    adm.events.append(
+        GangReserved(
+            event_id=c.event_id("reserve", job),
+            occurred_at=c.now,
+            job_id=job.job_id,
+            attempt=job.attempt,
+            epoch=c.epoch,
+            ranks=p.ranks,
+            master_port=port,
+            reason=p.reason,
+        )
+    )
+    plan.take(p.ranks)
+    plan.charge(queue, job.spec.total_gpus)
+    plan.busy.add(job.job_id)
+    adm.placed.append(Ending(job_id=job.job_id, ends_at=_ends_if_started(adm, job), started_at=c.now, placement=p.ranks))

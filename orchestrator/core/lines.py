@@ -1,0 +1,88 @@
+"""Stage 4: each queue's line of pending jobs, and a queue's rank in this cycle's fair-share order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from heapq import merge
+
+from orchestrator.core.cycle import Cycle
+from orchestrator.core.plan import Plan
+from orchestrator.core.state import Job, LineKey
+from orchestrator.core.usage import resolve_queue
+from orchestrator.policies.fairshare import JobKey
+
+#: A queue's place in the order: (0, waiting since) for a starving head, else (1, `Policies.queue_key`).
+Rank = tuple[object, ...]
+#: Ranks already computed this cycle, by (queue, plan charges, GPUs its head asks).
+Ranks = dict[tuple[str, int, int], Rank]
+
+
+class Line:
+    """One queue's pending jobs in order, read lazily: a cycle looks at a few heads, not the whole backlog."""
+
+    __slots__ = ("_busy", "_items", "head")
+
+    def __init__(self, items: Iterator[tuple[JobKey, Job]], busy: set[str]) -> None:
+        self._items = items
+        self._busy = busy
+        self.head: tuple[JobKey, Job] | None = None
+        self._advance()
+
+    def _advance(self) -> None:
+        for key, job in self._items:
+            if job.job_id not in self._busy:
+                self.head = (key, job)
+                return
+        self.head = None
+
+    def pop(self) -> Job:
+        assert self.head is not None
+        job = self.head[1]
+        self._advance()
+        return job
+
+
+def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
+    """Each queue's line of pending jobs (jobs already decided on this cycle are skipped).
+
+    With the fold's line order (`Policies.job_key` None) the fold's sorted lines
+    are read as they are (several spec queue names may resolve to one queue:
+    their lines merge); a `job_key` function sorts the backlog once per cycle.
+    """
+    state, busy = c.state, plan.busy
+    key = c.policies.job_key
+    if key is None:
+        by_queue: dict[str, list[list[LineKey]]] = {}
+        for name, keys in state.lines.items():
+            by_queue.setdefault(resolve_queue(state, name), []).append(keys)
+        jobs = state.jobs
+        return {
+            q: Line(((k, jobs[k[2]]) for k in (ks[0] if len(ks) == 1 else merge(*ks))), busy)
+            for q, ks in by_queue.items()
+        }
+    custom: dict[str, list[tuple[JobKey, Job]]] = {}
+    for jid in state.pending:
+        job = state.jobs[jid]
+        custom.setdefault(resolve_queue(state, job.spec.queue), []).append((key(job), job))
+    return {q: Line(iter(sorted(items, key=lambda kj: kj[0])), busy) for q, items in custom.items()}
+
+
+def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Rank:
+    """A queue's place in this cycle's order: its head's age once it starves, else the fair-share key.
+
+    Aging, as in Slurm's multifactor priority: a head pending longer than
+    `Policies.starving_after_s` goes before every queue in fair-share order,
+    oldest first, so a heavy queue's gang does not wait on light queues'
+    streams of small jobs forever.
+    """
+    assert line.head is not None
+    head = line.head[1]
+    if c.now - head.waiting_since > c.policies.starving_after_s:
+        return (0, head.waiting_since)
+    # A queue's load changes only with a charge: its key is kept until then (per head size).
+    asks = head.spec.total_gpus
+    key = (queue, plan.charges, asks)
+    found = ranks.get(key)
+    if found is None:
+        found = ranks[key] = (1, c.policies.queue_key(plan.load(queue)._replace(asks=asks)))
+    return found

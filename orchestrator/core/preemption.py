@@ -1,0 +1,117 @@
+"""Step c of a head's chain: ask the victims policy for a minimal set, and request their preemption.
+
+The victims are chosen by `Policies.victims` (policies/victims.py); this
+module decides whether a search is worth its budget, builds the ask, and
+turns a found set into PreemptionRequested events whose GPUs are earmarked
+for the preemptor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from orchestrator.core.capacity import FreeIndex
+from orchestrator.core.context import AdmitContext
+from orchestrator.core.explain import PREEMPTING, Outcome
+from orchestrator.core.state import Job
+from orchestrator.policies import Candidate, PreemptionAsk
+from orchestrator.policies.placement import GangRequest
+from schemas.events import PreemptionRequested
+
+
+def waiting_for(victims: list[str]) -> str:
+    ids = sorted(victims)
+    more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
+    return f"waiting for preemption of job {ids[0]}{more}"
+
+
+def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
+    c, plan, pol = adm.c, adm.plan, adm.c.policies
+    if pol.preemption_searches <= 0:
+        return None
+    priority = job.spec.priority
+    q = c.state.queues.get(queue)
+    guaranteed = q.guaranteed_gpus if q is not None else 0
+    owed = plan.gpus.get(queue, 0) + req.gpus <= guaranteed
+    rule = pol.preemption
+    if rule.priority_or_reclaim_only and not adm.could_preempt(queue, priority, owed):
+        return None  # nobody it could preempt: do not spend a search
+    # Candidates and free GPUs only shrink during a cycle: a shape that found no victims
+    # at some priority finds none at that priority or lower later on (for rules that read
+    # only priority and guarantees).
+    hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, queue, owed)
+    memo = rule.priority_or_reclaim_only and not job.earmark
+    if memo and priority <= adm.hopeless.get(hopeless, -math.inf):
+        return None
+    if adm.searches <= 0:
+        adm.out_of_searches = True  # the next cycle may search: admission is not complete
+        return None
+    adm.searches -= 1
+    ask = PreemptionAsk(
+        req=req,
+        queue=queue,
+        priority=priority,
+        owed=owed,
+        now=c.now,
+        min_runtime_s=c.state.config.min_runtime_s,
+        attained=job.attained_s,
+    )
+    cands = adm.candidates()
+    loads = {q: plan.load(q) for q in dict.fromkeys(x.queue for x in cands)}
+
+    def quota_ok(victims: Sequence[Candidate]) -> bool:
+        freed: dict[str, int] = {}
+        for v in victims:
+            freed[v.queue] = freed.get(v.queue, 0) + v.gpus
+        return plan.limit_blocker(queue, req.gpus, freed) is None
+
+    victims = pol.victims(ask, cands, base, loads, pol.fits, quota_ok, rule)
+    if not victims:
+        if memo:  # (an earmark view is not the shared index)
+            adm.hopeless[hopeless] = max(ask.priority, adm.hopeless.get(hopeless, -math.inf))
+        else:
+            adm.unremembered_searches += 1
+        return None
+    after = base.copy()
+    for v in victims:
+        for rp in v.placement:
+            after.give(rp.node_id, rp.gpus)
+    p = pol.place(req, after, adm.links_of)
+    if p is None:
+        adm.unremembered_searches += 1
+        return None
+    # What the whole set costs, on each victim's reason: "why me" is answered next to "why anyone".
+    stopped = sum(v.gpus for v in victims)
+    room = f"stops {len(victims)} gang{'s' if len(victims) > 1 else ''} ({stopped} GPUs) to make room for {req.gpus} GPUs"
+    for v in victims:
+        victim = c.state.jobs[v.job_id]
+        kind = rule.reason(ask, v, loads)
+        if kind == "priority":
+            why = f"priority {job.spec.priority} > {v.priority} in queue {queue}; {room}"
+        elif kind == "reclaim":
+            why = f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}; {room}"
+        else:
+            why = f"{kind}: job {job.job_id} goes before it; {room}"
+        adm.events.append(
+            PreemptionRequested(
+                event_id=c.event_id("preempt", victim),
+                occurred_at=c.now,
+                job_id=v.job_id,
+                attempt=v.attempt,
+                preemptor_job_id=job.job_id,
+                reason=why,
+                grace_s=victim.spec.grace_period_s,
+                epoch=c.epoch,
+                earmark=p.ranks,
+            )
+        )
+        plan.busy.add(v.job_id)
+        plan.victims.add(v.job_id)
+        # Its GPUs leave its queue's guarantee and share now; its limit only once it is gone.
+        plan.charge(v.queue, -v.gpus, tree=False)
+    adm.preempted()
+    # The planned GPUs that are free now are earmarked: nobody else takes them this cycle either.
+    plan.take(p.ranks)
+    plan.charge(queue, req.gpus)
+    return Outcome(PREEMPTING, waiting_for([v.job_id for v in victims]))
