@@ -13,7 +13,9 @@ A decide cycle's stages, in order: react.py, snapshot.py (plan.py), reject.py,
 admit.py (queue lines, allocate / preempt / quota / backfill), explain.py.
 What a cycle derives from the state is kept between calls where rebuilding it
 would cost O(nodes) or O(gangs): topology.topology_of, freegpus.py (free GPUs
-and capacity indexes) and plan.running_gangs -- memos of the state's values,
+and capacity indexes) and running.running_gangs -- memos of the state's values,
 answered in O(1) for the same state object while the fold's revision counters
-(ClusterState.alloc_rev, nodes_rev) stand still; one decide at a time.
+(ClusterState.alloc_rev, nodes_rev) stand still. They live in a memo.Memo that
+the caller owns and passes to decide (the scheduler service and the simulator
+keep one; none: a fresh one per call); one decide at a time per Memo.
 """

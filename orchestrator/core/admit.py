@@ -54,7 +54,8 @@ from orchestrator.core.explain import (
     Outcome,
     capacity_outcome,
 )
-from orchestrator.core.plan import Hold, Plan, RunningGangs, ends_at, running_gangs
+from orchestrator.core.plan import Hold, Plan
+from orchestrator.core.running import RunningGangs, ends_at, running_gangs
 from orchestrator.core.state import FREE, HOLDING, RESERVING, Job, LineKey, Waiting, attained_service
 from orchestrator.core.usage import ancestors, resolve_queue
 from orchestrator.policies import Candidate, Ending, PreemptionAsk
@@ -212,7 +213,7 @@ class _Admission:
 
     def running(self) -> RunningGangs:
         if self._running is None:
-            self._running = running_gangs(self.c.state)
+            self._running = running_gangs(self.c.state, self.c.memo)
         return self._running
 
     def _eligible(self) -> list[Job]:

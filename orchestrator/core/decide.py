@@ -15,6 +15,7 @@ from orchestrator.core.admit import admit, queue_lines
 from orchestrator.core.backlog import Backlog
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import explain
+from orchestrator.core.memo import Memo
 from orchestrator.core.plan import Plan
 from orchestrator.core.react import react
 from orchestrator.core.reject import reject_unfit
@@ -32,12 +33,14 @@ class Decision(NamedTuple):
     complete: bool
 
 
-def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES) -> list[Event]:
-    return decide_cycle(state, now, epoch=epoch, policies=policies).events
+def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES,
+           memo: Memo | None = None) -> list[Event]:
+    """`memo`: what the caller keeps between calls over the same evolving state (memo.py); None: a fresh one."""
+    return decide_cycle(state, now, epoch=epoch, policies=policies, memo=memo).events
 
 
 def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES,
-                 after_complete: bool = False) -> Decision:
+                 after_complete: bool = False, memo: Memo | None = None) -> Decision:
     """`decide`, telling whether its admission was complete.
 
     `after_complete` is the caller's word that `state` is the state of a call at this same
@@ -48,8 +51,10 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     """
     if epoch < state.epoch:
         return Decision([], False)  # a deposed leader decides nothing; its events would be void anyway
-    topo = topology_of(state)
-    c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo)
+    if memo is None:
+        memo = Memo()
+    topo = topology_of(state, memo)
+    c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo, memo=memo)
     backlog = Backlog.of(state)
     # 1. React: follow-ups the log already implies (running, completed, restarted,
     #    requeued, preempted, stopped, cancelled).

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from orchestrator.core.plan import QueueLoad, preemptions_in_flight
+from orchestrator.core.plan import QueueLoad
+from orchestrator.core.running import preemptions_in_flight
 from orchestrator.core.state import FREE, ClusterState, Job, Waiting
 from orchestrator.core.usage import average_gpus, resolve_queue
 

@@ -15,7 +15,7 @@ _ENDS_GANG = (JobCompleted, JobFailed, JobCancelled, JobRequeued, Preempted)
 
 
 def snapshot(c: Cycle, followups: list[Event]) -> Plan:
-    plan = Plan(c.state, c.now, c.topo)
+    plan = Plan(c.state, c.now, c.topo, c.memo)
     for e in followups:
         kind, jid = entity_of(e)
         if kind != "job":
