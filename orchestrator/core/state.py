@@ -312,7 +312,10 @@ class ClusterState(msgspec.Struct, kw_only=True):
     unknown_events: int = 0
 
     def __post_init__(self) -> None:
-        """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded."""
+        """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded.
+
+        (Newer snapshots store them, in the log's order: why, see orchestrator/snapshot.py.)
+        """
         if len(self.pending) != sum(len(line) for line in self.lines.values()) or len(self.ends) != len(self.active):
             self._rebuild_indexes()
 
