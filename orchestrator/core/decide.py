@@ -19,8 +19,8 @@ from orchestrator.core.memo import Memo
 from orchestrator.core.plan import Plan
 from orchestrator.core.react import react
 from orchestrator.core.reject import reject_unfit
-from orchestrator.core.snapshot import snapshot
 from orchestrator.core.state import ClusterState
+from orchestrator.core.tentative import tentative_plan
 from orchestrator.core.topology import topology_of
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event, JobRunning
@@ -61,9 +61,9 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     followups = react(c, backlog.stopping)
     if after_complete and not backlog.fresh and all(isinstance(e, JobRunning) for e in followups):
         return Decision(followups, True)  # stages 2-6 would decide nothing more (admit._complete)
-    # 2. Snapshot: the tentative plan -- free GPUs per node and domain, queue usage --
-    #    with the GPUs the follow-ups release already free.
-    plan: Plan = snapshot(c, followups)
+    # 2. Tentative plan: free GPUs per node and domain, queue usage -- with the GPUs
+    #    the follow-ups release already free.
+    plan: Plan = tentative_plan(c, followups)
     # 3. Reject: pending specs that can never fit this cluster.
     rejections = reject_unfit(c, plan, backlog.fresh)
     # 4. Heads: each queue's line of pending jobs (priority, submit time, id: kept sorted by the fold).

@@ -21,7 +21,7 @@ JobRejected or JobRunning (without releasing an earmark), or the end of a
 gang nobody waits on (JobCompleted, JobFailed, JobCancelled of a gang not
 being preempted): folding those changes nothing decide reads besides the
 waiting reasons it just wrote -- an ended gang's GPUs were already free in
-that round's plan (core/snapshot.py) -- so another round would return
+that round's plan (core/tentative.py) -- so another round would return
 nothing. Strict mode checks that claim -- and the safety invariants -- after
 every instant.
 """
@@ -40,7 +40,6 @@ from orchestrator.core.decide import decide, decide_cycle
 from orchestrator.core.evolve import evolve
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.memo import Memo
-from orchestrator.core.queries import preemption_threat
 from orchestrator.core.state import HOLDING, RESERVING, ClusterState, Job
 from orchestrator.policies import Policies
 from orchestrator.policies.victims import protected_for
@@ -49,6 +48,7 @@ from orchestrator.sim.baselines import policies_for
 from orchestrator.sim.cluster import EPOCH
 from orchestrator.sim.invariants import violations
 from orchestrator.sim.specs import SimJob
+from orchestrator.sim.threat import preemption_threat
 from orchestrator.sim.timeline import Timeline
 from orchestrator.sim.trace import Outage
 from orchestrator.sim.work import Work

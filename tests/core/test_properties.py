@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
 from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.queries import node_work, rank_intent
+from orchestrator.core.node_work import node_work, rank_intent
 from orchestrator.core.state import FREE, HOLDING, ClusterState, needs_look, restore, snapshot
 from orchestrator.core.usage import ancestors
 from schemas.events import (
