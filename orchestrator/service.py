@@ -44,6 +44,7 @@ from events.swallowed_cancel import stop_if_cancelled
 from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
+from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState, Config
 from orchestrator.health import HeartbeatMonitor
 from orchestrator.leader import LEASE_BUCKET, Lease
@@ -92,6 +93,9 @@ class Scheduler:
         self._stall_s = max(0.5, self.config.heartbeat_timeout_s / 4)
         self.appended = 0
         self.decide_seconds: list[float] = []
+        #: What decide keeps between cycles, for this scheduler's life (a new state object, say
+        #: from a snapshot, only misses it once: see core/memo.py).
+        self.memo = Memo()
 
     @property
     def state(self) -> ClusterState:
@@ -238,7 +242,7 @@ class Scheduler:
             if not self._may_judge() or self.state.seq < self._awaiting:
                 continue
             t0 = time.perf_counter()
-            events = decide(self.state, time.time(), epoch=self.epoch)
+            events = decide(self.state, time.time(), epoch=self.epoch, memo=self.memo)
             elapsed = time.perf_counter() - t0
             self.decide_seconds.append(elapsed)
             metrics.DECIDE_SECONDS.observe(elapsed)

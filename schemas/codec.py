@@ -7,7 +7,8 @@ The wire format is JSON so `nats sub corral.>` stays readable for operators.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -28,7 +29,7 @@ def _job_submitted_v0(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "type": "JobSubmitted", "spec": spec}
 
 
-UPCASTERS: dict[str, Upcaster] = {"JobSubmitted.v0": _job_submitted_v0}
+UPCASTERS: Mapping[str, Upcaster] = MappingProxyType({"JobSubmitted.v0": _job_submitted_v0})
 
 
 class _Peek(msgspec.Struct):
@@ -40,7 +41,7 @@ MAX_TAG_CHARS = 64
 
 
 class Codec:
-    def __init__(self, upcasters: dict[str, Upcaster] | None = None) -> None:
+    def __init__(self, upcasters: Mapping[str, Upcaster] | None = None) -> None:
         self._enc = msgspec.json.Encoder()
         self._dec = msgspec.json.Decoder(AnyEvent)
         self._peek = msgspec.json.Decoder(_Peek)

@@ -11,6 +11,8 @@ was decided under; the fold voids one older than the newest SchedulerElected
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 import msgspec
@@ -291,7 +293,7 @@ AnyEvent = (
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
-EVENT_TAGS: dict[str, type[Event]] = {t.__struct_config__.tag: t for t in EVENT_TYPES}  # type: ignore[misc]
+EVENT_TAGS: Mapping[str, type[Event]] = MappingProxyType({t.__struct_config__.tag: t for t in EVENT_TYPES})  # type: ignore[misc]
 
 Entity = Literal["job", "node", "queue", "sched"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import msgspec
 
 # Link classes between two GPUs of one node, best first. Values are comparable
@@ -14,7 +16,7 @@ LINK_PXB = 4  # through several PCIe bridges
 LINK_PIX = 5  # through at most one PCIe bridge
 LINK_NVLINK_BASE = 100  # NV<n> scores LINK_NVLINK_BASE + n
 
-_PCIE = {"SYS": LINK_SYS, "NODE": LINK_NODE, "PHB": LINK_PHB, "PXB": LINK_PXB, "PIX": LINK_PIX}
+_PCIE = MappingProxyType({"SYS": LINK_SYS, "NODE": LINK_NODE, "PHB": LINK_PHB, "PXB": LINK_PXB, "PIX": LINK_PIX})
 
 
 def link_score(token: str) -> int:

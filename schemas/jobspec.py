@@ -6,6 +6,7 @@ spec in one round trip instead of one error at a time.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Literal
 
 import msgspec
@@ -87,7 +88,7 @@ class InvalidJobSpec(SpecError):
         super().__init__("; ".join(str(p) for p in problems))
 
 
-_FIELDS = {f.name: f for f in msgspec.structs.fields(JobSpec)}
+_FIELDS = MappingProxyType({f.name: f for f in msgspec.structs.fields(JobSpec)})
 
 
 def _text_problems(v: Any, path: str, out: list[Problem], depth: int = 0) -> None:

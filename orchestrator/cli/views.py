@@ -17,7 +17,7 @@ from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
 from orchestrator.core.estimates import estimated_end
-from orchestrator.core.queries import queue_loads
+from orchestrator.core.plan import QueueLoad
 from orchestrator.core.state import (
     FINAL_RANKS_KEPT,
     FREE,
@@ -29,7 +29,7 @@ from orchestrator.core.state import (
     Node,
     RankState,
 )
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.usage import average_gpus, resolve_queue
 from orchestrator.policies import DEFAULT_POLICIES
 
 #: Every job status, in lifecycle order (what `corral jobs --state` accepts).
@@ -358,6 +358,27 @@ def nodes_rows(state: ClusterState) -> list[list[Any]]:
 
 
 # --- queues --------------------------------------------------------------------------
+
+
+def queue_loads(state: ClusterState, now: float) -> list[QueueLoad]:
+    """Every queue (defined or charged) with its GPUs, guarantee, limit and fair-share usage."""
+    names = [*state.queues, *(q for q in state.usage if q not in state.queues)]
+    half_life = state.config.fairshare_half_life_s
+    out = []
+    for name in names:
+        q = state.queues.get(name)
+        u = state.usage.get(name)
+        out.append(
+            QueueLoad(
+                name=name,
+                weight=q.weight if q else 1.0,
+                guaranteed=q.guaranteed_gpus if q else 0,
+                limit=q.limit_gpus if q else None,
+                gpus=u.gpus if u else 0,
+                usage=average_gpus(u, now, half_life) if u else 0.0,
+            )
+        )
+    return out
 
 
 def queue_summaries(state: ClusterState, now: float) -> list[dict[str, Any]]:

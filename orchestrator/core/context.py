@@ -15,7 +15,8 @@ import math
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import Outcome, capacity_outcome
-from orchestrator.core.plan import Plan, RunningGangs, running_gangs
+from orchestrator.core.plan import Plan
+from orchestrator.core.running import RunningGangs, running_gangs
 from orchestrator.core.state import Job, LineKey, attained_service
 from orchestrator.policies import Candidate, Ending
 from orchestrator.policies.links import Links
@@ -126,7 +127,7 @@ class AdmitContext:
 
     def running(self) -> RunningGangs:
         if self._running is None:
-            self._running = running_gangs(self.c.state)
+            self._running = running_gangs(self.c.state, self.c.memo)
         return self._running
 
     def _eligible(self) -> list[Job]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState, Job
 from orchestrator.core.topology import Topology
 from orchestrator.policies import Policies
@@ -21,6 +22,8 @@ class Cycle(NamedTuple):
     policies: Policies
     #: The domain tree of the state's nodes (built once per node change, see build_topology).
     topo: Topology
+    #: What decide keeps between calls (its owner's, or fresh for this call: see memo.py).
+    memo: Memo
 
     def event_id(self, kind: str, job: Job, attempt: int | None = None) -> str:
         return f"{kind}:{job.job_id}:{job.attempt if attempt is None else attempt}:{self.state.seq}"

@@ -16,11 +16,12 @@ from orchestrator.core.backlog import Backlog
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import explain
 from orchestrator.core.lines import queue_lines
+from orchestrator.core.memo import Memo
 from orchestrator.core.plan import Plan
 from orchestrator.core.react import react
 from orchestrator.core.reject import reject_unfit
-from orchestrator.core.snapshot import snapshot
 from orchestrator.core.state import ClusterState
+from orchestrator.core.tentative import tentative_plan
 from orchestrator.core.topology import topology_of
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event, JobRunning
@@ -33,12 +34,14 @@ class Decision(NamedTuple):
     complete: bool
 
 
-def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES) -> list[Event]:
-    return decide_cycle(state, now, epoch=epoch, policies=policies).events
+def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES,
+           memo: Memo | None = None) -> list[Event]:
+    """`memo`: what the caller keeps between calls over the same evolving state (memo.py); None: a fresh one."""
+    return decide_cycle(state, now, epoch=epoch, policies=policies, memo=memo).events
 
 
 def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES,
-                 after_complete: bool = False) -> Decision:
+                 after_complete: bool = False, memo: Memo | None = None) -> Decision:
     """`decide`, telling whether its admission was complete.
 
     `after_complete` is the caller's word that `state` is the state of a call at this same
@@ -49,17 +52,19 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     """
     if epoch < state.epoch:
         return Decision([], False)  # a deposed leader decides nothing; its events would be void anyway
-    topo = topology_of(state)
-    c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo)
+    if memo is None:
+        memo = Memo()
+    topo = topology_of(state, memo)
+    c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo, memo=memo)
     backlog = Backlog.of(state)
     # 1. React: follow-ups the log already implies (running, completed, restarted,
     #    requeued, preempted, stopped, cancelled).
     followups = react(c, backlog.stopping)
     if after_complete and not backlog.fresh and all(isinstance(e, JobRunning) for e in followups):
         return Decision(followups, True)  # stages 2-6 would decide nothing more (completeness.complete)
-    # 2. Snapshot: the tentative plan -- free GPUs per node and domain, queue usage --
-    #    with the GPUs the follow-ups release already free.
-    plan: Plan = snapshot(c, followups)
+    # 2. Tentative plan: free GPUs per node and domain, queue usage -- with the GPUs
+    #    the follow-ups release already free.
+    plan: Plan = tentative_plan(c, followups)
     # 3. Reject: pending specs that can never fit this cluster.
     rejections = reject_unfit(c, plan, backlog.fresh)
     # 4. Heads: each queue's line of pending jobs (priority, submit time, id: kept sorted by the fold).

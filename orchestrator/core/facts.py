@@ -10,6 +10,7 @@ from collections.abc import Hashable
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
+from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState
 from orchestrator.core.topology import Topology
 from orchestrator.core.usage import first_over_limit, resolve_queue
@@ -20,21 +21,18 @@ from orchestrator.core.usage import first_over_limit, resolve_queue
 SETTLE_S = 30.0
 
 
-#: Recent empty-cluster indexes by (topology, class). A Topology is reused only while no node
-#: record changed (`build_topology`), and these indexes read only the nodes' inventories, so the
-#: same Topology object means the same answer; rules only read them. The entry keeps the
-#: Topology alive, so an identity match is never a recycled object.
-_EMPTY: list[tuple[Topology, GpuClass, FreeIndex]] = []
-
-
 class ClusterFacts:
-    __slots__ = ("_empty", "memo", "now", "state", "topo")
+    __slots__ = ("_empty", "_recent", "memo", "now", "state", "topo")
 
-    def __init__(self, state: ClusterState, topo: Topology, now: float) -> None:
+    def __init__(self, state: ClusterState, topo: Topology, now: float, memo: Memo) -> None:
         self.state = state
         self.topo = topo
         self.now = now
         self._empty: dict[GpuClass, FreeIndex] = {}
+        #: Empty-cluster indexes of recent calls (`Memo.empty_indexes`): a Topology is reused only
+        #: while no node record changed (`build_topology`), and these indexes read only the nodes'
+        #: inventories, so the same Topology object means the same answer; rules only read them.
+        self._recent = memo.empty_indexes
         #: Answers of admission rules by the spec shape they read (a backlog has few shapes).
         self.memo: dict[Hashable, tuple[str, ...]] = {}
 
@@ -59,7 +57,7 @@ class ClusterFacts:
         """Every GPU of class `cls` free, on every registered node."""
         idx = self._empty.get(cls)
         if idx is None:
-            for topo, cached_cls, cached in _EMPTY:
+            for topo, cached_cls, cached in self._recent:
                 if topo is self.topo and cached_cls == cls:
                     idx = self._empty[cls] = cached
                     return idx
@@ -75,8 +73,8 @@ class ClusterFacts:
                         eligible[nid] = e
                         free[nid] = tuple(sorted(e))
             idx = self._empty[cls] = FreeIndex(self.topo, cls, free, eligible)
-            _EMPTY.insert(0, (self.topo, cls, idx))
-            del _EMPTY[8:]
+            self._recent.insert(0, (self.topo, cls, idx))
+            del self._recent[8:]
         return idx
 
     def queue_of(self, name: str) -> str | None:

@@ -2,7 +2,7 @@
 
 Building them from scratch is O(nodes) per decide call -- on 352 nodes that
 was most of a cycle -- yet between two calls only the nodes of a few gangs
-change. So the newest answer is kept, and the next call redoes only the nodes
+change. So the newest answer is kept (`Memo.free`), and the next call redoes only the nodes
 whose owner or earmark tuple is a different object: the fold replaces a node's
 tuple whenever it changes it, never mutates one, so an identical object means
 an identical value (the kept copy holds a reference, so it is never a
@@ -17,19 +17,18 @@ a pure function of (state, now).
 
 from __future__ import annotations
 
-from functools import lru_cache
 from itertools import compress
 from operator import is_not
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
+from orchestrator.core.memo import Memo
 from orchestrator.core.state import FREE, ClusterState
 from orchestrator.core.topology import Topology
 
 
-@lru_cache(maxsize=1 << 16)
 def unclaimed(owners: tuple[str, ...], marks: tuple[str, ...] | None) -> tuple[int, ...]:
-    """GPU indices neither owned nor earmarked (memoised: most nodes look the same cycle after cycle)."""
+    """GPU indices neither owned nor earmarked (only changed nodes are asked again: FreeGpus.updated)."""
     if marks is None:
         return tuple(i for i, o in enumerate(owners) if o == FREE)
     return tuple(i for i, o in enumerate(owners) if o == FREE and marks[i] == FREE)
@@ -119,24 +118,14 @@ class FreeGpus:
         return new
 
 
-#: The newest answer (at most one): replaced, never modified.
-_NEWEST: list[FreeGpus] = []
-
-
-#: (state, its alloc_rev) the newest answer was last found for: the same object with the same
-#: revision has the same owners and earmarks (the fold bumps it), so the answer stands in O(1).
-_FOUND_FOR: list[tuple[ClusterState, int]] = []
-
-
-def free_gpus(state: ClusterState, topo: Topology) -> FreeGpus:
+def free_gpus(state: ClusterState, topo: Topology, memo: Memo) -> FreeGpus:
     """Free GPUs of `state`, whose topology (from its node records) is `topo`."""
-    last = _NEWEST[0] if _NEWEST else None
-    if last is not None and last.topo is topo and _FOUND_FOR:
-        seen, rev = _FOUND_FOR[0]
+    last = memo.free
+    if last is not None and last.topo is topo and memo.free_for is not None:
+        seen, rev = memo.free_for
         if seen is state and rev == state.alloc_rev:
             return last
     found = last.updated(state) if last is not None and last.topo is topo else FreeGpus(state, topo)
-    if found is not last:
-        _NEWEST[:] = [found]
-    _FOUND_FOR[:] = [(state, state.alloc_rev)]
+    memo.free = found
+    memo.free_for = (state, state.alloc_rev)
     return found

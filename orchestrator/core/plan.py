@@ -9,15 +9,16 @@ dropping the copy is the rollback -- no undo log.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 from zlib import crc32
 
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import GpuClass
 from orchestrator.core.freegpus import FreeGpus, free_gpus
-from orchestrator.core.state import FREE, ClusterState, EndKey, Job
-from orchestrator.core.topology import Topology, build_topology
+from orchestrator.core.memo import Memo
+from orchestrator.core.running import preemptions_in_flight, running_gangs
+from orchestrator.core.state import FREE, ClusterState, Job
+from orchestrator.core.topology import Topology
 from orchestrator.core.usage import ancestors, average_gpus, first_over_limit, resolve_queue
 from schemas.events import RankPlacement
 
@@ -58,6 +59,7 @@ class Plan:
         "_base",
         "_cpu_gangs",
         "_indexes",
+        "_memo",
         "_ports",
         "_subtrees",
         "_touched",
@@ -76,12 +78,14 @@ class Plan:
         "victims",
     )
 
-    def __init__(self, state: ClusterState, now: float, topo: Topology | None = None) -> None:
+    def __init__(self, state: ClusterState, now: float, topo: Topology, memo: Memo) -> None:
         self.state = state
         self.now = now
-        self.topo: Topology = topo if topo is not None else build_topology(state.nodes.values(), state.config.topology_levels)
-        #: What the folded state leaves free (kept between decide calls, see freegpus.py).
-        self._base: FreeGpus = free_gpus(state, self.topo)
+        self.topo = topo
+        #: The cycle's memo (running gangs, for ports); outlives the plan.
+        self._memo = memo
+        #: What the folded state leaves free (kept between decide calls in `memo`, see freegpus.py).
+        self._base: FreeGpus = free_gpus(state, topo, memo)
         #: Schedulable node -> GPUs neither owned nor earmarked, nor taken in this plan.
         self.free: dict[str, tuple[int, ...]] = dict(self._base.free)
         #: Nodes whose free GPUs this plan changed (an index built later starts from the base).
@@ -300,133 +304,10 @@ class Plan:
         """Ports of gangs whose rank 0 is on `node`: GPU gangs found through the node's owners."""
         state = self.state
         if self._cpu_gangs is None:
-            self._cpu_gangs = sorted(running_gangs(state).cpu_only)
+            self._cpu_gangs = sorted(running_gangs(state, self._memo).cpu_only)
         ports: set[int] = set()
         for jid in {*state.owners.get(node, ()), *self._cpu_gangs}:
             j = state.jobs.get(jid)
             if j is not None and j.placement and j.placement[0].node_id == node and jid in state.active:
                 ports.add(j.master_port)
         return ports
-
-
-class RunningGangs:
-    """What admission asks about the gangs holding GPUs, kept up to date between decide calls.
-
-    Per entry of the fold's `ends` (one per reservation: a gang requeued and
-    reserved again is a new entry) the facts fixed while it holds its GPUs:
-    queue, priority, whether it is a preemptible GPU gang or a CPU-only one.
-    A call follows the entries the fold added and removed since the previous
-    call (`ClusterState.ends_changes`) instead of reading every gang's record:
-    an answer for the same `ends` list object (the same folded state) is
-    updated by them (or by a diff of the whole list, if the fold dropped some),
-    any other list is read afresh. It answers for the state's values either way.
-    Unlike freegpus.FreeGpus it is updated in place: one decide call at a
-    time per process (the scheduler shell and the simulator call it so).
-    """
-
-    __slots__ = ("counts", "cpu_only", "ends", "facts", "lowest", "preemptible", "rev", "seq")
-
-    def __init__(self, state: ClusterState) -> None:
-        self.ends = state.ends
-        #: entry -> (queue, priority, kind): kind 1 preemptible GPU gang, 2 CPU-only gang, 0 neither.
-        self.facts: dict[EndKey, tuple[str, int, int]] = {}
-        #: queue -> priority -> preemptible GPU gangs.
-        self.counts: dict[str, dict[int, int]] = {}
-        self.lowest: dict[str, int] = {}
-        self.cpu_only: dict[str, None] = {}
-        self.preemptible: dict[str, None] = {}
-        #: The state's alloc_rev and log position when last read (-1: never).
-        self.rev = self.seq = -1
-        self.update(state)
-
-    def update(self, state: ClusterState) -> None:
-        """Follow the fold's `ends_changes` since the last read, or diff the whole list if they were dropped."""
-        touched: set[str] = set()
-        if self.seq >= state.ends_dropped:
-            changes = state.ends_changes
-            i = len(changes)
-            while i > 0 and changes[i - 1][0] > self.seq:
-                i -= 1
-            for _, key, added in changes[i:]:
-                if added:
-                    self._add(key, state, touched)
-                else:
-                    self._remove(key, touched)
-        else:
-            now = set(state.ends)
-            for key in self.facts.keys() - now:
-                self._remove(key, touched)
-            for key in sorted(now - self.facts.keys()):
-                self._add(key, state, touched)
-        for queue in touched:
-            c = self.counts[queue]
-            if c:
-                self.lowest[queue] = min(c)
-            else:
-                del self.counts[queue]
-                self.lowest.pop(queue, None)
-        self.rev, self.seq = state.alloc_rev, state.seq
-
-    def _add(self, key: EndKey, state: ClusterState, touched: set[str]) -> None:
-        j = state.jobs[key[2]]
-        kind = 2 if j.gpus == 0 else 1 if j.spec.preemptible else 0
-        self.facts[key] = (j.queue, j.spec.priority, kind)
-        if kind == 1:
-            c = self.counts.setdefault(j.queue, {})
-            c[j.spec.priority] = c.get(j.spec.priority, 0) + 1
-            touched.add(j.queue)
-            self.preemptible[key[2]] = None
-        elif kind == 2:
-            self.cpu_only[key[2]] = None
-
-    def _remove(self, key: EndKey, touched: set[str]) -> None:
-        queue, prio, kind = self.facts.pop(key)
-        if kind == 1:
-            c = self.counts[queue]
-            c[prio] -= 1
-            if not c[prio]:
-                del c[prio]
-            touched.add(queue)
-            self.preemptible.pop(key[2], None)
-        elif kind == 2:
-            self.cpu_only.pop(key[2], None)
-
-
-def preemptions_in_flight(state: ClusterState) -> tuple[list[Job], list[Job]]:
-    """The gangs being preempted, and the pending preemptors whose earmarks claim GPUs for them."""
-    victims = [j for jid in state.watch if (j := state.jobs[jid]).status == "preempting"]  # all are watched
-    claimants: dict[str, None] = {}
-    for marks in state.earmarks.values():
-        claimants.update(dict.fromkeys(m for m in marks if m != FREE))
-    preemptors = [p for jid in claimants
-                  if (p := state.jobs.get(jid)) is not None and p.status == "pending" and p.earmark]
-    return victims, preemptors
-
-
-#: The newest answer (at most one).
-_RUNNING: list[RunningGangs] = []
-
-
-def running_gangs(state: ClusterState) -> RunningGangs:
-    """Facts about the active gangs (see RunningGangs). Preemptible ones may be stopping or
-    preempting already: callers check the current record; `lowest` counts them too."""
-    if _RUNNING and _RUNNING[0].ends is state.ends:
-        found = _RUNNING[0]
-        if found.rev != state.alloc_rev:  # (the fold bumps it whenever `ends` changes)
-            found.update(state)
-    else:
-        found = RunningGangs(state)
-        _RUNNING[:] = [found]
-    return found
-
-
-def ends_at(job: Job, margin_s: float) -> float:
-    """When a gang is expected to let go of its GPUs (math.inf when nothing says)."""
-    if job.status == "preempting":
-        return job.preempt_at + job.preempt_grace_s + margin_s
-    if job.stop is not None:
-        return job.stop.requested_at + job.spec.grace_period_s + margin_s
-    limit = job.spec.time_limit_s
-    if limit is None:
-        return math.inf
-    return job.reserved_at + limit + job.spec.grace_period_s + margin_s

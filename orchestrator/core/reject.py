@@ -16,7 +16,7 @@ from schemas.events import JobRejected
 
 
 def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
-    facts = ClusterFacts(c.state, plan.topo, c.now)
+    facts = ClusterFacts(c.state, plan.topo, c.now, c.memo)
     settled_at = facts.settled_at
     out: list[JobRejected] = []
     for job in pending:

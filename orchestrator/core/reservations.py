@@ -32,7 +32,8 @@ from orchestrator.core.context import AdmitContext
 from orchestrator.core.estimates import estimated_end
 from orchestrator.core.explain import BACKFILL_HEAD, Outcome
 from orchestrator.core.lines import Line
-from orchestrator.core.plan import Hold, ends_at
+from orchestrator.core.plan import Hold
+from orchestrator.core.running import ends_at
 from orchestrator.core.state import FREE, HOLDING, RESERVING, Job, LineKey, Waiting
 from orchestrator.core.usage import ancestors, resolve_queue
 from orchestrator.policies import Ending

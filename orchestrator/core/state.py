@@ -275,7 +275,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: Every active gang's `end_key`, sorted: expired time limits are a prefix, and backfill
     #: releases gangs in this order without sorting them every cycle.
     ends: list[EndKey] = msgspec.field(default_factory=list)
-    #: The newest changes of `ends` as (log position, entry, added), so that plan.running_gangs
+    #: The newest changes of `ends` as (log position, entry, added), so that running.running_gangs
     #: follows them in O(changes). Bounded: `ends_dropped` is the newest position whose changes
     #: were dropped (a reader that last read before it reads `ends` whole).
     ends_changes: list[tuple[int, EndKey, bool]] = msgspec.field(default_factory=list)
@@ -312,7 +312,10 @@ class ClusterState(msgspec.Struct, kw_only=True):
     unknown_events: int = 0
 
     def __post_init__(self) -> None:
-        """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded."""
+        """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded.
+
+        (Newer snapshots store them, in the log's order: why, see orchestrator/snapshot.py.)
+        """
         if len(self.pending) != sum(len(line) for line in self.lines.values()) or len(self.ends) != len(self.active):
             self._rebuild_indexes()
 

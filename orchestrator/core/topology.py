@@ -12,6 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
+from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState, Node
 
 #: The whole cluster, the coarsest domain.
@@ -84,38 +85,32 @@ class Topology:
         return level in (NODE, CLUSTER) or level in self.levels
 
 
-#: The last few (nodes, levels) -> Topology built. Node records are frozen and replaced on
-#: every change, so the same record objects in the same order mean the same topology; the
-#: entry keeps the records alive, so an identity match can never be a recycled address.
-_RECENT: list[tuple[tuple[Node, ...], tuple[str, ...], Topology]] = []
-
-
-#: (state, its nodes_rev, the topology of its nodes): the last answer of `topology_of`.
-_OF_STATE: list[tuple[ClusterState, int, Topology]] = []
-
-
-def topology_of(state: ClusterState) -> Topology:
+def topology_of(state: ClusterState, memo: Memo) -> Topology:
     """`build_topology` of a state's nodes, in O(1) while the fold has not changed a node record
-    since (`ClusterState.nodes_rev`; the entry keeps the state alive, so `is` is never a recycled address)."""
-    if _OF_STATE:
-        last, rev, topo = _OF_STATE[0]
-        if last is state and rev == state.nodes_rev and topo.levels == state.config.topology_levels:
+    since (`ClusterState.nodes_rev`; `memo.topology_for` keeps the state alive, so `is` is never a
+    recycled address)."""
+    last = memo.topology_for
+    if last is not None:
+        seen, rev, topo = last
+        if seen is state and rev == state.nodes_rev and topo.levels == state.config.topology_levels:
             return topo
-    topo = build_topology(state.nodes.values(), state.config.topology_levels)
-    _OF_STATE[:] = [(state, state.nodes_rev, topo)]
+    topo = build_topology(state.nodes.values(), state.config.topology_levels, memo)
+    memo.topology_for = (state, state.nodes_rev, topo)
     return topo
 
 
-def build_topology(nodes: Iterable[Node], levels: tuple[str, ...]) -> Topology:
-    """The domain tree of `nodes`; reused while no node changed (a Topology is never modified once built)."""
+def build_topology(nodes: Iterable[Node], levels: tuple[str, ...], memo: Memo | None = None) -> Topology:
+    """The domain tree of `nodes`; with a memo, reused while no node changed (a Topology is never
+    modified once built)."""
     key = tuple(nodes)
-    for cached, cached_levels, topo in _RECENT:
+    recent = memo.topologies if memo is not None else []
+    for cached, cached_levels, topo in recent:
         if cached_levels == levels and len(cached) == len(key) and all(map(operator.is_, cached, key)):
             return topo
     topo = Topology(levels)
     for node in key:
         topo.add(node.node_id, node.inventory.labels, node.inventory.gpu_count)
     topo.failed = tuple(n.node_id for n in key if n.failed)
-    _RECENT.insert(0, (key, levels, topo))
-    del _RECENT[4:]
+    recent.insert(0, (key, levels, topo))
+    del recent[4:]
     return topo

@@ -46,32 +46,18 @@ class GangRequest(NamedTuple):
         return self.ranks * self.gpus_per_rank
 
 
-#: job id -> (the spec it was made from, the request): a job's spec never changes, and a cycle
-#: asks for the requests of the same few heads again and again. Bounded; a memo only.
-_REQUESTS: dict[str, tuple[JobSpec, GangRequest]] = {}
-
-
 def request_of(job: Job) -> GangRequest:
-    found = _REQUESTS.get(job.job_id)
-    if found is not None and found[0] is job.spec:
-        return found[1]
-    if len(_REQUESTS) >= 50_000:
-        _REQUESTS.clear()
-    req = request_for(job.job_id, job.spec)
-    _REQUESTS[job.job_id] = (job.spec, req)
-    return req
+    return request_for(job.job_id, job.spec)
 
 
 def request_for(job_id: str, spec: JobSpec) -> GangRequest:
+    """(Positional: a cycle asks for the requests of the same few heads again and again.)"""
+    g = spec.gpus_per_rank
+    cls = gpu_class(spec.gpu_model, spec.min_gpu_memory_mib) if g > 0 else ANY_GPU
     topo = spec.topology
-    return GangRequest(
-        job_id=job_id,
-        ranks=spec.ranks,
-        gpus_per_rank=spec.gpus_per_rank,
-        cls=gpu_class(spec.gpu_model, spec.min_gpu_memory_mib) if spec.gpus_per_rank > 0 else ANY_GPU,
-        level=topo.level if topo is not None else None,
-        required=topo is not None and topo.mode == "require",
-    )
+    if topo is None:
+        return GangRequest(job_id, spec.ranks, g, cls)
+    return GangRequest(job_id, spec.ranks, g, cls, topo.level, topo.mode == "require")
 
 
 class DomainChoice(NamedTuple):

@@ -21,7 +21,7 @@ JobRejected or JobRunning (without releasing an earmark), or the end of a
 gang nobody waits on (JobCompleted, JobFailed, JobCancelled of a gang not
 being preempted): folding those changes nothing decide reads besides the
 waiting reasons it just wrote -- an ended gang's GPUs were already free in
-that round's plan (core/snapshot.py) -- so another round would return
+that round's plan (core/tentative.py) -- so another round would return
 nothing. Strict mode checks that claim -- and the safety invariants -- after
 every instant.
 """
@@ -39,7 +39,7 @@ from typing import IO, Any, NamedTuple
 from orchestrator.core.decide import decide, decide_cycle
 from orchestrator.core.evolve import evolve
 from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.queries import preemption_threat
+from orchestrator.core.memo import Memo
 from orchestrator.core.state import HOLDING, RESERVING, ClusterState, Job
 from orchestrator.policies import Policies
 from orchestrator.policies.victims import protected_for
@@ -48,6 +48,7 @@ from orchestrator.sim.baselines import policies_for
 from orchestrator.sim.cluster import EPOCH
 from orchestrator.sim.invariants import violations
 from orchestrator.sim.specs import SimJob
+from orchestrator.sim.threat import preemption_threat
 from orchestrator.sim.timeline import Timeline
 from orchestrator.sim.trace import Outage
 from orchestrator.sim.work import Work
@@ -157,6 +158,8 @@ class Simulation:
         self.now = 0.0
         self.events = 0
         self.decides = 0
+        #: What decide keeps between calls, for this run (core/memo.py).
+        self.memo = Memo()
         self.skips = 0
         self.kills = 0
         self._log = _LogWriter(log) if log is not None else None
@@ -259,11 +262,12 @@ class Simulation:
         state = self.state
         complete = False  # the last round's admission was complete, and only WorkerStarted answered it
         for _ in range(MAX_ROUNDS):
-            out, done = decide_cycle(state, self.now, epoch=EPOCH, policies=self.policies, after_complete=complete)
+            out, done = decide_cycle(state, self.now, epoch=EPOCH, policies=self.policies, after_complete=complete,
+                                     memo=self.memo)
             self.decides += 1
             self.skips += complete
             if complete and self.config.strict:
-                full = decide(state, self.now, epoch=EPOCH, policies=self.policies)
+                full = decide(state, self.now, epoch=EPOCH, policies=self.policies, memo=self.memo)
                 if full != out:
                     raise SimulationError(f"t={self.now}: a complete admission decided more: {full[len(out):]}")
             if not out:
@@ -410,7 +414,7 @@ class Simulation:
         bad = violations(self.state)
         if bad:
             raise SimulationError(f"t={self.now}: " + "; ".join(bad[:5]))
-        extra = decide(self.state, self.now, epoch=EPOCH, policies=self.policies)
+        extra = decide(self.state, self.now, epoch=EPOCH, policies=self.policies, memo=self.memo)
         if extra:
             raise SimulationError(f"t={self.now}: decide was not settled: {[type(e).__name__ for e in extra]}")
 

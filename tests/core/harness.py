@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
+from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState, Job
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import (
@@ -67,6 +68,8 @@ class Sim:
         self.now = now
         self.epoch = 1
         self.policies = policies
+        #: What decide keeps between this test's calls (core/memo.py).
+        self.memo = Memo()
         self._n = 0
         self.emit(ClusterConfigured(event_id=self.eid(), occurred_at=now, topology_levels=levels,
                                     fairshare_half_life_s=half_life_s, min_runtime_s=min_runtime_s))
@@ -94,7 +97,7 @@ class Sim:
 
     def decide(self) -> list[Event]:
         """Run decide and fold its events; no decision may be void."""
-        events = decide(self.state, self.now, epoch=self.epoch, policies=self.policies)
+        events = decide(self.state, self.now, epoch=self.epoch, policies=self.policies, memo=self.memo)
         for e in events:
             before = self.state.voids
             self.emit(e)  # type: ignore[arg-type]

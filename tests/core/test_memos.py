@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import io
 
-from orchestrator.core import plan
 from orchestrator.core.evolve import _ALLOCATION_UNTOUCHED, _NODE_EVENTS, evolve
-from orchestrator.core.plan import RunningGangs, running_gangs
+from orchestrator.core.memo import Memo
+from orchestrator.core.running import RunningGangs, running_gangs
 from orchestrator.core.state import ClusterState
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate
@@ -54,7 +54,7 @@ def _facts(r: RunningGangs) -> tuple[object, ...]:
 
 
 def test_running_gangs_follow_the_folds_changes_or_read_ends_afresh() -> None:
-    """plan.running_gangs follows `ends_changes` between calls, and reads `ends` whole when the fold
+    """running.running_gangs follows `ends_changes` between calls, and reads `ends` whole when the fold
     dropped changes it had not seen (a long gap between calls): either way it matches a fresh read."""
     cluster = standard_cluster(nodes=16, queues=4, leaf_nodes=4, block_leaves=2)
     trace = generate(cluster, GenConfig(jobs=800, seed=2, urgent_share=0.2, load=1.2))
@@ -63,13 +63,14 @@ def test_running_gangs_follow_the_folds_changes_or_read_ends_afresh() -> None:
              log=log)
     events = [decode(line) for line in log.getvalue().splitlines()]
     state = ClusterState()
+    memo = Memo()
     asked_at = {i for i in range(0, len(events), 7) if not 2000 <= i < 6000}  # and one long gap
     paths = {"followed": 0, "read afresh": 0}
     for i, e in enumerate(events):
         evolve(state, e)  # type: ignore[arg-type]
         if i in asked_at:
-            memo = plan._RUNNING[0] if plan._RUNNING and plan._RUNNING[0].ends is state.ends else None
-            if memo is not None and memo.rev != state.alloc_rev:
-                paths["followed" if memo.seq >= state.ends_dropped else "read afresh"] += 1
-            assert _facts(running_gangs(state)) == _facts(RunningGangs(state)), i
+            kept = memo.running if memo.running is not None and memo.running.ends is state.ends else None
+            if kept is not None and kept.rev != state.alloc_rev:
+                paths["followed" if kept.seq >= state.ends_dropped else "read afresh"] += 1
+            assert _facts(running_gangs(state, memo)) == _facts(RunningGangs(state)), i
     assert paths["followed"] > 100 and paths["read afresh"] >= 1, paths

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.core.queries import node_work
+from orchestrator.core.node_work import node_work
 from orchestrator.policies.backfill import longest_waiting
 from schemas.events import GangReserved, JobWaiting, Preempted, PreemptionRequested
 from tests.core.harness import Sim, of_type

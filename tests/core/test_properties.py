@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
 from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.queries import node_work, rank_intent
+from orchestrator.core.node_work import node_work, rank_intent
 from orchestrator.core.state import FREE, HOLDING, ClusterState, needs_look, restore, snapshot
 from orchestrator.core.usage import ancestors
 from schemas.events import (
@@ -303,8 +303,8 @@ def test_quota_and_preemption_in_one_cycle_are_never_void(
 def test_decide_with_memos_kept_from_earlier_calls_matches_a_cold_start(
     cluster: list[dict[str, Any]], qs: list[dict[str, Any]], levels: tuple[str, ...], script: list[tuple[Any, ...]]
 ) -> None:
-    """decide keeps derived views between calls (topology.topology_of, freegpus.FreeGpus,
-    plan.RunningGangs), reused in O(1) for the same state object while the fold's revision counters
+    """decide keeps derived views between calls in a Memo (topology.topology_of, freegpus.FreeGpus,
+    running.RunningGangs), reused in O(1) for the same state object while the fold's revision counters
     stand still and updated by identity diffs of its records otherwise. Before every op: the answer
     with those memos warm -- last computed for this state object before the previous op -- equals
     the answer for the same state restored from its snapshot (new objects: every memo cold), as
@@ -312,8 +312,8 @@ def test_decide_with_memos_kept_from_earlier_calls_matches_a_cold_start(
     s = build(cluster, qs, levels)
     counter = [0]
     for op in script:
-        warm = decide(s.state, s.now, epoch=s.epoch)
+        warm = decide(s.state, s.now, epoch=s.epoch, memo=s.memo)
         cold = decide(restore(snapshot(s.state)), s.now, epoch=s.epoch)
         assert warm == cold
-        decide(s.state, s.now, epoch=s.epoch)  # the memos are this state's again for the next op
+        decide(s.state, s.now, epoch=s.epoch, memo=s.memo)  # the memos are this state's again for the next op
         apply_op(s, op, counter)

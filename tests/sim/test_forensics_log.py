@@ -129,7 +129,7 @@ def test_a_bad_line_is_read_past_and_a_missing_file_is_one_line(sim_log: Path, t
 async def test_explain_still_summarises_a_job_the_fold_has_forgotten(sim_log: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The fold keeps the newest FINISHED_KEPT finished jobs; an older job's story still says how it ended."""
-    import orchestrator.core.evolve as fold
+    import orchestrator.core.evolve_jobs as fold  # (retire, the fold of a finished job, reads it)
 
     monkeypatch.setattr(fold, "FINISHED_KEPT", 5)  # a long log's worth of later finished jobs
     first = next(e.job_id for e in read_log(sim_log) if isinstance(e, JobSubmitted))

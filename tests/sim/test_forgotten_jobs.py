@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.core import evolve
+from orchestrator.core import evolve_jobs
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate
 from orchestrator.sim.gen import GenConfig, generate, standard_cluster
@@ -20,7 +20,7 @@ from orchestrator.sim.specs import sim_jobs
 @pytest.mark.parametrize("policy", ["corral", "las"])
 def test_jobs_forgotten_by_the_fold_do_not_stop_the_simulation(
         policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(evolve, "FINISHED_KEPT", 10)
+    monkeypatch.setattr(evolve_jobs, "FINISHED_KEPT", 10)  # (retire, the fold of a finished job, reads it)
     cluster = standard_cluster(nodes=4, queues=3, leaf_nodes=2, block_leaves=2)
     trace = generate(cluster, GenConfig(jobs=300, seed=3, load=1.2))
     scenario = Scenario(tuple(setup_events(cluster)), tuple(sim_jobs(trace.jobs, cluster)), trace.outages)

@@ -1,4 +1,4 @@
-"""`queries.preemption_threat`: whether anyone waiting could preempt a gang -- False must be certain.
+"""`sim.threat.preemption_threat`: whether anyone waiting could preempt a gang -- False must be certain.
 
 The simulator skips the wake-up for a gang becoming preemptible when it says
 False, so a False where decide would have preempted would lose a preemption.
@@ -11,12 +11,12 @@ import io
 from hypothesis import HealthCheck, given, settings
 
 from orchestrator.core.evolve import evolve
-from orchestrator.core.queries import preemption_threat
 from orchestrator.core.state import ClusterState
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate
 from orchestrator.sim.gen import GenConfig, generate, standard_cluster
 from orchestrator.sim.specs import sim_jobs
+from orchestrator.sim.threat import preemption_threat
 from orchestrator.sim.trace import Outage, TraceJob
 from schemas.codec import decode
 from schemas.events import PreemptionRequested

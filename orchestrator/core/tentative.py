@@ -1,4 +1,4 @@
-"""Stage 2, snapshot: the cycle's tentative plan, with the follow-ups already applied to it.
+"""Stage 2: the cycle's tentative plan, with the follow-ups already applied to it.
 
 Follow-ups that end a gang (completed, failed, cancelled, requeued,
 preempted) free its GPUs in the plan, so the same cycle can reuse them: the
@@ -14,8 +14,8 @@ from schemas.events import Event, JobCancelled, JobCompleted, JobFailed, JobRequ
 _ENDS_GANG = (JobCompleted, JobFailed, JobCancelled, JobRequeued, Preempted)
 
 
-def snapshot(c: Cycle, followups: list[Event]) -> Plan:
-    plan = Plan(c.state, c.now, c.topo)
+def tentative_plan(c: Cycle, followups: list[Event]) -> Plan:
+    plan = Plan(c.state, c.now, c.topo, c.memo)
     for e in followups:
         kind, jid = entity_of(e)
         if kind != "job":

@@ -1,0 +1,376 @@
+"""The fold of a job's lifecycle: submitted, rejected, reserved, waiting, running, preempted,
+requeued, restarted, stopped and finished -- and its place in its queue's line meanwhile.
+
+Every transition checks the attempt it is about (evolve.py's docstring).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from msgspec.structs import replace
+
+from orchestrator.core.eligibility import gpu_matches
+from orchestrator.core.estimates import record as record_run
+from orchestrator.core.evolve_fencing import stale, void
+from orchestrator.core.evolve_gpus import clear_earmark, end_changed, release, set_earmark, set_owner
+from orchestrator.core.facts import SETTLE_S
+from orchestrator.core.state import (
+    FINAL_RANKS_KEPT,
+    FINISHED_KEPT,
+    FREE,
+    HOLDING,
+    RESERVING,
+    SCHEDULER,
+    TERMINAL,
+    ClusterState,
+    Job,
+    JobStatus,
+    Stop,
+    Waiting,
+)
+from orchestrator.core.usage import charge, first_over_limit, resolve_queue, tree_gpus
+from schemas.events import (
+    CancelRequested,
+    GangReserved,
+    GangRestarted,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobRunning,
+    JobSubmitted,
+    JobWaiting,
+    Preempted,
+    PreemptionRequested,
+)
+
+
+def job_submitted(state: ClusterState, e: JobSubmitted) -> None:
+    if e.job_id in state.jobs:
+        return  # a retried submit
+    job = state.jobs[e.job_id] = Job(job_id=e.job_id, spec=e.spec, submitted_at=e.occurred_at, submit_seq=state.seq,
+                                     submitted_by=e.submitted_by)
+    enqueue(state, job)
+
+
+def enqueue(state: ClusterState, job: Job) -> None:
+    state.pending[job.job_id] = job.submit_seq
+    state.unexplained[job.job_id] = job.submit_seq
+    insort(state.lines.setdefault(job.spec.queue, []), job.line_key)
+
+
+def dequeue(state: ClusterState, job: Job) -> None:
+    if state.pending.pop(job.job_id, None) is None:
+        return
+    if job.job_id in state.holders:
+        state.holders.remove(job.job_id)
+    state.unexplained.pop(job.job_id, None)
+    line = state.lines[job.spec.queue]
+    key = job.line_key
+    i = bisect_left(line, key)
+    if i < len(line) and line[i] == key:
+        del line[i]
+    if not line:
+        del state.lines[job.spec.queue]
+
+
+def job_rejected(state: ClusterState, e: JobRejected) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
+    job = state.jobs.get(e.job_id)
+    if job is None or job.status != "pending":
+        return
+    clear_earmark(state, job)
+    dequeue(state, job)
+    state.jobs[e.job_id] = replace(
+        job, status="rejected", earmark=(), waiting=None, finished_at=e.occurred_at, end_reason="; ".join(e.reasons)
+    )
+    retire(state, e.job_id)
+
+
+def reservation_problem(state: ClusterState, e: GangReserved) -> str | None:
+    """Why `e` is void at this log position, or None if it is valid."""
+    job = state.jobs.get(e.job_id)
+    if job is None:
+        return "unknown job"
+    if e.epoch < state.epoch:
+        return f"stale epoch {e.epoch} < {state.epoch}"
+    if job.status != "pending" or job.attempt != e.attempt:
+        return f"job is {job.status} at attempt {job.attempt}, not pending at {e.attempt}"
+    spec = job.spec
+    if len(e.ranks) != spec.ranks:
+        return f"{len(e.ranks)} ranks placed, gang has {spec.ranks}"
+    constrained = spec.gpu_model is not None or spec.min_gpu_memory_mib > 0
+    seen: dict[str, set[int]] = {}
+    for i, rp in enumerate(e.ranks):
+        if rp.rank != i:
+            return f"rank {rp.rank} at position {i}"
+        node = state.nodes.get(rp.node_id)
+        if node is None:
+            return f"unknown node {rp.node_id}"
+        if node.failed or node.cordoned:
+            return f"node {rp.node_id} is {'failed' if node.failed else 'cordoned'}"
+        if len(rp.gpus) != spec.gpus_per_rank:
+            return f"rank {i} has {len(rp.gpus)} GPUs, needs {spec.gpus_per_rank}"
+        if not rp.gpus:
+            continue
+        owners = state.owners[rp.node_id]
+        marks = state.earmarks.get(rp.node_id)
+        used = seen.setdefault(rp.node_id, set())
+        for g in rp.gpus:
+            if not 0 <= g < len(owners) or g in used:
+                return f"GPU {rp.node_id}/{g} invalid or placed twice"
+            used.add(g)
+            if owners[g] != FREE:
+                return f"GPU {rp.node_id}/{g} held by {owners[g]}"
+            if marks is not None and marks[g] not in (FREE, e.job_id):
+                return f"GPU {rp.node_id}/{g} earmarked for {marks[g]}"
+        if constrained:
+            gpus = node.inventory.gpus
+            for g in rp.gpus:
+                if g < len(gpus) and not gpu_matches(gpus[g], spec.gpu_model, spec.min_gpu_memory_mib):
+                    return f"GPU {rp.node_id}/{g} is not a {spec.gpu_model or 'GPU'} with {spec.min_gpu_memory_mib} MiB"
+    queue = resolve_queue(state, spec.queue)
+    over = first_over_limit(state.queues, tree_gpus(state), queue, spec.total_gpus)
+    if over is not None:
+        return f"queue {over[0]} would exceed its limit {over[1]} (holds {over[2]})"
+    return None
+
+
+def gang_reserved(state: ClusterState, e: GangReserved) -> None:
+    problem = reservation_problem(state, e)
+    if problem is not None:
+        void(state, e.event_id, problem)
+        return
+    job = state.jobs[e.job_id]
+    clear_earmark(state, job)
+    set_owner(state, e.ranks, e.job_id)
+    queue = resolve_queue(state, job.spec.queue)
+    gpus = job.spec.total_gpus
+    charge(state, queue, gpus, e.occurred_at)
+    dequeue(state, job)
+    state.active[e.job_id] = job.submit_seq
+    state.ranks[e.job_id] = {}
+    job = state.jobs[e.job_id] = replace(
+        job,
+        status="reserved",
+        queue=queue,
+        placement=e.ranks,
+        gpus=gpus,
+        master_port=e.master_port,
+        epoch=e.epoch,
+        reserved_at=e.occurred_at,
+        running_at=0.0,
+        started=0,
+        live=0,
+        exited_ok=0,
+        lost=0,
+        failure="",
+        waiting=None,
+        earmark=(),
+    )
+    insort(state.ends, job.end_key)
+    end_changed(state, job.end_key, True)
+
+
+def job_waiting(state: ClusterState, e: JobWaiting) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
+    job = state.jobs.get(e.job_id)
+    if job is None or job.status != "pending":
+        return
+    if job.earmark and e.code != "preempting":
+        # The scheduler no longer waits on a preemption for it: release what it held.
+        clear_earmark(state, job)
+        job = replace(job, earmark=())
+    if e.occurred_at >= state.newest_node_at + SETTLE_S:
+        # Explained while nodes were still joining: stay "fresh" so the reject stage judges
+        # capacity once more when the cluster has settled (facts.SETTLE_S).
+        state.unexplained.pop(e.job_id, None)
+    state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at,
+                                                            hold_ranks=e.hold_ranks, hold_until=e.hold_until,
+                                                            seq=state.seq))
+    if e.code == RESERVING:
+        if e.job_id not in state.holders:
+            state.holders.append(e.job_id)
+    elif e.job_id in state.holders:
+        state.holders.remove(e.job_id)
+
+
+def active(state: ClusterState, job_id: str, attempt: int) -> Job | None:
+    job = state.jobs.get(job_id)
+    if job is None or job.attempt != attempt or job.status not in HOLDING:
+        return None
+    return job
+
+
+def job_running(state: ClusterState, e: JobRunning) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
+    job = active(state, e.job_id, e.attempt)
+    if job is None or job.status != "reserved":
+        return
+    state.jobs[e.job_id] = replace(job, status="running", running_at=e.occurred_at)
+
+
+def preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
+    job = active(state, e.job_id, e.attempt)
+    if job is None or job.status == "preempting":
+        return
+    preemptor = state.jobs.get(e.preemptor_job_id)
+    if preemptor is None or preemptor.status != "pending":
+        void(state, e.event_id, f"preemptor {e.preemptor_job_id} is not pending")
+        return  # it was cancelled or placed meanwhile: the victim keeps running
+    state.jobs[e.job_id] = replace(
+        job, status="preempting", preemptor=e.preemptor_job_id, preempt_at=e.occurred_at, preempt_grace_s=e.grace_s
+    )
+    plan = e.earmark or job.placement
+    if plan == preemptor.earmark:
+        return
+    clear_earmark(state, preemptor)
+    set_earmark(state, plan, e.preemptor_job_id)
+    state.jobs[e.preemptor_job_id] = replace(preemptor, earmark=plan)
+
+
+def requeue(
+    state: ClusterState, job: Job, attempt: int, resume_from: str | None, at: float, *, rejoin: bool
+) -> None:
+    """Release the gang and put the job back in line as `attempt`.
+
+    `rejoin` (a preemption): its place is now, behind what queued before -- as
+    Kueue, by default, orders a workload it evicted for not starting in time
+    by the eviction. Otherwise (node failure, lost workers) it lost its GPUs
+    through no choice of the scheduler and keeps its submit-time place.
+    """
+    release(state, job, at)
+    state.jobs[job.job_id] = job = replace(
+        job,
+        status="pending",
+        attained_s=job.attained_s + job.gpus * max(0.0, at - job.reserved_at),
+        attempt=attempt,
+        placement=(),
+        gpus=0,
+        master_port=0,
+        started=0,
+        live=0,
+        exited_ok=0,
+        lost=0,
+        failure="",
+        resume_from=resume_from,
+        preemptor="",
+        preempt_at=0.0,
+        preempt_grace_s=0.0,
+        waiting=None,
+        rejoined_at=at if rejoin else job.rejoined_at,
+    )
+    enqueue(state, job)
+
+
+def preempted(state: ClusterState, e: Preempted) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
+    job = active(state, e.job_id, e.attempt)
+    if job is None or job.status != "preempting":
+        return
+    requeue(state, job, job.attempt + 1, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=True)
+
+
+def job_requeued(state: ClusterState, e: JobRequeued) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
+    job = active(state, e.job_id, e.attempt - 1)
+    if job is None:
+        return
+    requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=False)
+
+
+def gang_restarted(state: ClusterState, e: GangRestarted) -> None:
+    """Same GPUs, next attempt: agents replace every worker of the old attempt."""
+    if stale(state, e.event_id, e.epoch, unstamped_ok=False):
+        return
+    job = active(state, e.job_id, e.attempt - 1)
+    if job is None or job.status == "preempting":
+        return
+    state.ranks[e.job_id] = {}
+    state.jobs[e.job_id] = replace(
+        job,
+        status="reserved",
+        attempt=e.attempt,
+        restarts=job.restarts + 1,
+        started=0,
+        live=0,
+        exited_ok=0,
+        lost=0,
+        failure="",
+        resume_from=job.newest_checkpoint,
+    )
+
+
+def finish(state: ClusterState, job: Job, status: JobStatus, reason: str, at: float) -> None:
+    book = state.ranks.get(job.job_id, {})
+    final_ranks = tuple(sorted(book.items())[:FINAL_RANKS_KEPT])
+    release(state, job, at)
+    clear_earmark(state, job)
+    dequeue(state, job)
+    state.stopping.pop(job.job_id, None)
+    state.checkpoint_votes.pop(job.job_id, None)
+    state.jobs[job.job_id] = replace(
+        job, status=status, gpus=0, finished_at=at, end_reason=reason, earmark=(), live=0, final_ranks=final_ranks
+    )
+    retire(state, job.job_id)
+
+
+def retire(state: ClusterState, job_id: str) -> None:
+    """Remember a finished job; past FINISHED_KEPT drop the oldest ones (in batches: O(1) amortised)."""
+    state.finished[job_id] = state.seq
+    excess = len(state.finished) - FINISHED_KEPT
+    if excess > FINISHED_KEPT // 10:
+        order = list(state.finished)
+        for jid in order[:excess]:
+            state.jobs.pop(jid, None)
+        state.finished = {jid: state.finished[jid] for jid in order[excess:]}
+
+
+def job_completed(state: ClusterState, e: JobCompleted) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
+    job = active(state, e.job_id, e.attempt)
+    if job is not None:
+        record_run(state.durations, job, e.occurred_at)  # learned run times (estimates.py)
+        finish(state, job, "completed", "", e.occurred_at)
+
+
+def job_failed(state: ClusterState, e: JobFailed) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
+    job = state.jobs.get(e.job_id)
+    if job is None or job.status in TERMINAL or job.attempt != e.attempt:
+        return
+    finish(state, job, "failed", e.reason, e.occurred_at)
+
+
+def cancel_requested(state: ClusterState, e: CancelRequested) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return  # (a user's cancel is unstamped; the scheduler's own stops carry its epoch)
+    job = state.jobs.get(e.job_id)
+    if job is None or job.status in TERMINAL or job.stop is not None:
+        return
+    stop = Stop(
+        reason=e.reason, requested_by=e.requested_by, requested_at=e.occurred_at, fail=e.requested_by == SCHEDULER
+    )
+    state.stopping[e.job_id] = job.submit_seq
+    state.jobs[e.job_id] = replace(job, stop=stop)
+    state.freed_seq = state.seq  # it ends sooner than its time limit said
+
+
+def job_cancelled(state: ClusterState, e: JobCancelled) -> None:
+    if stale(state, e.event_id, e.epoch, unstamped_ok=True):
+        return
+    job = state.jobs.get(e.job_id)
+    if job is None or job.status in TERMINAL:
+        return
+    finish(state, job, "cancelled", e.reason, e.occurred_at)

@@ -1,0 +1,54 @@
+"""What decide keeps from one call to the next, with its owner and lifetime (no module globals).
+
+Rebuilding the topology, the free GPUs with their capacity indexes, or the
+facts about running gangs costs O(nodes) or O(gangs) per decide call, yet
+between two calls only the records of a few nodes and gangs change. A `Memo`
+keeps the newest answers; each function that reads one checks it against the
+state it is asked about (the same state object with the same revision
+counters, or the same frozen records) and answers afresh otherwise.
+
+Owner and lifetime: whoever decides over one evolving state keeps one Memo
+for as long as it does -- the scheduler service for its life
+(orchestrator/service.py), the simulator for one run (sim/engine.py), a test
+harness for one test. `decide` called without one uses a fresh Memo for that
+call: the same answer, only slower. No answer depends on what a Memo holds
+(tests/core/test_properties.py compares warm memos with a cold start).
+
+One decide at a time per Memo: `running` is updated in place. The entries
+keep the states and records they were built from alive, so an identity match
+is never a recycled address.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.core.capacity import FreeIndex
+    from orchestrator.core.eligibility import GpuClass
+    from orchestrator.core.freegpus import FreeGpus
+    from orchestrator.core.running import RunningGangs
+    from orchestrator.core.state import ClusterState, Node
+    from orchestrator.core.topology import Topology
+
+
+class Memo:
+    __slots__ = ("empty_indexes", "free", "free_for", "running", "topologies", "topology_for")
+
+    def __init__(self) -> None:
+        #: topology.build_topology: the last 4 (node records, levels, Topology) built. Node records
+        #: are frozen and replaced on every change, so the same records in the same order mean the
+        #: same topology.
+        self.topologies: list[tuple[tuple[Node, ...], tuple[str, ...], Topology]] = []
+        #: topology.topology_of: (state, its nodes_rev, the topology of its nodes) of the last call.
+        self.topology_for: tuple[ClusterState, int, Topology] | None = None
+        #: freegpus.free_gpus: the newest answer (replaced, never modified; see freegpus.py) ...
+        self.free: FreeGpus | None = None
+        #: ... and the (state, its alloc_rev) it was last found for: the same object with the same
+        #: revision has the same owners and earmarks (the fold bumps it), so it stands in O(1).
+        self.free_for: tuple[ClusterState, int] | None = None
+        #: plan.running_gangs: the newest answer, updated in place by the next call (see RunningGangs).
+        self.running: RunningGangs | None = None
+        #: facts.ClusterFacts.empty_index: the last 8 (topology, class, every-GPU-free index). The
+        #: same Topology object means the same node records, and these read only their inventories.
+        self.empty_indexes: list[tuple[Topology, GpuClass, FreeIndex]] = []
