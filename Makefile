@@ -23,6 +23,7 @@ test: $(BIN)/corral
 lint: $(BIN)/corral
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(BIN)/corral
 	$(BIN)/python bench/replay.py
