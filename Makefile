@@ -17,8 +17,12 @@ demo: $(BIN)/corral
 	rm -rf .corral/demo
 	$(BIN)/corral up --demo --duration 240 --data-dir .corral/demo --port 0
 
+# On pytest-xdist workers: most tests wait on real processes (nats-server, agents, timeouts), not on a
+# core, so 4 workers suit even a 2-core machine (tests/conftest.py groups the tests that share a fixture
+# and starts the slow ones first). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 4
 test: $(BIN)/corral
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 lint: $(BIN)/corral
 	$(BIN)/ruff check .

@@ -1,5 +1,6 @@
-"""The CLI under test is the real one: `python -m orchestrator.cli` subprocesses against a real
-`corral up` (embedded nats-server, scheduler, simulated nodes running examples/worker.py).
+"""The CLI under test is the real one: `corral ARGS` through its parser (`orchestrator.cli.main`, in-process:
+an interpreter start-up per command made these tests slow) against a real `corral up` subprocess (embedded
+nats-server, scheduler, simulated nodes running examples/worker.py).
 
 One `corral up` is shared by the whole session (`cluster`); tests use their own job ids and
 queues so they do not depend on each other's jobs. The preemption scenario runs once
@@ -9,7 +10,10 @@ queues so they do not depend on each other's jobs. The preemption scenario runs 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
+import logging
 import os
 import signal
 import socket
@@ -17,16 +21,19 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from events.bus import Bus, Envelope
 from events.sdk import Client
+from orchestrator.cli import main
 from orchestrator.cli.state_view import load_state
 from orchestrator.core.state import ClusterState
 
@@ -53,13 +60,30 @@ def job(name: str, *, queue: str = "default", ranks: int = 1, gpus: int = 1, ste
 
 
 def corral(*args: str, url: str | None = None, timeout: float = 60, stdin: str | None = None,
-           check: int | None = 0) -> subprocess.CompletedProcess[str]:
-    """Run `corral ARGS` to completion; assert its exit code is `check` (None: any)."""
-    env = {**os.environ, "CORRAL_LOG_LEVEL": "warning"}
-    if url is not None:
-        env["CORRAL_NATS_URL"] = url
-    proc = subprocess.run([*CORRAL, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout,
-                          input=stdin)
+           check: int | None = 0, env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `corral ARGS` to completion in this process, through the parser as a shell would; assert its exit
+    code is `check` (None: any). `timeout` is left to pytest-timeout (kept for the callers' sake).
+
+    Only the interpreter start-up is skipped (test_cli_start.py keeps subprocess smoke tests): stdout and stderr
+    are what a subprocess would print, with its environment, working directory and the interpreter's defaults
+    for what reaches stderr (library log records of WARNING and up, warnings not ignored by default); an
+    exception escaping `main` fails the test instead of becoming a traceback on stderr. `env`: variables set
+    (None: unset) for the command, over this process's environment."""
+    del timeout
+    env = {"CORRAL_LOG_LEVEL": "warning", **({"CORRAL_NATS_URL": url} if url is not None else {}), **(env or {})}
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
+    code: object = 0
+    with _env(env), contextlib.chdir(ROOT), _stderr_like_a_process(err), \
+            mock.patch.multiple(sys, stdout=out, stderr=err, stdin=io.TextIOWrapper(
+                io.BytesIO((stdin or "").encode()), encoding="utf-8")):
+        try:
+            main(list(args))
+        except SystemExit as e:
+            code = e.code
+    rc = code if isinstance(code, int) else (0 if code is None else 1)
+    if not isinstance(code, int | None):  # sys.exit("message") prints it, as the interpreter would
+        err.write(f"{code}\n")
+    proc = subprocess.CompletedProcess([*CORRAL, *args], rc, _text(out), _text(err))
     if check is not None:
         assert proc.returncode == check, (
             f"corral {' '.join(args)}: exit {proc.returncode}, expected {check}\n"
@@ -67,19 +91,60 @@ def corral(*args: str, url: str | None = None, timeout: float = 60, stdin: str |
     return proc
 
 
+def _text(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    return stream.buffer.getvalue().decode()  # type: ignore[attr-defined,no-any-return]
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str | None]) -> Iterator[None]:
+    """os.environ with `values` (None: unset) while the block runs."""
+    saved = {k: os.environ.get(k) for k in values}
+
+    def put(pairs: dict[str, str | None]) -> None:
+        for k, v in pairs.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    put(values)
+    try:
+        yield
+    finally:
+        put(saved)
+
+
+#: The interpreter's warning filters when started without -W or -X dev (pytest's own record them instead).
+_DEFAULT_WARNINGS = (("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, ""),
+                     ("ignore", PendingDeprecationWarning, ""), ("ignore", ImportWarning, ""),
+                     ("ignore", ResourceWarning, ""))
+
+
+@contextlib.contextmanager
+def _stderr_like_a_process(err: io.TextIOWrapper) -> Iterator[None]:
+    """What a fresh `corral` process would print on stderr besides its own output: stdlib log records of
+    WARNING and up (logging's last-resort handler; pytest's capture handlers would swallow them) and warnings."""
+    handler = logging.StreamHandler(err)
+    handler.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        for action, category, module in reversed(_DEFAULT_WARNINGS):
+            warnings.filterwarnings(action, category=category, module=module)  # type: ignore[arg-type]
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
+        try:
+            yield
+        finally:
+            root.removeHandler(handler)
+
+
 def corral_many(commands: list[list[str]], *, url: str | None = None,
                 timeout: float = 60) -> list[subprocess.CompletedProcess[str]]:
-    """Run several `corral` commands at once (each is mostly interpreter start-up); their results in order."""
-    env = {**os.environ, "CORRAL_LOG_LEVEL": "warning"}
-    if url is not None:
-        env["CORRAL_NATS_URL"] = url
-    procs = [subprocess.Popen([*CORRAL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env, cwd=ROOT) for args in commands]
-    out = []
-    for args, p in zip(commands, procs, strict=True):
-        stdout, stderr = p.communicate(timeout=timeout)
-        out.append(subprocess.CompletedProcess([*CORRAL, *args], p.returncode, stdout, stderr))
-    return out
+    """Run several `corral` commands (in-process, one after the other); their results in order."""
+    return [corral(*args, url=url, timeout=timeout, check=None) for args in commands]
 
 
 def corral_json(*args: str, url: str) -> Any:

@@ -1,7 +1,7 @@
 """Tables go through rich on a terminal; a pipe gets the plain table and `--json` stays byte-identical (#21).
 
-The CLI runs as a subprocess whose stdout is a real pseudo-terminal or a pipe, reading a simulated
-log (`--log`), so no NATS is needed.
+The CLI runs as a subprocess whose stdout is a real pseudo-terminal, or in-process writing to a pipe-like
+stream, reading a simulated log (`--log`), so no NATS is needed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.sim import main as sim_main
-from tests.cli.conftest import CORRAL, ROOT
+from tests.cli.conftest import CORRAL, ROOT, corral
 from tests.terminal import drain
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -33,13 +33,13 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(args: list[str], *, tty: bool) -> str:
-    """stdout of `corral ARGS`, written to a terminal or to a pipe (CR LF of the terminal made LF)."""
-    env = {**os.environ, "COLUMNS": "160", "TERM": "xterm-256color"}
-    env.pop("NO_COLOR", None)
+    """stdout of `corral ARGS`, written to a terminal (a subprocess on a pty) or to a pipe (in-process: not a
+    terminal either); CR LF of the terminal made LF."""
+    terminal: dict[str, str | None] = {"COLUMNS": "160", "TERM": "xterm-256color", "NO_COLOR": None}
     if not tty:
-        proc = subprocess.run([*CORRAL, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
-        assert proc.returncode == 0, proc.stderr
-        return proc.stdout
+        return corral(*args, env=terminal).stdout
+    env = {**os.environ, **terminal}
+    env.pop("NO_COLOR")
     master, slave = pty.openpty()
     with subprocess.Popen([*CORRAL, *args], stdout=slave, stderr=subprocess.PIPE, env=env, cwd=ROOT) as p:
         os.close(slave)

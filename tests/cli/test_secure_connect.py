@@ -1,8 +1,8 @@
 """`corral` against a nats-server with corral's users and TLS: the global connection options.
 
 The server runs the rendered accounts (deploy/nats/render.py) with a TLS-first listener and a CA
-made by openssl (tests/deploy/pki.py). The commands are real `python -m orchestrator.cli`
-subprocesses, so what is tested is what a user types.
+made by openssl (tests/deploy/pki.py). The commands go through the real parser (`corral ARGS`, in-process:
+tests/cli/conftest.py), so what is tested is what a user types.
 """
 
 from __future__ import annotations
