@@ -10,6 +10,7 @@ leftover). Whatever does not check out raises AssertionError naming the file.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import struct
 import zlib
@@ -51,7 +52,7 @@ def check_prefix(archived: list[Rec], stream: dict[int, Rec]) -> None:
     seqs = [r[0] for r in archived]
     assert seqs == list(range(1, len(seqs) + 1)), (
         f"archive positions are not 1..{len(seqs)} once each: "
-        f"{[(a, b) for a, b in zip(seqs, seqs[1:], strict=False) if b != a + 1][:5]}")
+        f"{[(a, b) for a, b in itertools.pairwise(seqs) if b != a + 1][:5]}")
     for r in archived:
         assert stream.get(r[0]) == r, f"seq {r[0]}: archive {r!r} != stream {stream.get(r[0])!r}"
 

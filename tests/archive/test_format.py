@@ -63,7 +63,7 @@ def test_a_newer_format_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     manifest = tmp_path / m.segment.replace(".seg", ".json")
     data = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**data, "format": FORMAT + 1, "writer": "corral 9.0"}))
-    with pytest.raises(SegmentRefused, match="written by a newer corral \\(corral 9.0, segment format 2"):
+    with pytest.raises(SegmentRefused, match=r"written by a newer corral \(corral 9\.0, segment format 2"):
         a.segments()
     manifest.write_text(json.dumps(data))
     seg = tmp_path / m.segment
