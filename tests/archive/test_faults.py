@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import os
 import random
+import re
 import signal
 import subprocess
 import urllib.request
@@ -25,6 +26,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from events.bus import Bus
 from events.follow import Follower
@@ -157,6 +159,18 @@ def fill(disk: Path) -> Path:
     return filler
 
 
+def assert_rules_name_what_the_archiver_exposes(port: int) -> None:
+    """The alert rules' corral_archive_* metrics are ones the archiver serves (the scheduler's are checked in
+    tests/cli/test_metrics.py)."""
+    rules = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy" / "monitoring" /
+                            "prometheus-rules.yaml").read_text())
+    named = {m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"\bcorral_archive_[a-z_]+", r["expr"])}
+    assert "corral_archive_write_failing" in named
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        exposed = {line.split()[0].split("{")[0] for line in r.read().decode().splitlines() if line[:1] != "#"}
+    assert named <= exposed, f"named but not exposed by the archiver: {sorted(named - exposed)}"
+
+
 async def _first_seq(bus: Bus) -> int:
     return int((await bus.js.stream_info("CORRAL")).state.first_seq)
 
@@ -191,6 +205,7 @@ async def test_a_full_archive_disk_stops_retention_and_raises_the_alert(
             assert set(during) == set(range(first, 601))
             assert (await asyncio.to_thread(_metric, port, "corral_archive_write_errors_total") or 0) >= 1
             assert "archive_write_failed" in (tmp_path / "archiver.log").read_text()
+            assert_rules_name_what_the_archiver_exposes(port)
 
             filler.unlink()  # space is back: it writes, clears the alert and purges again
             async with asyncio.timeout(30):
