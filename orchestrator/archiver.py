@@ -116,7 +116,7 @@ def purge_point(segments: Sequence[Manifest], stream: StreamFacts, *, retention_
             want = max(want, m.last_seq + 1)
     if max_bytes is not None and stream.bytes > max_bytes and stream.messages > 0:
         per_message = stream.bytes / stream.messages
-        excess = stream.bytes - max_bytes
+        excess = float(stream.bytes - max_bytes)
         for m in segments:
             if m.last_seq < stream.first:
                 continue

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from events.sdk import Client
 from events.server import NatsServer
 from orchestrator.archiver import Archiver, ArchiverConfig, SnapshotSeq
 from schemas import JobSpec
-from tests.archive.segcheck import read_archive, read_stream
+from tests.archive.segcheck import check_prefix, read_archive, read_stream
 from tests.cli.conftest import corral
 from tests.integration.harness import agents, scheduler, wait_until
 
@@ -140,3 +142,24 @@ def test_readers_answer_from_the_archive_as_they_did_from_the_stream(nats_server
     expected = independent_usage(stream)
     assert {r["queue"]: r["gpu_hours"] * 3600 for r in after["rows"]} == pytest.approx(expected, rel=1e-9)
     assert sum(expected.values()) > 0
+
+
+@pytest.mark.timeout(90)
+def test_corral_up_archives_under_its_data_dir_when_asked(tmp_path: Path) -> None:
+    """`corral up --max-bytes`: an archiver runs beside the scheduler, under DATA_DIR/archive; its segments are
+    the prefix of the log the embedded server keeps (read back after it stopped)."""
+    data = tmp_path / "up"
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "up", "--port", "0", "--nodes", "1",
+                           "--gpus-per-node", "1", "--data-dir", str(data), "--duration", "3", "--max-bytes", "1GB",
+                           "--segment-seconds", "0.2", "--log-level", "warning"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"archiving the log to {data / 'archive'}" in done.stdout
+    recs = read_archive(data / "archive")
+    assert len(recs) >= 3, "the scheduler's and the node's first events are archived"
+    server = NatsServer(data / "nats").start()
+    try:
+        stream = asyncio.run(read_stream(server.url))
+    finally:
+        server.stop()
+    check_prefix(recs, stream)
