@@ -104,9 +104,13 @@ async def test_killed_at_random_points_it_resumes_with_no_gap_and_no_duplicate(
     await append(bus, 0, 500)
     seen: list[list[Rec]] = []
     async with appending(bus, 500) as nxt:
-        for _ in range(10):
+        for round_ in range(1, 11):
             proc = archiver(nats_server.url, path, tmp_path)
-            await asyncio.sleep(rng.uniform(0.6, 2.0))  # from still starting up to mid-way through writing
+            async with asyncio.timeout(30):  # started (an interpreter start on a busy machine takes a while) ...
+                while (tmp_path / "archiver.log").read_text().count('"archiver_started"') < round_:
+                    assert proc.poll() is None, f"the archiver died:\n{log_tail(proc)}"
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(rng.uniform(0.05, 0.8))  # ... then killed at a random point while it writes
             assert proc.poll() is None, f"the archiver died:\n{log_tail(proc)}"
             kill(proc)
             seen.append(await asyncio.to_thread(read_archive, path))
