@@ -29,54 +29,12 @@ import pytest
 import yaml
 
 from events.bus import Bus
-from events.follow import Follower
 from events.server import NatsServer
-from orchestrator.archiver import Archiver, ArchiverConfig
-from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
-from orchestrator.snapshot_store import SnapshotStore
-from schemas import NodeCordoned
 from tests.archive.segcheck import Rec, check_prefix, read_archive, read_stream
+from tests.archive.workload import append, appending, archived_and_purged, first_seq, snapshot_at_end
 from tests.cli.conftest import corral, free_port
 from tests.faults.services import Proc, kill
 from tests.integration.harness import log_tail, start_corral, stop
-
-
-def cordon(i: int) -> NodeCordoned:
-    return NodeCordoned(event_id=f"c{i}", occurred_at=float(i), node_id=f"n{i % 97}", reason=f"fault test {i}")
-
-
-async def append(bus: Bus, start: int, n: int) -> None:
-    await bus.append_many([cordon(i) for i in range(start, start + n)])
-
-
-@contextlib.asynccontextmanager
-async def appending(bus: Bus, start: int, every: float = 0.05, n: int = 10) -> AsyncIterator[list[int]]:
-    """Append `n` events every `every` seconds while inside; yields [the next event number]."""
-    nxt = [start]
-
-    async def run() -> None:
-        while True:
-            await append(bus, nxt[0], n)
-            nxt[0] += n
-            await asyncio.sleep(every)
-
-    task = asyncio.create_task(run())
-    try:
-        yield nxt
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def snapshot_at_end(bus: Bus) -> int:
-    """A real scheduler snapshot (the fold of the whole log) at the log's end: retention's lower bound.
-    Like the scheduler, from the newest snapshot: the stream may no longer start at 1."""
-    store = SnapshotStore(bus.js)
-    follower = Follower(bus, evolve, await store.load(ClusterState) or ClusterState())
-    await follower.catch_up()
-    await store.save(follower.state)
-    return follower.state.seq
 
 
 def archiver(url: str, path: Path, logs: Path, *extra: str) -> Proc:
@@ -175,10 +133,6 @@ def assert_rules_name_what_the_archiver_exposes(port: int) -> None:
     assert named <= exposed, f"named but not exposed by the archiver: {sorted(named - exposed)}"
 
 
-async def _first_seq(bus: Bus) -> int:
-    return int((await bus.js.stream_info("CORRAL")).state.first_seq)
-
-
 @pytest.mark.timeout(90)
 async def test_a_full_archive_disk_stops_retention_and_raises_the_alert(
         nats_server: NatsServer, bus: Bus, tmp_path: Path) -> None:
@@ -192,7 +146,7 @@ async def test_a_full_archive_disk_stops_retention_and_raises_the_alert(
                         "--metrics-port", str(port), "--metrics-host", "127.0.0.1")
         try:
             async with asyncio.timeout(30):  # archived and purged up to the snapshot
-                while await _first_seq(bus) <= 300:
+                while await first_seq(bus) <= 300:
                     assert proc.poll() is None, log_tail(proc)
                     await asyncio.sleep(0.1)
             assert await asyncio.to_thread(_metric, port, "corral_archive_write_failing") == 0
@@ -203,9 +157,9 @@ async def test_a_full_archive_disk_stops_retention_and_raises_the_alert(
             async with asyncio.timeout(30):
                 while await asyncio.to_thread(_metric, port, "corral_archive_write_failing") != 1:
                     await asyncio.sleep(0.1)
-            first = await _first_seq(bus)
+            first = await first_seq(bus)
             await asyncio.sleep(2.0)  # ten purge rounds at least, on a stream far over its one-byte limit
-            assert await _first_seq(bus) == first, "retention dropped events the archive could not hold"
+            assert await first_seq(bus) == first, "retention dropped events the archive could not hold"
             assert set(during) == set(range(first, 601))
             assert (await asyncio.to_thread(_metric, port, "corral_archive_write_errors_total") or 0) >= 1
             assert "archive_write_failed" in (tmp_path / "archiver.log").read_text()
@@ -213,7 +167,7 @@ async def test_a_full_archive_disk_stops_retention_and_raises_the_alert(
 
             filler.unlink()  # space is back: it writes, clears the alert and purges again
             async with asyncio.timeout(30):
-                while await _first_seq(bus) <= first or \
+                while await first_seq(bus) <= first or \
                         await asyncio.to_thread(_metric, port, "corral_archive_write_failing") != 0:
                     assert proc.poll() is None, log_tail(proc)
                     await asyncio.sleep(0.1)
@@ -224,30 +178,10 @@ async def test_a_full_archive_disk_stops_retention_and_raises_the_alert(
         assert len(recs) == 600
 
 
-async def _archived_and_purged(url: str, path: Path) -> None:
-    """200 events, a snapshot at their end, archived in segments of 50 and purged from the stream."""
-    bus = await Bus.connect(url)
-    try:
-        await append(bus, 0, 200)
-        await snapshot_at_end(bus)
-        task = asyncio.create_task(Archiver(bus, ArchiverConfig(path, segment_events=50, segment_seconds=0.2,
-                                                                max_bytes=1, purge_every_s=0.1)).run())
-        try:
-            async with asyncio.timeout(30):
-                while await _first_seq(bus) <= 200:
-                    assert not task.done(), task
-                    await asyncio.sleep(0.05)
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    finally:
-        await bus.close()
-
-
 @pytest.mark.timeout(60)
 def test_a_flipped_byte_is_named_and_refused_never_folded(nats_server: NatsServer, tmp_path: Path) -> None:
     url, path = nats_server.url, tmp_path / "archive"
-    asyncio.run(_archived_and_purged(url, path))
+    asyncio.run(archived_and_purged(url, path))
     seg = path / "000000000051-000000000100.seg"
     blob = bytearray(seg.read_bytes())
     blob[len(blob) // 2] ^= 0x20
