@@ -22,12 +22,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import structlog
 
 from events.bus import Bus, Envelope, LogGap
 from schemas import AnyEvent, Unknown
+
+if TYPE_CHECKING:
+    from events.history import History
 
 log = structlog.get_logger("corral.follow")
 
@@ -76,7 +79,7 @@ class Rereads:
     when REREADS reads in a row missed the same position.
     """
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(self, bus: Bus | History) -> None:
         self.bus = bus
         self._at = 0
         self._misses = 0
@@ -97,7 +100,7 @@ class Rereads:
 class Follower(Generic[S]):
     """`fold` over the log from `initial` (a fresh state, or a snapshot at its `seq`), kept in `state`."""
 
-    def __init__(self, bus: Bus, fold: Fold[S], initial: S) -> None:
+    def __init__(self, bus: Bus | History, fold: Fold[S], initial: S) -> None:
         self.bus = bus
         self.fold = fold
         self.state = initial

@@ -18,6 +18,10 @@ object store; every corral user lives in it):
                 schedulers use the same user: the lease and the epoch in the
                 log, not NATS, decide who leads.
 - ``ops``       reads everything (tail, replay, heartbeats), writes nothing.
+- ``archiver``  the archiver (orchestrator/archiver.py, ``corral archive``):
+                reads everything, and purges the CORRAL stream (retention, up
+                to what its archive holds); it appends nothing and touches no
+                other stream or bucket.
 - ``admission`` the admission service (orchestrator/gateway.py): answers
                 the requests team accounts send on ``corral-submit.*`` and
                 ``corral-cancel.*``, appends JobSubmitted and CancelRequested
@@ -52,7 +56,7 @@ HEARTBEATS = "corral-heartbeats"
 LEADER = "corral-leader"
 SNAPSHOTS = "corral-snapshots"
 
-ROLES = ("client", "admin", "agent", "scheduler", "ops", "admission", "team")
+ROLES = ("client", "admin", "agent", "scheduler", "ops", "admission", "team", "archiver")
 
 #: The admission service's request subjects (events.sdk.ADMISSION_SUBMIT/CANCEL + ".*").
 ADMISSION_REQUESTS = ("corral-submit.*", "corral-cancel.*")
@@ -169,6 +173,8 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
         ]
     elif role == "ops":
         writes = []
+    elif role == "archiver":
+        writes = [f"$JS.API.STREAM.PURGE.{STREAM}"]
     elif role == "admission":
         # It appends for the teams; answering their requests needs allow_responses, which here
         # lets it answer only what it received: corral-submit/cancel requests and its own inbox.

@@ -81,6 +81,7 @@ def users(nodes: Iterable[str], teams: Iterable[str] = ()) -> list[tuple[str, st
         ("scheduler", "scheduler", None),
         ("admin", "admin", None),
         ("ops", "ops", None),
+        ("archiver", "archiver", None),
         ("client", "client", None),
         ("admission", "admission", None),
     ]

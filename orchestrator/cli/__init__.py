@@ -44,6 +44,7 @@ class _Version(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     from orchestrator.cli import commands
+    from orchestrator.cli.archive import add_global_archive_arg
     from orchestrator.cli.connect import add_global_connection_args
 
     parser = Parser(
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version)
     add_global_connection_args(parser)
+    add_global_archive_arg(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     commands.register(sub)
     return parser

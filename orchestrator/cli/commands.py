@@ -6,9 +6,23 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from orchestrator.cli import admin, completion, forensics, jobs, listing, logs, services, sim, tail, top, usage
+    from orchestrator.cli import (
+        admin,
+        archive,
+        completion,
+        forensics,
+        jobs,
+        listing,
+        logs,
+        services,
+        sim,
+        tail,
+        top,
+        usage,
+    )
 
     services.register(sub)
+    archive.register(sub)
     jobs.register(sub)
     listing.register(sub)
     usage.register(sub)

@@ -28,6 +28,7 @@ from schemas import ClusterConfigured, Inventory
 if TYPE_CHECKING:
     from events.telemetry import MetricsServer
     from nodeagent.runtime.docker_options import DockerOptions
+    from orchestrator.archiver import Archiver
 
 log = structlog.get_logger("corral.cli")
 
@@ -86,7 +87,7 @@ async def run_scheduler(args: argparse.Namespace) -> int:
 
 
 async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None = None,
-                        agents: Sequence[Agent] = ()) -> MetricsServer | None:
+                        agents: Sequence[Agent] = (), archiver: bool = False) -> MetricsServer | None:
     """Serve Prometheus metrics of the services of this process on --metrics-port (0: off)."""
     if not args.metrics_port:
         return None
@@ -99,6 +100,10 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
     if scheduler is not None:
         watch_scheduler(registry, scheduler.follower, scheduler.heartbeat_ages)
     watch_agents(registry, agents)
+    if archiver:
+        from orchestrator.archiver import watch_archiver
+
+        watch_archiver(registry)
     try:
         return await MetricsServer(registry, host=args.metrics_host, port=args.metrics_port).start()
     except OSError as e:
@@ -265,13 +270,16 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
         agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id)))
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"(process runtime); Ctrl-C stops", flush=True)
+    archiver = _up_archiver(args, bus, data)
     result = OK
-    metrics_server = await start_metrics(args, scheduler=sched, agents=agents)
+    metrics_server = await start_metrics(args, scheduler=sched, agents=agents, archiver=archiver is not None)
     if metrics_server is not None:
         print(f"corral up: Prometheus metrics at {metrics_server.url}", flush=True)
     try:
         async with asyncio.TaskGroup() as tg:
             services = [tg.create_task(sched.run())] + [tg.create_task(a.run()) for a in agents]
+            if archiver is not None:
+                services.append(tg.create_task(archiver.run()))
             if args.demo:
                 small = (args.gpus_per_node, None) if needs_small_workload(args.nodes, args.gpus_per_node) else None
                 result = await run_demo(bus, url, duration=args.duration, small=small)
@@ -291,7 +299,21 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
     return result
 
 
+def _up_archiver(args: argparse.Namespace, bus: Bus, data: Path) -> Archiver | None:
+    """With --retention/--max-bytes, an archiver under DATA_DIR/archive (or --archive), so the default is bounded."""
+    if not (args.retention or args.max_bytes):
+        return None
+    from orchestrator.archiver import Archiver
+    from orchestrator.cli.archive import archiver_config
+
+    config = archiver_config(args, Path(args.archive) if args.archive else data / "archive")
+    print(f"corral up: archiving the log to {config.path} (retention {args.retention or 'none'}, max bytes "
+          f"{args.max_bytes or 'none'}); read old positions with --archive {config.path}", flush=True)
+    return Archiver(bus, config)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from orchestrator.cli.archive import add_retention_args
     from orchestrator.cli.connect import add_connection_args
 
     def common(p: argparse.ArgumentParser, metrics_host: str = "0.0.0.0") -> None:
@@ -402,4 +424,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="stop after S seconds (with --demo: at most S, ends earlier when the demo is done)")
     p.add_argument("--keep-workers", action="store_true",
                    help="leave workers running on exit; the next `corral up` on this data dir adopts them")
+    r = p.add_argument_group("retention", "with --retention or --max-bytes, an archiver runs too, archiving to "
+                             "DATA_DIR/archive (or the global --archive)")
+    add_retention_args(r)  # type: ignore[arg-type]
     p.set_defaults(handler=run_up)

@@ -26,7 +26,9 @@ from nats.js.errors import BucketNotFoundError
 
 from events.bus import Bus, Envelope
 from events.follow import Follower, fold_batch
+from events.history import History
 from events.logfile import LogFile
+from orchestrator.cli.archive import with_archive
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import NOT_FOUND, CliError
 from orchestrator.core.evolve import evolve
@@ -35,8 +37,8 @@ from orchestrator.snapshot_store import SNAPSHOT_BUCKET, SnapshotStore
 
 log = structlog.get_logger("corral.cli")
 
-#: What a read-only command reads: the NATS stream, or a log file.
-LogSource = Bus | LogFile
+#: What a read-only command reads: the NATS stream (with `--archive`, the archive and the stream), or a log file.
+LogSource = Bus | History | LogFile
 
 
 def add_log_arg(p: argparse.ArgumentParser) -> None:
@@ -51,7 +53,7 @@ async def log_source(args: argparse.Namespace) -> AsyncIterator[LogSource]:
     path = getattr(args, "log", None)
     if path is None:
         async with connected(args) as bus:
-            yield bus
+            yield with_archive(args, bus)
         return
     try:
         Path(path).open("rb").close()  # a missing file, a directory: say so now, in one line
@@ -65,7 +67,7 @@ async def log_now(source: LogSource) -> float:
     return await source.last_time() if isinstance(source, LogFile) else time.time()
 
 
-async def newest_snapshot(bus: Bus, *, at_most: int) -> ClusterState | None:
+async def newest_snapshot(bus: Bus | History, *, at_most: int) -> ClusterState | None:
     """The scheduler's snapshot if it reflects a position <= `at_most`; None otherwise or on any problem."""
     try:
         await bus.js.object_store(SNAPSHOT_BUCKET)  # only look: a reader must not create the bucket

@@ -27,7 +27,9 @@ import msgspec
 
 from events.bus import Bus, Envelope, LogGap
 from events.follow import Rereads
+from events.history import History
 from events.subjects import ALL, ROOT, normalize_filters, type_filters
+from orchestrator.cli.archive import with_archive
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK, USAGE, CliError
 from orchestrator.cli.listing import checked_id
@@ -166,7 +168,7 @@ def json_line(env: Envelope) -> str:
     return _json.encode(record).decode()
 
 
-async def _events(bus: Bus, subjects: list[str], *, from_seq: int | None, since: float | None,
+async def _events(bus: Bus | History, subjects: list[str], *, from_seq: int | None, since: float | None,
                   follow: bool) -> AsyncGenerator[Envelope, None]:
     """The events to print, each once and in log order, or LogGap (exit 1, naming the position).
 
@@ -196,7 +198,7 @@ async def _events(bus: Bus, subjects: list[str], *, from_seq: int | None, since:
             await rereads.check(gap)
 
 
-async def _read(bus: Bus, subjects: list[str], *, from_seq: int | None, since: float | None,
+async def _read(bus: Bus | History, subjects: list[str], *, from_seq: int | None, since: float | None,
                 follow: bool) -> AsyncGenerator[Envelope, None]:
     if follow:
         async with aclosing(bus.tail(subjects=subjects, from_seq=from_seq, since=since)) as live:
@@ -226,7 +228,8 @@ async def tail(args: argparse.Namespace) -> int:
     since = parse_instant(args.since, time.time()) if args.since is not None else None
     subjects = flt.subjects()
     out = sys.stdout
-    async with connected(args) as bus:
+    async with connected(args) as stream:
+        bus = with_archive(args, stream)
         if flt.queues:
             state = await load_state(bus)
             flt.defined_queues = frozenset(state.queues)

@@ -38,6 +38,7 @@ USERS = {  # role -> the user that plays it
     "agent": "agent-n1",
     "scheduler": "scheduler",
     "ops": "ops",
+    "archiver": "archiver",
 }
 NAIVE = "agent-naive"  # agent-n1's rights plus core subscriptions to corral.>: the control case
 
@@ -241,6 +242,8 @@ ALLOWED: dict[str, set[str]] = {
         "heartbeat-own-node",
     },
     "ops": set(READS),
+    # Retention: it reads, and purges the log (up to what its archive holds); nothing else (#28).
+    "archiver": READS | {"purge-log"},
     "scheduler": set(ACTIONS)
     - {
         # Nobody, not even the scheduler, makes core subscriptions outside its own inbox.

@@ -1,0 +1,139 @@
+"""`corral archive` (the archiver service) and the global `--archive PATH` every reader honours.
+
+With retention on, the stream keeps the newer positions and the archive the
+older ones (orchestrator/archiver.py). A read command given `--archive PATH`
+(or CORRAL_ARCHIVE) reads both as one log (events/history.py), so `replay
+--at`, `explain`, `usage`, `jobs` and `tail --from-seq` reach any position;
+without it, a position the stream dropped is a LogGap naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from events.archive import Archive
+from events.bus import Bus
+from events.history import History
+from orchestrator.cli.errors import FAILURE, USAGE, CliError
+from orchestrator.cli.timespec import parse_duration
+
+if TYPE_CHECKING:
+    from events.telemetry import MetricsServer
+    from orchestrator.archiver import ArchiverConfig
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes in `20GB`, `500MB`, `1.5GiB`, `4096`; raises CliError (exit 2) otherwise."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise CliError(f"bad size {text!r}: use a number with a unit, like 500MB, 20GB or 1.5GiB", USAGE)
+    unit = (m.group(2) or "b").lower()
+    return int(float(m.group(1)) * (1024 if "i" in unit else 1000) ** "bkmgt".index(unit[0]))
+
+
+def add_global_archive_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--archive", metavar="PATH", default=os.environ.get("CORRAL_ARCHIVE") or None,
+                        help="the archive directory `corral archive` writes: reads reach the positions the stream "
+                             "no longer holds there (env CORRAL_ARCHIVE)")
+
+
+def with_archive(args: argparse.Namespace, bus: Bus) -> Bus | History:
+    """The log a read command reads: the stream, or with `--archive` the archive and the stream as one."""
+    path = getattr(args, "archive", None)
+    if not path:
+        return bus
+    if not Path(path).is_dir():
+        raise CliError(f"--archive {path}: no such directory", USAGE)
+    return History(bus, Archive(path))
+
+
+async def run_archiver(args: argparse.Namespace) -> int:
+    from orchestrator.archiver import Archiver
+    from orchestrator.cli.connect import connected
+    from orchestrator.cli.services import until_signalled
+    from orchestrator.logging import configure_logging
+
+    configure_logging(args.log_level)
+    path = args.path or args.archive
+    if not path:
+        raise CliError("corral archive needs --path DIR (or the global --archive / CORRAL_ARCHIVE)", USAGE)
+    config = archiver_config(args, Path(path))
+    async with connected(args, name="corral-archiver", forever=True, wait_for_creator=True) as bus:
+        archiver = Archiver(bus, config)
+        server = await _serve_metrics(args, bus)
+        try:
+            return await until_signalled(archiver.run())
+        finally:
+            if server is not None:
+                await server.close()
+
+
+async def _serve_metrics(args: argparse.Namespace, bus: Bus) -> MetricsServer | None:
+    """The archiver's metrics (corral_archive_*, alert CorralArchiveWriteFailing) on --metrics-port (0: off)."""
+    if not args.metrics_port:
+        return None
+    from events.telemetry import MetricsServer, ServiceRegistry
+    from orchestrator.archiver import watch_archiver
+
+    registry = ServiceRegistry([bus])
+    watch_archiver(registry)
+    try:
+        return await MetricsServer(registry, host=args.metrics_host, port=args.metrics_port).start()
+    except OSError as e:
+        raise CliError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e.strerror or e}",
+                       FAILURE) from None
+
+
+def archiver_config(args: argparse.Namespace, path: Path) -> ArchiverConfig:
+    from orchestrator.archiver import ArchiverConfig
+
+    if args.segment_events < 1 or args.segment_seconds <= 0:
+        raise CliError("--segment-events must be >= 1 and --segment-seconds > 0", USAGE)
+    return ArchiverConfig(
+        path=path.resolve(), segment_events=args.segment_events, segment_seconds=args.segment_seconds,
+        retention_s=parse_duration(args.retention) if args.retention else None,
+        max_bytes=parse_size(args.max_bytes) if args.max_bytes else None, purge_every_s=args.purge_every,
+    )
+
+
+def add_retention_args(p: argparse.ArgumentParser) -> None:
+    """The archiver's options (`corral archive`, and `corral up` when it runs one)."""
+    p.add_argument("--retention", metavar="AGE", help="keep this much of the log in the stream (30d, 12h), measured "
+                   "back from its newest event; older events leave the stream once archived (default: no age limit)")
+    p.add_argument("--max-bytes", metavar="SIZE", help="keep the stream under SIZE (20GB, 500MB) by dropping its "
+                   "oldest archived events (default: no size limit)")
+    p.add_argument("--segment-events", type=int, default=10_000, metavar="N",
+                   help="close an archive segment after N events (default %(default)s)")
+    p.add_argument("--segment-seconds", type=float, default=60.0, metavar="S",
+                   help="or S seconds after its first event (default %(default)s)")
+    p.add_argument("--purge-every", type=float, default=10.0, metavar="S",
+                   help="apply retention this often (default %(default)s)")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from orchestrator.cli.connect import add_connection_args
+
+    p = sub.add_parser(
+        "archive", help="run the archiver: the log into compressed segment files, and stream retention",
+        description="Write the stream's events, in order and exactly once, to compressed segment files with "
+                    "manifests under --path, and (with --retention/--max-bytes) purge from the stream what the "
+                    "archive holds and the newest scheduler snapshot no longer needs. Readers given --archive "
+                    "PATH read both. Connect as the `archiver` user (reads, and purges the stream).")
+    add_connection_args(p, service=True)
+    p.add_argument("--log-level", default=os.environ.get("CORRAL_LOG_LEVEL", "info"),
+                   choices=("debug", "info", "warning", "error"), help="structlog JSON log level")
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("CORRAL_METRICS_PORT", "0")),
+                   metavar="PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics (env "
+                   "CORRAL_METRICS_PORT; default 0 = off)")
+    p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
+                   help="address the metrics endpoint binds (default %(default)s)")
+    p.add_argument("--path", metavar="DIR", help="the archive directory, local or shared storage (default: the "
+                   "global --archive / CORRAL_ARCHIVE)")
+    add_retention_args(p)
+    p.set_defaults(handler=run_archiver)

@@ -1,0 +1,165 @@
+"""#28 acceptance 2: with a small retention, readers given the archive answer as before the events left the stream.
+
+A real workload (an in-process scheduler snapshotting every 40 events, two agents with the simulated
+runtime, 36 jobs in two queues) on a real nats-server; then the archiver, with a stream size limit of one
+byte, archives the log in several segments and purges the stream up to the scheduler's newest snapshot.
+The CLI (through its parser) is asked the same questions before and after: `explain` of the oldest job
+(whose events all left the stream), `usage`, `replay --at` a position only the archive holds, `tail
+--from-seq 1`. `usage`'s totals are also checked against an independent sum over the workload's raw
+events (the JSON the stream held, read with nats-py alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from events.bus import Bus
+from events.sdk import Client
+from events.server import NatsServer
+from orchestrator.archiver import Archiver, ArchiverConfig, SnapshotSeq
+from schemas import JobSpec
+from tests.archive.segcheck import check_prefix, read_archive, read_stream
+from tests.cli.conftest import corral
+from tests.integration.harness import agents, scheduler, wait_until
+
+JOBS = 36
+SNAPSHOT_EVERY = 40
+
+
+async def _workload(url: str, data: Path) -> list[str]:
+    """Run JOBS jobs to completion; returns their ids in submit order, once a snapshot covers most of the log."""
+    bus = await Bus.connect(url)
+    try:
+        async with scheduler(bus, snapshot_every=SNAPSHOT_EVERY) as sched, agents(bus, 2, data, gpus=4):
+            await wait_until(sched.follower, lambda s: s.epoch >= 1 and len(s.nodes) == 2, 30, "leader and nodes")
+            client = Client(bus, user="alice")
+            ids = [f"r{i:03d}" for i in range(JOBS)]
+            for i, job_id in enumerate(ids):
+                spec = JobSpec(name=job_id, queue=("research", "prod")[i % 2], ranks=1 + i % 2,
+                               gpus_per_rank=1 + i % 3, command=("sleep", f"0.0{2 + i % 5}"))
+                await client.submit(spec, job_id=job_id, submitted_by=("alice", "bob")[i % 3 % 2])
+            await wait_until(sched.follower, lambda s: all(s.jobs[j].status == "completed" for j in ids), 60,
+                             "every job completed")
+            seq = SnapshotSeq(bus.js)
+            end = await bus.last_seq()
+            async with asyncio.timeout(30):
+                while await seq() < end - SNAPSHOT_EVERY:
+                    await asyncio.sleep(0.2)
+            return ids
+    finally:
+        await bus.close()
+
+
+async def _archive_and_purge(url: str, path: Path, past: int) -> int:
+    """Run the archiver until the stream no longer holds position `past`; the stream's first position then."""
+    bus = await Bus.connect(url)
+    try:
+        archiver = Archiver(bus, ArchiverConfig(path, segment_events=60, segment_seconds=0.3, max_bytes=1,
+                                                purge_every_s=0.2))
+        task = asyncio.create_task(archiver.run())
+        try:
+            async with asyncio.timeout(30):
+                while (first := (await bus.js.stream_info("CORRAL")).state.first_seq) <= past:
+                    assert not task.done(), task.exception()
+                    await asyncio.sleep(0.1)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return int(first)
+    finally:
+        await bus.close()
+
+
+def independent_usage(stream: dict[int, tuple[int, str, int, bytes]]) -> dict[str, float]:
+    """GPU-seconds per queue from the raw events: each job's GangReserved to its JobCompleted, on the events'
+    own clock, times its ranks x GPUs (one reservation per job in this workload: checked)."""
+    spec: dict[str, dict[str, object]] = {}
+    reserved: dict[str, float] = {}
+    out: dict[str, float] = defaultdict(float)
+    for _, _, _, data in sorted(stream.values()):
+        ev = json.loads(data)
+        kind, job = ev["type"], ev.get("job_id")
+        if kind == "JobSubmitted":
+            spec[job] = ev["spec"]
+        elif kind == "GangReserved":
+            assert job not in reserved, f"{job} reserved twice: not this workload"
+            reserved[job] = ev["occurred_at"]
+        elif kind == "JobCompleted":
+            s = spec[job]
+            out[str(s["queue"])] += int(s["ranks"]) * int(s["gpus_per_rank"]) * (ev["occurred_at"] - reserved[job])
+    return dict(out)
+
+
+@pytest.mark.timeout(180)
+def test_readers_answer_from_the_archive_as_they_did_from_the_stream(nats_server: NatsServer, tmp_path: Path) -> None:
+    url = nats_server.url
+    ids = asyncio.run(_workload(url, tmp_path / "agents"))
+    oldest = ids[0]
+    stream = asyncio.run(read_stream(url))
+    last_of_oldest = max(seq for seq, subject, _, _ in stream.values() if f".{oldest}." in subject)
+    at = 30  # a position retention will drop
+
+    story = corral("explain", oldest, url=url).stdout
+    story_json = json.loads(corral("explain", oldest, "--json", url=url).stdout)
+    usage = json.loads(corral("usage", "--json", url=url).stdout)
+    by_user = json.loads(corral("usage", "--by", "user", "--json", url=url).stdout)
+    cluster = json.loads(corral("replay", "--at", f"#{at}", "--json", url=url).stdout)
+    log = corral("tail", "--from-seq", "1", "--no-follow", "--json", url=url).stdout
+    assert oldest in story and "completed" in story_json["status"]
+
+    archive = tmp_path / "archive"
+    first = asyncio.run(_archive_and_purge(url, archive, max(last_of_oldest, at)))
+    segments = sorted(archive.glob("*.seg"))
+    assert len(segments) >= 3, f"the workload spans several segments: {segments}"
+    assert [r[0] for r in read_archive(archive)][: first - 1] == list(range(1, first))
+    assert first > max(last_of_oldest, at), "the oldest job's events and position #30 left the stream"
+
+    # Without the archive, a reader cannot see them (and says so); with it, every answer is as before.
+    gone = corral("explain", oldest, url=url, check=None)
+    assert gone.returncode != 0 and oldest in gone.stderr
+    assert "holds no event there" in corral("replay", "--at", f"#{at}", url=url, check=2).stderr
+    gap = corral("replay", "--no-snapshot", url=url, check=1)  # a fold from position 1 stops, naming it
+    assert "log gap: the fold needs seq 1 next" in gap.stderr and "removed" in gap.stderr, gap.stderr
+
+    arch = ("--archive", str(archive))
+    assert corral(*arch, "explain", oldest, url=url).stdout == story
+    assert json.loads(corral(*arch, "explain", oldest, "--json", url=url).stdout) == story_json
+    assert json.loads(corral(*arch, "replay", "--at", f"#{at}", "--json", url=url).stdout) == cluster
+    assert corral(*arch, "tail", "--from-seq", "1", "--no-follow", "--json", url=url).stdout == log
+    after = json.loads(corral(*arch, "usage", "--json", url=url).stdout)
+    after_by_user = json.loads(corral("usage", "--by", "user", "--json", url=url, env={"CORRAL_ARCHIVE": str(archive)})
+                               .stdout)
+    for before, now in ((usage, after), (by_user, after_by_user)):
+        assert (now["rows"], now["gpu_hours"], now["events"], now["seq"]) == \
+               (before["rows"], before["gpu_hours"], before["events"], before["seq"])
+    expected = independent_usage(stream)
+    assert {r["queue"]: r["gpu_hours"] * 3600 for r in after["rows"]} == pytest.approx(expected, rel=1e-9)
+    assert sum(expected.values()) > 0
+
+
+@pytest.mark.timeout(90)
+def test_corral_up_archives_under_its_data_dir_when_asked(tmp_path: Path) -> None:
+    """`corral up --max-bytes`: an archiver runs beside the scheduler, under DATA_DIR/archive; its segments are
+    the prefix of the log the embedded server keeps (read back after it stopped)."""
+    data = tmp_path / "up"
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "up", "--port", "0", "--nodes", "1",
+                           "--gpus-per-node", "1", "--data-dir", str(data), "--duration", "3", "--max-bytes", "1GB",
+                           "--segment-seconds", "0.2", "--log-level", "warning"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"archiving the log to {data / 'archive'}" in done.stdout
+    recs = read_archive(data / "archive")
+    assert len(recs) >= 3, "the scheduler's and the node's first events are archived"
+    server = NatsServer(data / "nats").start()
+    try:
+        stream = asyncio.run(read_stream(server.url))
+    finally:
+        server.stop()
+    check_prefix(recs, stream)
