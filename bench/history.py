@@ -24,8 +24,9 @@ and contents are otherwise unchanged), then times real `corral` processes:
   has it);
 - the baseline: `corral jobs --log FILE` (the same fold from the file, once).
 
-Readers and queries run `--runs` times (median reported; the first run of
-each is also kept). If `corral index` / `corral archive` exist (their
+Readers and queries run `--runs` times (median reported, every run kept),
+with the CPU seconds each process spent (to caught up, for a service): on a
+shared machine a steadier figure than wall time. If `corral index` / `corral archive` exist (their
 `--help` exits 0) they are started after the load and waited for (their
 readiness), and stay up while the readers and queries run. Which readers
 started from a snapshot is read from their logs (any log event naming a
@@ -51,6 +52,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import shlex
 import signal
 import socket
@@ -129,28 +131,46 @@ def child_env() -> dict[str, str]:
 
 @dataclass
 class Timed:
-    """One process run to its end: wall seconds, exit code, stdout lines."""
+    """One process run to its end: wall seconds, CPU seconds (user + system), exit code, stdout lines."""
 
     s: float
+    cpu_s: float
     rc: int
     lines: int
     err: str
 
 
+def children_cpu_s() -> float:
+    """CPU seconds of every child waited for so far: around one run, what that run spent (on a shared
+    machine a steadier figure than wall time, which the other load moves)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds a running process has spent so far (Linux /proc; None elsewhere or once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def run_cli(children: Children, args: list[str], timeout: float) -> Timed:
     """Run `corral ARGS` to its end and time it (process start to exit)."""
+    cpu = children_cpu_s()
     t = time.perf_counter()
     proc = children.popen(corral_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                           env=child_env())
     try:
         out, err = proc.communicate(timeout=timeout)
+        dt_s = time.perf_counter() - t
     except subprocess.TimeoutExpired:
-        children.kill(proc)
         raise RuntimeError(f"`corral {shlex.join(args)}` did not finish in {timeout:.0f} s") from None
     finally:
         children.kill(proc)
-    dt_s = time.perf_counter() - t
-    return Timed(dt_s, proc.returncode, len(out.splitlines()), err.decode(errors="replace")[-1500:])
+    return Timed(dt_s, children_cpu_s() - cpu, proc.returncode, len(out.splitlines()),
+                 err.decode(errors="replace")[-1500:])
 
 
 @dataclass
@@ -164,6 +184,7 @@ class Service:
     events: dict[str, float] = field(default_factory=dict)  # log event -> when first seen
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=40))
     saw_503: bool = False
+    cpu_s: float | None = None  # CPU it had spent when it was seen caught up
 
     def watch(self) -> None:
         assert self.proc.stdout is not None
@@ -212,7 +233,7 @@ def start_service(children: Children, name: str, args: list[str], *, metrics: bo
 
 
 def wait_ready(svc: Service, log_events: tuple[str, ...], timeout: float) -> tuple[float, str]:
-    """Seconds from the process's start to caught up, and which signal said so.
+    """Seconds from the process's start to caught up, and which signal said so (`svc.cpu_s`: its CPU by then).
 
     `/readyz` counts only once it was seen answering 503: a readiness that answers 200 as soon
     as NATS is connected (today's) says nothing about catching up, so the log line decides then.
@@ -221,11 +242,13 @@ def wait_ready(svc: Service, log_events: tuple[str, ...], timeout: float) -> tup
     while True:
         for ev in log_events:
             if ev in svc.events:
+                svc.cpu_s = process_cpu_s(svc.proc.pid)
                 return svc.events[ev] - svc.started, f"log:{ev}"
         code = svc.readyz()
         if code == 503:
             svc.saw_503 = True
         elif code == 200 and svc.saw_503:
+            svc.cpu_s = process_cpu_s(svc.proc.pid)
             return time.perf_counter() - svc.started, "readyz"
         if svc.proc.poll() is not None:
             time.sleep(0.2)  # the watcher thread may still be reading its last lines
@@ -358,7 +381,11 @@ def generate(jobs: int, out: Path, children: Children, timeout: float) -> Path:
 
 def median_of(runs: list[Timed]) -> dict[str, Any]:
     return {"s": round(statistics.median(r.s for r in runs), 3), "runs": [round(r.s, 3) for r in runs],
-            "rc": runs[-1].rc, "lines": runs[-1].lines}
+            "cpu_s": round(statistics.median(r.cpu_s for r in runs), 3), "rc": runs[-1].rc, "lines": runs[-1].lines}
+
+
+def cpu_round(x: float | None) -> float | None:
+    return round(x, 3) if x is not None else None
 
 
 def repeat(children: Children, label: str, args: list[str], runs: int, timeout: float,
@@ -371,7 +398,7 @@ def repeat(children: Children, label: str, args: list[str], runs: int, timeout: 
         out.append(r)
     fig = median_of(out)
     note(f"  {label:<14} {fig['s']:7.2f} s  (runs {', '.join(f'{s:.2f}' for s in fig['runs'])}; "
-         f"exit {fig['rc']}, {fig['lines']} lines)")
+         f"CPU {fig['cpu_s']:.2f} s; exit {fig['rc']}, {fig['lines']} lines)")
     return fig
 
 
@@ -391,7 +418,7 @@ def start_optional(children: Children, name: str, help_text: str, url: str, tmp:
     svc = start_service(children, name, [*args, *extra], metrics=option_for(help_text, "--metrics-port") is not None)
     s, signal_ = wait_ready(svc, ("caught_up", "index_caught_up", "archive_caught_up", "ready"), timeout)
     note(f"  {name:<14} {s:7.2f} s to ready ({signal_})")
-    return svc, {"s": round(s, 3), "signal": signal_, "args": args[3:] + extra}
+    return svc, {"s": round(s, 3), "cpu_s": cpu_round(svc.cpu_s), "signal": signal_, "args": args[3:] + extra}
 
 
 def run(log: Path, tmp: Path, children: Children, a: argparse.Namespace) -> dict[str, Any]:
@@ -451,16 +478,18 @@ def measure(log: Path, tmp: Path, children: Children, a: argparse.Namespace, url
     r = run_cli(children, [*nats, "jobs"], a.timeout)
     if r.rc != 0:
         raise RuntimeError(f"`corral jobs` exit {r.rc}:\n{r.err}")
-    readers["jobs_cold"] = {"s": round(r.s, 3), "note": "before any snapshot was written"}
-    note(f"  {'jobs_cold':<14} {r.s:7.2f} s  (before any snapshot)")
+    readers["jobs_cold"] = {"s": round(r.s, 3), "cpu_s": round(r.cpu_s, 3), "note": "before any snapshot was written"}
+    note(f"  {'jobs_cold':<14} {r.s:7.2f} s  (CPU {r.cpu_s:.2f} s; before any snapshot)")
 
     sched_args = [*nats, "scheduler", "--id", "bench", "--heartbeat-timeout", "3600", "--log-level", "info"]
     for label in ("scheduler_cold", "scheduler"):
         svc = start_service(children, label, sched_args, metrics=True)
         s, how = wait_ready(svc, ("caught_up",), a.timeout)
         code = stop_service(children, svc, a.timeout)  # a clean stop writes a snapshot
-        readers[label] = {"s": round(s, 3), "signal": how, "snapshot_log": svc.snapshot_events(), "exit": code}
-        note(f"  {label:<14} {s:7.2f} s  ({how}; snapshot log events: {svc.snapshot_events() or 'none'})")
+        readers[label] = {"s": round(s, 3), "cpu_s": cpu_round(svc.cpu_s), "signal": how,
+                          "snapshot_log": svc.snapshot_events(), "exit": code}
+        note(f"  {label:<14} {s:7.2f} s  (CPU {svc.cpu_s or 0:.2f} s; {how}; snapshot log events: "
+             f"{svc.snapshot_events() or 'none'})")
     snaps = {k: v for k, v in asyncio.run(stream_bytes(url)).items() if k != "CORRAL"}
     out["buckets"] = snaps
 
@@ -472,8 +501,9 @@ def measure(log: Path, tmp: Path, children: Children, a: argparse.Namespace, url
     svc = start_service(children, "agent", agent_args, metrics=True)
     s, how = wait_ready(svc, ("agent_started",), a.timeout)
     stop_service(children, svc, a.timeout)
-    readers["agent"] = {"s": round(s, 3), "signal": how, "snapshot_log": svc.snapshot_events()}
-    note(f"  {'agent':<14} {s:7.2f} s  ({how}; node {node.node_id}; snapshot log events: "
+    readers["agent"] = {"s": round(s, 3), "cpu_s": cpu_round(svc.cpu_s), "signal": how,
+                        "snapshot_log": svc.snapshot_events()}
+    note(f"  {'agent':<14} {s:7.2f} s  (CPU {svc.cpu_s or 0:.2f} s; {how}; node {node.node_id}; snapshot log events: "
          f"{svc.snapshot_events() or 'none'})")
 
     for label, args in (("jobs", ["jobs"]), ("nodes", ["nodes"])):
@@ -512,15 +542,16 @@ def measure(log: Path, tmp: Path, children: Children, a: argparse.Namespace, url
 
 
 def figures(run: dict[str, Any]) -> dict[str, tuple[str, float]]:
-    """name -> (kind, value) of every figure a target applies to: reader, query or size."""
+    """name -> (kind, value) of every figure: reader, query or size (targets apply), or info (none do)."""
     out: dict[str, tuple[str, float]] = {}
     for key in ("stream_bytes", "bytes_per_job"):
         if isinstance(run.get(key), int | float):
             out[key] = ("size", float(run[key]))
-    for name, fig in run.get("readers", {}).items():
-        out[f"reader:{name}"] = ("info" if name in NO_SNAPSHOT_POSSIBLE else "reader", float(fig["s"]))
-    for name, fig in run.get("queries", {}).items():
-        out[f"query:{name}"] = ("query", float(fig["s"]))
+    for group, kind in (("readers", "reader"), ("queries", "query")):
+        for name, fig in run.get(group, {}).items():
+            out[f"{kind}:{name}"] = ("info" if name in NO_SNAPSHOT_POSSIBLE else kind, float(fig["s"]))
+            if isinstance(fig.get("cpu_s"), int | float):
+                out[f"cpu:{kind}:{name}"] = ("info", float(fig["cpu_s"]))
     if isinstance(run.get("cli_floor"), dict):
         out["cli_floor"] = ("info", float(run["cli_floor"]["s"]))
     for name, fig in run.get("services", {}).items():
