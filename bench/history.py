@@ -315,7 +315,7 @@ def log_events(path: Path, offset: float, facts: LogFacts) -> Iterator[Event]:
     for env in LogFile(path).envelopes():
         event = env.event
         if isinstance(event, Unknown):
-            raise ValueError(f"{path}: line {env.seq} is not an event this corral decodes (a log of another version?)")
+            raise RuntimeError(f"{path}: line {env.seq} is not an event this corral decodes (a log of another version?)")
         facts.events += 1
         if isinstance(event, JobSubmitted):
             facts.jobs += 1
