@@ -24,6 +24,8 @@ TINY: dict[str, list[str] | None] = {
     "chaos.py": None,
     "cli_start.py": ["--runs", "1"],
     "gang_starts.py": ["--nodes", "2", "--gangs", "3", "--run-s", "0.1"],
+    # Every reader and query once on a 60-job history (each a real `corral` process).
+    "history.py": ["--jobs", "60", "--runs", "1", "--timeout", "120"],
     "load.py": ["--jobs", "4", "--clients", "1", "--nodes", "2", "--gpus", "8", "--agent-procs", "1",
                 "--timeout", "60"],
     "rebuild.py": ["--events", "2000", "--tail", "100", "--rounds", "1"],
