@@ -8,10 +8,10 @@ import pytest
 from nats.js.errors import BucketNotFoundError
 
 from events.bus import Bus
+from events.snapshots import SNAPSHOT_BUCKET, SnapshotStore
 from orchestrator.cli.state_view import envelope_at, load_state, seq_at_time
 from orchestrator.core.evolve import fold
 from orchestrator.core.state import snapshot
-from orchestrator.snapshot_store import SNAPSHOT_BUCKET, SnapshotStore
 from tests.cli.test_top import EVENTS
 
 
