@@ -16,8 +16,11 @@ def rank_node(job: Job, rank: int) -> str | None:
 
 
 def note_started(state: ClusterState, e: WorkerStarted) -> None:
-    """`ClusterState.unended`: every start the log holds, of any attempt, valid or not (a later one replaces)."""
-    state.unended.setdefault(e.node_id, {})[(e.job_id, e.attempt, e.rank)] = e.restarts
+    """`ClusterState.unended`: a start on a known node of a known job, of any attempt, taken or not (a later one
+    replaces it). One about a job or node the fold never knew (garbage, a forged report) is no worker of any
+    gang, and must not change the state."""
+    if e.job_id in state.jobs and e.node_id in state.nodes:
+        state.unended.setdefault(e.node_id, {})[(e.job_id, e.attempt, e.rank)] = e.restarts
 
 
 def note_exited(state: ClusterState, e: WorkerExited) -> None:

@@ -313,10 +313,10 @@ class ClusterState(msgspec.Struct, kw_only=True):
     durations: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)
     #: job -> rank -> state, for the current attempt of active jobs.
     ranks: dict[str, dict[int, RankState]] = msgspec.field(default_factory=dict)
-    #: node -> worker -> generation (`restarts`) of every worker the log has that node start and not
-    #: end, whatever its attempt, and whether or not the fold took the report (`ranks` keeps only
-    #: current attempts'). An agent restarted on the node tells the log which of them vanished
-    #: (nodeagent/agent.py `_adopt`): held here, an agent starting from a snapshot knows them too.
+    #: node -> worker -> generation (`restarts`) of every worker of a known job the log has that known
+    #: node start and not end, whatever its attempt, and whether or not the fold took the report
+    #: (`ranks` keeps only current attempts'). An agent restarted on the node tells the log which of
+    #: them vanished (nodeagent/agent.py `_adopt`): held here, an agent starting from a snapshot knows them too.
     unended: dict[str, dict[WorkerId, int]] = msgspec.field(default_factory=dict)
     #: job -> step -> ranks that reported a checkpoint at that step (until complete).
     checkpoint_votes: dict[str, dict[int, tuple[int, ...]]] = msgspec.field(default_factory=dict)

@@ -9,7 +9,8 @@ events before it, so the fold holds them now: `ClusterState.unended`,
 `Node.failed_seq`, `Job.not_before`.
 
 The checker here is that old per-event rule, written out again (not imported:
-it no longer exists in the agent), run over random logs with crashes, node
+it no longer exists in the agent; one change: a start about a job or node the
+fold never knew is garbage and kept by nobody), run over random logs with crashes, node
 failures and recoveries, re-registrations, gang restarts, stale and racing
 decisions; the fold must agree with it at every position, and a state restored
 from a snapshot at any position and folded on must equal the full fold byte for byte.
@@ -55,7 +56,8 @@ class OldAgentRule:
                 self.failed_at[e.node_id] = 0
             elif not self.failed_at.get(e.node_id):
                 self.failed_at[e.node_id] = seq
-        elif isinstance(e, WorkerStarted):
+        elif isinstance(e, WorkerStarted) and e.job_id in state.jobs and e.node_id in state.nodes:
+            # (The one change: a start about a job or node the fold never knew is garbage, kept by nobody.)
             self.unended.setdefault(e.node_id, {})[(e.job_id, e.attempt, e.rank)] = e.restarts
         elif isinstance(e, WorkerExited):
             mine = self.unended.get(e.node_id, {})
