@@ -131,8 +131,6 @@ def share_one_fold(bus: Bus, agents: list[Agent], ready: asyncio.Event) -> Follo
     for agent in agents:
         view = views[agent.node_id] = SharedView(shared, ready)
         agent.follower = view  # type: ignore[assignment]
-        # The agent registered its per-event observer on its own Follower, which never runs here.
-        shared.on_event(agent._observe)
     return shared
 
 

@@ -40,9 +40,9 @@ from scheduler import lifecycle_log
 from events.bus import Bus
 from events.follow import Follower
 from events.server import NatsServer
+from events.snapshots import SnapshotStore
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, snapshot
-from orchestrator.snapshot_store import SnapshotStore
 
 
 async def rebuild(bus: Bus, expect: int) -> tuple[float, ClusterState]:

@@ -1,7 +1,8 @@
 """The node agent: turns the ranks the log places on this node into running workers.
 
-It folds the same log as the scheduler (shared `evolve`), so "what should run
-here" is a pure read of the state (`orchestrator.core.node_work.node_work`); the agent's job is
+It folds the same log as the scheduler (shared `evolve`), starting from the
+scheduler's newest usable snapshot (events/snapshots.py: an agent only reads
+them), so "what should run here" is a pure read of the state (`orchestrator.core.node_work.node_work`); the agent's job is
 the difference between that and the workers that exist. Everything it learns
 (a worker started, exited, checkpointed) goes back into the log as an event
 whose id is derived from the worker's identity, so a retried or repeated
@@ -22,8 +23,9 @@ import structlog
 from nats.js.kv import KeyValue
 
 from events import telemetry
-from events.bus import Bus, BusError, Envelope, append_reclaiming
+from events.bus import Bus, BusError, append_reclaiming
 from events.follow import Follower
+from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, newest_manifest
@@ -34,17 +36,7 @@ from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, 
 from orchestrator.core.evolve import evolve
 from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.state import ClusterState, Job
-from schemas import (
-    Checkpointed,
-    Event,
-    GangRestarted,
-    Inventory,
-    NodeFailed,
-    NodeRecovered,
-    NodeRegistered,
-    WorkerExited,
-    WorkerStarted,
-)
+from schemas import Checkpointed, Event, Inventory, NodeRecovered, NodeRegistered, WorkerExited, WorkerStarted
 from schemas.heartbeat import HEARTBEAT_BUCKET
 
 log = structlog.get_logger("corral.agent")
@@ -104,18 +96,12 @@ class Agent:
         self._restarting: set[WorkerKey] = set()
         #: Ranks whose start failed -> the seq of that WorkerExited: not started again before it is folded.
         self._failed_starts: dict[WorkerKey, int] = {}
-        #: Position of the NodeFailed that failed this incarnation (0: not failed), and the failure
-        #: our last NodeRecovered answered: one recovery per failure, however many partitions.
-        self._failed_at = 0
+        #: The position of the NodeFailed our last NodeRecovered answered (Node.failed_seq): one
+        #: recovery per failure, however many partitions.
         self._recovered_for = 0
-        #: (job, attempt) -> wall-clock time before which a gang restart's workers wait (its backoff).
-        self._not_before: dict[tuple[str, int], float] = {}
         self._hb_kv: KeyValue | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._checkpoints_scanned = 0.0
-        #: Workers the log says this node started and never ended, of any attempt: key -> generation.
-        self._unended: dict[WorkerKey, int] = {}
-        self.follower.on_event(self._observe)
 
     @property
     def node_id(self) -> str:
@@ -125,7 +111,7 @@ class Agent:
 
     async def run(self) -> None:
         """Register, adopt what survived a restart, then reconcile until cancelled."""
-        await self.follower.catch_up()
+        await self._catch_up_from_snapshot()
         await self._adopt()
         # Fold what adoption reported (exits while we were down) before the first reconcile:
         # until then the state still says those ranks run, and reconcile would start them again.
@@ -163,34 +149,22 @@ class Agent:
                 with contextlib.suppress(BaseException):
                     await t
 
-    def _observe(self, env: Envelope) -> None:
-        """Note, as each event is folded, what the state keeps no record of.
+    async def _catch_up_from_snapshot(self) -> None:
+        """The state now: the newest usable snapshot, then the log after it (or the whole log).
 
-        Which NodeFailed failed this incarnation (its position names our answer to it, so a
-        repeated answer dedupes and the next failure gets a new one), and a gang restart's
-        `not_before` (the first GangRestarted that moved the job to that attempt: a void or
-        duplicate one changes nothing). And which workers the log has this node start and never end,
-        whatever their attempt (the state keeps only current attempts'). All rebuild from the log when
-        the agent restarts.
+        Everything the agent decides from is in the fold (what a restarted agent must tell about
+        workers of ended attempts: ClusterState.unended; a gang restart's backoff: Job.not_before;
+        the failure a recovery answers: Node.failed_seq), so a snapshot start decides as a full fold.
         """
-        e = env.event
-        if isinstance(e, NodeFailed | NodeRecovered | NodeRegistered):
-            if e.node_id == self.node_id:
-                me = self.follower.state.nodes.get(self.node_id)
-                if me is None or not me.failed or me.incarnation != self.incarnation:
-                    self._failed_at = 0
-                elif not self._failed_at:
-                    self._failed_at = env.seq
-        elif isinstance(e, WorkerStarted) and e.node_id == self.node_id:
-            self._unended[(e.job_id, e.attempt, e.rank)] = e.restarts
-        elif isinstance(e, WorkerExited) and e.node_id == self.node_id:
-            key = (e.job_id, e.attempt, e.rank)
-            if self._unended.get(key, e.restarts + 1) <= e.restarts:
-                del self._unended[key]
-        elif isinstance(e, GangRestarted) and e.not_before > 0:
-            job = self.follower.state.jobs.get(e.job_id)
-            if job is not None and job.attempt == e.attempt:
-                self._not_before.setdefault((e.job_id, e.attempt), e.not_before)
+        t0 = time.monotonic()
+        start = 0
+        if self.follower.state.seq == 0:
+            snap = await SnapshotStore(self.bus.js, replicas=self.bus.replicas).load(ClusterState)
+            if snap is not None:
+                self.follower.state, start = snap, snap.seq
+        await self.follower.catch_up()
+        log.info("caught_up", node_id=self.node_id, seq=self.follower.state.seq, from_snapshot=start,
+                 seconds=round(time.monotonic() - t0, 3))
 
     def _spawn(self, coro: object) -> asyncio.Task[object]:
         task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
@@ -270,7 +244,7 @@ class Agent:
         # The same for a worker of an attempt that ended meanwhile (its gang was requeued while this agent
         # was down): the fold no longer cares, but left untold the log would show it running on its GPUs
         # forever, beside every later worker there.
-        for key, generation in list(self._unended.items()):
+        for key, generation in list(state.unended.get(self.node_id, {}).items()):
             job = state.jobs.get(key[0])
             if key not in seen and (job is None or job.attempt != key[1]):
                 log.warning("worker_vanished", job_id=key[0], attempt=key[1], rank=key[2], attempt_ended=True)
@@ -321,7 +295,7 @@ class Agent:
         # GPUs are held (`_held_gpus`).
         self._stop_unwanted()
         held = self._held_gpus(work)
-        waiting = self._backoffs(state)
+        wall = time.time()
         for key in work:
             # Asked again of the state as it is now: the pass awaits each start, and meanwhile a
             # worker may have exited and been forgotten; by the pass's first reading it would
@@ -330,7 +304,7 @@ class Agent:
             tr = self.workers.get(key)
             if tr is None:
                 if (intent == "run" and key not in self._restarting and key not in self._failed_starts
-                        and key[:2] not in waiting and not self._blocked(key, held)):
+                        and not self._backing_off(key, wall) and not self._blocked(key, held)):
                     await self._start(key, restarts=self._next_generation(key))
             elif intent is not None:
                 await self._steer(key, tr, intent, now)
@@ -351,19 +325,18 @@ class Agent:
         me = state.nodes.get(self.node_id)
         if me is None or not me.failed or me.incarnation != self.incarnation:
             return
-        # (No position seen: a fold that began after the NodeFailed. The current one names it.)
-        self._failed_at = self._failed_at or state.seq
-        if self._recovered_for == self._failed_at:
+        failed_at = me.failed_seq
+        if self._recovered_for == failed_at:
             return  # answered; our NodeRecovered is not folded yet
-        self._recovered_for = self._failed_at
-        log.warning("node_recovering", node_id=self.node_id, failed_at_seq=self._failed_at)
+        self._recovered_for = failed_at
+        log.warning("node_recovering", node_id=self.node_id, failed_at_seq=failed_at)
         if self._hb_kv is not None:
             # A beat first: the scheduler judges silence from the last beat it received, and one
             # from before the pause would fail the node again the moment it is back.
             await put_heartbeat(self._hb_kv, self.node_id, self.incarnation, len(self.workers))
         await self._append(
             NodeRecovered(
-                event_id=f"recovered:{self.node_id}:{self.incarnation}:{self._failed_at}",
+                event_id=f"recovered:{self.node_id}:{self.incarnation}:{failed_at}",
                 occurred_at=time.time(),
                 node_id=self.node_id,
                 incarnation=self.incarnation,
@@ -379,20 +352,10 @@ class Agent:
                     stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
                 )
 
-    def _backoffs(self, state: ClusterState) -> set[tuple[str, int]]:
-        """(job, attempt) of the gang restarts still in their backoff (GangRestarted.not_before).
-
-        Also forgets the ones that are over or superseded, so the memo stays small.
-        """
-        if not self._not_before:
-            return set()
-        wall = time.time()
-        jobs = state.jobs
-        self._not_before = {
-            k: t for k, t in self._not_before.items()
-            if t > wall and (j := jobs.get(k[0])) is not None and j.attempt == k[1]
-        }
-        return set(self._not_before)
+    def _backing_off(self, key: WorkerKey, wall: float) -> bool:
+        """Whether `key`'s attempt began with a gang restart whose backoff (Job.not_before) is not over."""
+        job = self.follower.state.jobs.get(key[0])
+        return job is not None and job.attempt == key[1] and job.not_before > wall
 
     def _next_generation(self, key: WorkerKey) -> int:
         """The generation to start: 0, or the one after a "restarting" rank's in the log.

@@ -15,8 +15,11 @@ what the archive holds. The archiver purges the stream below K
   time, never from this machine's clock) or needed to bring the stream under
   `max_bytes`;
 * the archive's end + 1: age or size alone never drop an unarchived event;
-* the newest scheduler snapshot's position + 1: node agents have no archive
-  and start from a snapshot, so the stream must keep everything after it.
+* the oldest kept scheduler snapshot's position + 1: node agents have no
+  archive and start from a snapshot, so the stream must keep everything
+  after it -- after the oldest one kept (events/snapshots.py keeps the newest
+  few), so a reader that must skip an unusable newest snapshot for an older
+  one still finds its tail in the stream.
 
 A failed segment write (a full disk: ENOSPC, or any OSError) stops
 retention at once -- nothing more is purged while the archive cannot be
@@ -32,14 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
@@ -47,8 +48,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from events.archive import Archive, ArchiveError, Manifest, Record, stored_records
 from events.bus import Bus, BusError
+from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
-from orchestrator.snapshot_store import SNAPSHOT_BUCKET, SNAPSHOT_FORMAT
 
 log = structlog.get_logger("corral.archiver")
 
@@ -102,7 +103,7 @@ def purge_point(segments: Sequence[Manifest], stream: StreamFacts, *, retention_
     """K: the stream may drop the positions below K (and keep K and above). K <= stream.first: drop nothing.
 
     Whole archived segments only. The wanted cut (age, size) is capped by the archive's end + 1 and the
-    newest snapshot's position + 1 (module docstring): an event is purged only if archived, and only if
+    oldest kept snapshot's position + 1 (module docstring): an event is purged only if archived, and only if
     a reader starting from the snapshot does not need it.
     """
     if not segments:
@@ -127,41 +128,23 @@ def purge_point(segments: Sequence[Manifest], stream: StreamFacts, *, retention_
     return min(want, segments[-1].last_seq + 1, snapshot_seq + 1)
 
 
-class _SeqOnly(msgspec.Struct):
-    """The one field of a scheduler snapshot the archiver needs (the rest of it is skipped, not built)."""
-
-    seq: int = 0
-
-
 class SnapshotSeq:
-    """The newest scheduler snapshot's log position, read from the object store bucket (0: none, or unreadable).
+    """The position of the OLDEST snapshot the scheduler keeps (0: none, or the store cannot be read now).
 
-    TODO(lead, #28 merge): switch to `events.snapshots.SnapshotStore(js, ...).newest_seq()` (branch `snap`);
-    this reads today's one snapshot object (orchestrator/snapshot_store.py) and only decodes its `seq`,
-    again only when the object changed (its nuid).
+    Not the newest: a reader skips an unusable snapshot (checksum, format) for an older one, and
+    must then find that one's tail in the stream. The stored names are read, not the snapshots.
     """
 
     def __init__(self, js: object) -> None:
-        self._js = js
-        self._name = f"scheduler.v{SNAPSHOT_FORMAT}"
-        self._seen: tuple[str, int] | None = None
+        self._store = SnapshotStore(js)  # type: ignore[arg-type]
 
     async def __call__(self) -> int:
         try:
-            store = await self._js.object_store(SNAPSHOT_BUCKET)  # type: ignore[attr-defined]
-            info = await store.get_info(self._name)
-            if self._seen is not None and self._seen[0] == info.nuid:
-                return self._seen[1]
-            buf = io.BytesIO()
-            await store.get(self._name, writeinto=buf)
-            seq = msgspec.msgpack.decode(buf.getbuffer(), type=_SeqOnly).seq
-        except (nats.js.errors.BucketNotFoundError, nats.js.errors.ObjectNotFoundError, nats.js.errors.NotFoundError):
-            return 0  # no snapshot: readers start from position 1, so the stream keeps everything
+            seqs = await self._store.seqs()
         except Exception as e:  # unreadable: keep everything rather than guess
             log.warning("snapshot_seq_unreadable", error=repr(e))
             return 0
-        self._seen = (info.nuid, seq)
-        return seq
+        return seqs[-1] if seqs else 0  # no snapshot: readers start from position 1, so keep everything
 
 
 class Archiver:

@@ -39,6 +39,7 @@ import structlog
 from events import telemetry
 from events.bus import Bus, BusError, NotLast, append_reclaiming
 from events.follow import Follower
+from events.snapshots import SnapshotStore
 from events.subjects import subject_for
 from events.swallowed_cancel import stop_if_cancelled
 from orchestrator import metrics
@@ -48,7 +49,6 @@ from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState, Config
 from orchestrator.health import HeartbeatMonitor
 from orchestrator.leader import LEASE_BUCKET, Lease
-from orchestrator.snapshot_store import SnapshotStore
 from schemas import ClusterConfigured, Event, NodeFailed, SchedulerElected, decode
 from schemas.heartbeat import HEARTBEAT_BUCKET
 
@@ -66,7 +66,10 @@ def default_scheduler_id() -> str:
 class SchedulerConfig:
     scheduler_id: str = field(default_factory=default_scheduler_id)
     tick_s: float = 1.0
+    #: A snapshot after this many events, or after `snapshot_interval_s` when anything was folded since
+    #: the last one: a restart (and every reader's start) costs a snapshot plus the tail after it.
     snapshot_every: int = 10_000
+    snapshot_interval_s: float = 60.0
     lease_ttl_s: float = 5.0
     heartbeat_timeout_s: float = 10.0
     #: Appended once when the log has no cluster settings yet, so every replay decides alike.
@@ -81,6 +84,7 @@ class Scheduler:
         self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded
+        self._snapshot_at = time.monotonic()  # when it was saved or loaded
         self._snapshots = SnapshotStore(bus.js, replicas=bus.replicas)
         self._monitor: HeartbeatMonitor | None = None
         self._lease: Lease | None = None
@@ -127,20 +131,30 @@ class Scheduler:
             self._awaiting = max(self._awaiting, *seqs)
 
     async def _restore(self) -> None:
+        """The newest usable snapshot, then the log after it: `caught_up` says where and how long it took."""
+        t0 = time.monotonic()
         snap = await self._snapshots.load(ClusterState)
         if snap is not None:
             self.follower.state = snap
             self._snapshot_seq = snap.seq
+            self._snapshot_at = time.monotonic()
             log.info("snapshot_loaded", seq=snap.seq)
         await self.follower.catch_up()
-        log.info("caught_up", seq=self.state.seq, jobs=len(self.state.jobs), nodes=len(self.state.nodes))
+        log.info("caught_up", seq=self.state.seq, from_snapshot=snap.seq if snap is not None else 0,
+                 seconds=round(time.monotonic() - t0, 3), jobs=len(self.state.jobs), nodes=len(self.state.nodes))
+
+    def _snapshot_due(self) -> bool:
+        """N events since the last snapshot, or any after `snapshot_interval_s`: the tail a restart reads stays short."""
+        behind = self.state.seq - self._snapshot_seq
+        return behind >= self.config.snapshot_every or (
+            behind > 0 and time.monotonic() - self._snapshot_at >= self.config.snapshot_interval_s)
 
     async def _snapshot_loop(self) -> None:
         while True:
             stop_if_cancelled()
             await asyncio.sleep(1.0)
             seq = self.state.seq
-            if seq - self._snapshot_seq >= self.config.snapshot_every:
+            if self._snapshot_due():
                 try:
                     size = await self._snapshots.save(self.state)
                 except (BusError, nats.errors.Error, OSError, TimeoutError) as e:
@@ -148,7 +162,7 @@ class Scheduler:
                     # start's replay, so try again next round rather than stop scheduling.
                     log.warning("snapshot_failed", seq=seq, error=repr(e))
                     continue
-                self._snapshot_seq = seq
+                self._snapshot_seq, self._snapshot_at = seq, time.monotonic()
                 log.info("snapshot_saved", seq=seq, bytes=size)
 
     async def _campaign(self) -> None:
@@ -340,7 +354,8 @@ class Scheduler:
         finally:
             # A clean stop leaves a fresh snapshot (the next start replays less) and frees the lease
             # at once instead of after its TTL.
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._snapshots.save(self.state))
+            if self.state.seq > self._snapshot_seq:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._snapshots.save(self.state))
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._lease.release())

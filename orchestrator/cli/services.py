@@ -75,7 +75,8 @@ async def run_scheduler(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     config = SchedulerConfig(scheduler_id=args.id or default_scheduler_id(), tick_s=args.tick,
                              heartbeat_timeout_s=args.heartbeat_timeout, lease_ttl_s=args.lease_ttl,
-                             snapshot_every=args.snapshot_every, cluster=cluster_config(args))
+                             snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval,
+                             cluster=cluster_config(args))
     async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
         sched = Scheduler(bus, config)
         metrics_server = await start_metrics(args, scheduler=sched)
@@ -344,6 +345,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tick", type=float, default=1.0, metavar="S", help="decide at least this often")
     p.add_argument("--lease-ttl", type=float, default=5.0, metavar="S", help="leader lease TTL")
     p.add_argument("--snapshot-every", type=int, default=10_000, metavar="N", help="snapshot after N events")
+    p.add_argument("--snapshot-interval", type=float, default=60.0, metavar="S",
+                   help="and at most S seconds after the last snapshot when anything changed")
     p.set_defaults(handler=run_scheduler)
 
     p = sub.add_parser("agent", help="run a node agent", description="Register this node, heartbeat, run the "

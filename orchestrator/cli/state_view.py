@@ -2,11 +2,11 @@
 
 `jobs`, `nodes`, `queues`, `replay` and `top` never ask a service what it
 thinks; they fold the log themselves with the shared `evolve`. To stay fast on
-a long log they start from the scheduler's newest snapshot when it is not past
-the position asked for (a snapshot *is* a fold of the log up to its `seq`),
-then replay the rest. Any problem with the snapshot (none yet, no permission
-to read it, an older format) falls back to a full replay, which is always
-correct, only slower.
+a long log they start from the scheduler's newest snapshot at or before the
+position asked for (a snapshot *is* a fold of the log up to its `seq`;
+events/snapshots.py), then replay the rest. A snapshot that cannot be used (a
+newer corral's, a bad checksum, no permission to read it) is skipped for an
+older one or the whole log, with one log line: slower, never wrong.
 
 With `--log FILE` the read-only commands fold a log file instead (what
 `corral sim` writes, events/logfile.py): forensics on a simulated run, where
@@ -22,18 +22,17 @@ from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 
 import structlog
-from nats.js.errors import BucketNotFoundError
 
 from events.bus import Bus, Envelope
 from events.follow import Follower, fold_batch
 from events.history import History
 from events.logfile import LogFile
+from events.snapshots import SnapshotStore
 from orchestrator.cli.archive import with_archive
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import NOT_FOUND, CliError
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.snapshot_store import SNAPSHOT_BUCKET, SnapshotStore
 
 log = structlog.get_logger("corral.cli")
 
@@ -68,22 +67,8 @@ async def log_now(source: LogSource) -> float:
 
 
 async def newest_snapshot(bus: Bus | History, *, at_most: int) -> ClusterState | None:
-    """The scheduler's snapshot if it reflects a position <= `at_most`; None otherwise or on any problem."""
-    try:
-        await bus.js.object_store(SNAPSHOT_BUCKET)  # only look: a reader must not create the bucket
-    except BucketNotFoundError:
-        return None
-    except Exception as e:
-        log.debug("snapshot_unavailable", error=repr(e))
-        return None
-    try:
-        state = await SnapshotStore(bus.js, replicas=bus.replicas).load(ClusterState)
-    except Exception as e:
-        log.debug("snapshot_unreadable", error=repr(e))
-        return None
-    if state is None or state.seq > at_most:
-        return None
-    return state
+    """The scheduler's newest usable snapshot at a position <= `at_most`; None: fold from the log's start."""
+    return await SnapshotStore(bus.js, replicas=bus.replicas).load(ClusterState, at_most=at_most)
 
 
 async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot: bool = True) -> ClusterState:

@@ -49,7 +49,7 @@ def node_registered(state: ClusterState, e: NodeRegistered) -> None:
     if marks is not None:
         state.earmarks[e.node_id] = tuple(marks[:size]) + (FREE,) * max(0, size - len(marks))
     state.nodes[e.node_id] = replace(
-        old, incarnation=e.incarnation, address=e.address, inventory=e.inventory, failed=False
+        old, incarnation=e.incarnation, address=e.address, inventory=e.inventory, failed=False, failed_seq=0
     )
 
 
@@ -59,7 +59,7 @@ def node_failed(state: ClusterState, e: NodeFailed) -> None:
     node = state.nodes.get(e.node_id)
     if node is None or node.failed or (e.incarnation and e.incarnation != node.incarnation):
         return  # unknown, already failed, or about an older incarnation
-    state.nodes[e.node_id] = replace(node, failed=True)
+    state.nodes[e.node_id] = replace(node, failed=True, failed_seq=state.seq)
 
 
 def node_recovered(state: ClusterState, e: NodeRecovered) -> None:
@@ -67,7 +67,7 @@ def node_recovered(state: ClusterState, e: NodeRecovered) -> None:
     if node is None or not node.failed:
         return
     state.freed_seq = state.seq
-    state.nodes[e.node_id] = replace(node, failed=False, incarnation=e.incarnation or node.incarnation)
+    state.nodes[e.node_id] = replace(node, failed=False, failed_seq=0, incarnation=e.incarnation or node.incarnation)
 
 
 def node_cordon(state: ClusterState, node_id: str, cordoned: bool) -> None:

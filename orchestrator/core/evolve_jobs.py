@@ -266,6 +266,7 @@ def requeue(
         preempt_grace_s=0.0,
         waiting=None,
         rejoined_at=at if rejoin else job.rejoined_at,
+        not_before=0.0,
     )
     enqueue(state, job)
 
@@ -307,6 +308,7 @@ def gang_restarted(state: ClusterState, e: GangRestarted) -> None:
         lost=0,
         failure="",
         resume_from=job.newest_checkpoint,
+        not_before=e.not_before,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_jobs import active
-from orchestrator.core.state import TERMINAL, Checkpoint, ClusterState, Job, RankState
+from orchestrator.core.state import TERMINAL, Checkpoint, ClusterState, Job, RankState, WorkerId
 from schemas.events import Checkpointed, WorkerExited, WorkerStarted
 
 
@@ -15,7 +15,29 @@ def rank_node(job: Job, rank: int) -> str | None:
     return None
 
 
+def note_started(state: ClusterState, e: WorkerStarted) -> None:
+    """`ClusterState.unended`: a start on a known node of a known job, of any attempt, taken or not (a later one
+    replaces it). One about a job or node the fold never knew (garbage, a forged report) is no worker of any
+    gang, and must not change the state."""
+    if e.job_id in state.jobs and e.node_id in state.nodes:
+        state.unended.setdefault(e.node_id, {})[(e.job_id, e.attempt, e.rank)] = e.restarts
+
+
+def note_exited(state: ClusterState, e: WorkerExited) -> None:
+    """`ClusterState.unended`: an exit ends the start of its generation or an earlier one, never a later one."""
+    workers = state.unended.get(e.node_id)
+    if workers is None:
+        return
+    key: WorkerId = (e.job_id, e.attempt, e.rank)
+    generation = workers.get(key)
+    if generation is not None and generation <= e.restarts:
+        del workers[key]
+        if not workers:
+            del state.unended[e.node_id]
+
+
 def worker_started(state: ClusterState, e: WorkerStarted) -> None:
+    note_started(state, e)
     job = active(state, e.job_id, e.attempt)
     if job is None or rank_node(job, e.rank) != e.node_id:
         return
@@ -36,6 +58,7 @@ def worker_started(state: ClusterState, e: WorkerStarted) -> None:
 
 
 def worker_exited(state: ClusterState, e: WorkerExited) -> None:
+    note_exited(state, e)
     job = active(state, e.job_id, e.attempt)
     if job is None or rank_node(job, e.rank) != e.node_id:
         return

@@ -58,6 +58,9 @@ LineKey = tuple[int, float, str]
 #: An active gang's place in `ClusterState.ends`: (reserved_at + time limit, or inf; reserved_at; job id).
 EndKey = tuple[float, float, str]
 
+#: A worker's identity on its node: (job id, attempt, rank).
+WorkerId = tuple[str, int, int]
+
 #: JobWaiting code of the pending gang that holds the backfill reservation (see `ClusterState.holders`).
 RESERVING = "backfill_head"
 
@@ -79,6 +82,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     registered_at: float = 0.0
     cordoned: bool = False
     failed: bool = False
+    #: Log position of the NodeFailed that failed it (0 while it is not failed): the agent's
+    #: NodeRecovered names it, so a repeated answer dedupes and the next failure gets a new one.
+    failed_seq: int = 0
 
     @property
     def schedulable(self) -> bool:
@@ -200,6 +206,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: A finished job's ranks of its last attempt as (rank, state), the first FINAL_RANKS_KEPT:
     #: `ClusterState.ranks` holds only active jobs' ranks.
     final_ranks: tuple[tuple[int, RankState], ...] = ()
+    #: Wall-clock time before which the current attempt's workers do not start: the backoff of the
+    #: GangRestarted that began this attempt (its `not_before`; 0: none). Agents honour it.
+    not_before: float = 0.0
 
     @property
     def waiting_since(self) -> float:
@@ -304,6 +313,11 @@ class ClusterState(msgspec.Struct, kw_only=True):
     durations: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)
     #: job -> rank -> state, for the current attempt of active jobs.
     ranks: dict[str, dict[int, RankState]] = msgspec.field(default_factory=dict)
+    #: node -> worker -> generation (`restarts`) of every worker of a known job the log has that known
+    #: node start and not end, whatever its attempt, and whether or not the fold took the report
+    #: (`ranks` keeps only current attempts'). An agent restarted on the node tells the log which of
+    #: them vanished (nodeagent/agent.py `_adopt`): held here, an agent starting from a snapshot knows them too.
+    unended: dict[str, dict[WorkerId, int]] = msgspec.field(default_factory=dict)
     #: job -> step -> ranks that reported a checkpoint at that step (until complete).
     checkpoint_votes: dict[str, dict[int, tuple[int, ...]]] = msgspec.field(default_factory=dict)
     #: Decisions recorded as void (stale epoch, GPUs taken, ...), for observability.
@@ -364,6 +378,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             finished=dict(self.finished),
             durations=dict(self.durations),
             ranks={k: dict(v) for k, v in self.ranks.items()},
+            unended={k: dict(v) for k, v in self.unended.items()},
             checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},
             voids=self.voids,
             last_void=self.last_void,

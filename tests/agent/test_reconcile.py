@@ -19,12 +19,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+import structlog
+from structlog.testing import LogCapture
+
+import nodeagent.agent
 from events.bus import Bus
+from events.follow import Follower
 from events.server import NatsServer
+from events.snapshots import SnapshotStore
+from events.telemetry import digest
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.runtime.base import ExitInfo, FoundWorker, WorkerHandle, WorkerSpec, WorkerStartError
 from nodeagent.runtime.simulated import SimulatedRuntime
-from orchestrator.core.state import ClusterState
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState, snapshot
 from schemas import GangRestarted, JobRequeued, JobRunning, WorkerExited, WorkerStarted
 from tests.core.harness import Sim, inventory
 from tests.integration.harness import wait_until
@@ -57,6 +66,14 @@ class GatedRuntime(SimulatedRuntime):
         for w in self._workers.values():
             if w.spec.job_id == job_id:
                 self._finish(w, ExitInfo.of(1, None))
+
+
+def captured_agent_log(monkeypatch: pytest.MonkeyPatch) -> LogCapture:
+    """The agent's log lines as it writes them (structlog's capture_logs misses loggers cached earlier)."""
+    capture = LogCapture()
+    monkeypatch.setattr(nodeagent.agent, "log", structlog.wrap_logger(
+        None, processors=[capture], wrapper_class=structlog.BoundLogger, cache_logger_on_first_use=False))
+    return capture
 
 
 async def placed(bus: Bus, job_id: str, **spec: Any) -> Sim:
@@ -189,23 +206,32 @@ async def test_a_rank_whose_worker_vanished_while_the_agent_was_down_is_reported
         ("V", 2, "1 rank(s) lost")]
 
 
+@pytest.mark.parametrize("from_snapshot", [False, True], ids=["full-fold", "from-snapshot"])
 async def test_a_worker_of_an_attempt_requeued_while_the_agent_was_down_is_reported_ended(
-    bus: Bus, tmp_path: Path
+    bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, from_snapshot: bool
 ) -> None:
     """Its gang moved on (the node failed, the job was requeued as attempt 2) while the agent was down and the
     worker died with it. The fold ignores attempt 1's exit, but without it the log showed attempt 1's worker on
-    its GPUs forever, beside every later worker there (found by tests/faults/chaos_check.py)."""
+    its GPUs forever, beside every later worker there (found by tests/faults/chaos_check.py).
+
+    From a snapshot taken after all that, the agent never reads the WorkerStarted: the fold's
+    `unended` must tell it (#28)."""
     sim = await placed(bus, "Q")
     sent = len(sim.log)
     sim.start("Q")
     sim.fail_node("n0")
     assert [(e.job_id, e.attempt) for e in sim.decide() if isinstance(e, JobRequeued)] == [("Q", 2)]
     await bus.append_many(sim.log[sent:])
+    if from_snapshot:
+        await SnapshotStore(bus.js).save(sim.state)
+    logged = captured_agent_log(monkeypatch)
 
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), GatedRuntime())
     async with running(agent):
         await wait_until(agent.follower, lambda s: "n0" in s.nodes and not s.nodes["n0"].failed, 10,
                          "the agent's registration")
+    assert [e["from_snapshot"] for e in logged.entries if e["event"] == "caught_up"] == [
+        len(sim.log) if from_snapshot else 0]
     ended = [(env.event.attempt, env.event.reason) async for batch in bus.replay() for env in batch
              if isinstance(env.event, WorkerExited) and env.event.job_id == "Q"]
     assert ended == [(1, "lost")]
@@ -262,3 +288,38 @@ async def test_an_exit_told_before_the_agent_died_is_not_told_again_when_its_wor
         assert (agent.follower.state.ranks["R"][0].restarts, agent.follower.state.jobs["R"].failure) == (1, "")
     finally:
         await bus.close()
+
+
+async def test_an_agent_restarted_from_a_snapshot_holds_a_full_folds_state_and_adopts_its_workers(
+    bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acceptance 4 of #28 in small: the restarted agent starts from the snapshot, its state digest
+    (`corral_state_digest`) equals a fresh full fold's at the same position, and the worker that
+    outlived the first agent is adopted, not started twice."""
+    await placed(bus, "S")
+    runtime = SurvivingRuntime()
+    logged = captured_agent_log(monkeypatch)
+    first = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
+    task = asyncio.create_task(first.run())
+    try:
+        await wait_until(first.follower, lambda s: s.ranks.get("S", {}).get(0) is not None, 10, "S's worker started")
+    finally:
+        task.cancel()  # its process dies, the worker does not (no stop_workers)
+        await asyncio.gather(task, return_exceptions=True)
+    # The first agent process is gone, its worker runs on; the scheduler snapshots the log as it is.
+    full = Follower(bus, evolve, ClusterState())
+    await full.catch_up()
+    await SnapshotStore(bus.js).save(full.state)
+
+    second = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
+    async with running(second):
+        await wait_until(second.follower, lambda s: s.nodes["n0"].incarnation == second.incarnation, 10,
+                         "the second agent's registration")
+        seq, held = second.follower.state.seq, snapshot(second.follower.state)
+        adopted = second.workers.get(("S", 1, 0))
+    fresh = Follower(bus, evolve, ClusterState())
+    await fresh.catch_up(to_seq=seq)
+    assert digest(held) == digest(snapshot(fresh.state)) and held == snapshot(fresh.state)
+    assert [e["from_snapshot"] for e in logged.entries if e["event"] == "caught_up"] == [0, full.state.seq]
+    assert adopted is not None and adopted.gpus_unknown, [(e["event"], e.get("reason")) for e in logged.entries]
+    assert runtime.starts == {"S": 1}, f"starts per job: {dict(runtime.starts)}"

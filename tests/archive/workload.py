@@ -12,7 +12,7 @@ from events.follow import Follower
 from orchestrator.archiver import Archiver, ArchiverConfig
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.snapshot_store import SnapshotStore
+from events.snapshots import SnapshotStore
 from schemas import NodeCordoned
 
 

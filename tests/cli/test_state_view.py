@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any, TypeVar
 
 import pytest
 from nats.js.errors import BucketNotFoundError
 
 from events.bus import Bus
+from events.server import NatsServer
+from events.snapshots import SNAPSHOT_BUCKET, SnapshotStore
+from orchestrator.cli import main
 from orchestrator.cli.state_view import envelope_at, load_state, seq_at_time
 from orchestrator.core.evolve import fold
 from orchestrator.core.state import snapshot
-from orchestrator.snapshot_store import SNAPSHOT_BUCKET, SnapshotStore
 from tests.cli.test_top import EVENTS
+from tests.test_snapshots import fold_to, workload
+
+S = TypeVar("S")
 
 
 async def test_fold_without_snapshot_and_no_bucket_created(bus: Bus) -> None:
@@ -53,3 +60,57 @@ async def test_seq_at_time(bus: Bus) -> None:
     assert await seq_at_time(bus, t1 - 3600) == 0
     assert await seq_at_time(bus, t2 + 3600) == rest[-1]
     assert await envelope_at(bus, 999) is None
+
+
+def test_jobs_nodes_and_replay_from_a_snapshot_print_what_a_full_fold_prints(
+    nats_server: NatsServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`corral jobs`, `nodes`, `queues`, `job`, `replay --at` start from the newest snapshot at or before the
+    position they show and print the same as with no snapshot at all."""
+    log = workload()
+
+    async def seed(with_snapshots: bool) -> None:
+        bus = await Bus.connect(nats_server.url)
+        try:
+            if not await bus.last_seq():
+                await bus.append_many(log)
+            if with_snapshots:
+                for seq in (len(log) // 3, 2 * len(log) // 3):
+                    await SnapshotStore(bus.js).save(fold_to(log, seq))
+            else:
+                await bus.js.delete_object_store(SNAPSHOT_BUCKET)
+        finally:
+            await bus.close()
+
+    used: list[int | None] = []
+    real_load = SnapshotStore.load
+
+    async def spy(self: SnapshotStore, state_type: type[S], at_most: int | None = None) -> S | None:
+        state = await real_load(self, state_type, at_most)
+        used.append(getattr(state, "seq", None))
+        return state
+
+    monkeypatch.setattr(SnapshotStore, "load", spy)
+    mid = len(log) // 2
+    commands = [["jobs", "--all"], ["nodes"], ["queues"], ["job", "j000"], ["replay", "--at", f"#{mid}"]]
+
+    def outputs() -> list[Any]:
+        out = []
+        for args in commands:
+            with pytest.raises(SystemExit) as exit_:
+                main([*args, "--nats", nats_server.url, "--json"])
+            printed = capsys.readouterr()
+            assert exit_.value.code == 0, printed.err
+            shown = json.loads(printed.out)
+            if shown.get("estimate"):
+                shown["estimate"].pop("expected_end")  # `job`: never before now, by the clock
+            out.append(shown)
+        return out
+
+    asyncio.run(seed(with_snapshots=True))
+    with_snapshots = outputs()
+    assert used == [2 * len(log) // 3] * 4 + [len(log) // 3], used  # (replay --at reads the one before `mid`)
+    asyncio.run(seed(with_snapshots=False))
+    used.clear()
+    assert outputs() == with_snapshots
+    assert used == [None] * 5

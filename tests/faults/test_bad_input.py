@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from events.bus import Bus
 from events.sdk import Client
 from events.server import NatsServer
+from events.snapshots import SnapshotStore
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, snapshot
-from orchestrator.snapshot_store import SnapshotStore
 from schemas import (
     GangReserved,
     JobRejected,

@@ -22,9 +22,9 @@ from events.bus import Bus
 from events.follow import Follower
 from events.sdk import Client
 from events.server import NatsServer
+from events.snapshots import SnapshotStore
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import TERMINAL, ClusterState, snapshot
-from orchestrator.snapshot_store import SnapshotStore
 from schemas import GangReserved, JobSpec, Topology
 from tests.integration.harness import agents, assert_no_double_booking, start_corral, stop, wait_until
 
