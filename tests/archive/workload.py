@@ -9,10 +9,10 @@ from pathlib import Path
 
 from events.bus import Bus
 from events.follow import Follower
+from events.snapshots import SnapshotStore
 from orchestrator.archiver import Archiver, ArchiverConfig
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from events.snapshots import SnapshotStore
 from schemas import NodeCordoned
 
 
