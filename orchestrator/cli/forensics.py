@@ -120,8 +120,15 @@ async def _indexed_story(bus: Bus, job_id: str) -> Story | None:
             env = Envelope(ev.seq, ev.subject, ev.time, decode(ev.data))
             if ev.own and ev.void is not None:
                 story.add_void(env, ev.void)
-            else:
-                story.add(env)
+                continue
+            told = len(story.entries)
+            story.add(env)
+            if ev.own and len(story.entries) > told and story.entries[-1].void:
+                # The job's events and their context judged a step void that the whole log's fold took:
+                # this story would be wrong from here. Never print it; the whole log tells it right.
+                print(f"corral: the index's context for {job_id} does not suffice at #{ev.seq}; reading the "
+                      "whole log instead", file=sys.stderr)
+                return None
         if reply.next_after is None:
             story.end = max(story.end, reply.as_of_time)  # the log's newest event the index has seen
             return story

@@ -140,21 +140,36 @@ class Position(NamedTuple):
 def story_positions(conn: sqlite3.Connection, job_id: str) -> list[Position]:
     """The positions `explain` folds for a job, in log order (empty: the index knows no event about it).
 
-    The job's events; the events about no job that its fold needs up to its last one (settings, queues,
-    elections, and the nodes it ran on: a reservation is judged against them); and the submission of
-    each job its events name (its preemptor, its victims), so the story names them.
+    The job's own events, and the context its fold needs to judge them as the whole log's fold did, up to
+    its last one: the events of the jobs its events name (its preemptor, its victims: they hold and
+    earmark the GPUs it is judged against, and the story names them), the events about no job (settings,
+    queues, elections), and those of the nodes any of these jobs ran on.
     """
     own = [Position(int(s), t, True, v) for s, t, v in conn.execute(
         "SELECT seq, type, void FROM job_events WHERE job_id = ? ORDER BY seq", (job_id,))]
     if not own:
         return []
-    context = conn.execute(
-        "SELECT seq, type FROM context_events WHERE seq <= :last AND (key = 'cluster' OR key IN "
-        "(SELECT 'node:' || node_id FROM job_nodes WHERE job_id = :job)) "
-        "UNION SELECT j.submit_seq, 'JobSubmitted' FROM job_events a JOIN job_events b ON a.seq = b.seq "
-        "JOIN jobs j ON j.job_id = b.job_id WHERE a.job_id = :job AND b.job_id != :job AND j.submit_seq > 0",
-        {"last": own[-1].seq, "job": job_id}).fetchall()
-    mine = {p.seq for p in own}
-    out = own + [Position(int(s), t, False, None) for s, t in context if s not in mine]
-    out.sort(key=lambda p: p.seq)
-    return out
+    last = own[-1].seq
+    related = [r for (r,) in conn.execute(
+        "SELECT DISTINCT b.job_id FROM job_events a JOIN job_events b ON a.seq = b.seq "
+        "WHERE a.job_id = ? AND b.job_id != ?", (job_id, job_id))]
+    jobs = [job_id, *related]
+    marks = ", ".join("?" * len(jobs))
+    nodes = [f"node:{n}" for (n,) in conn.execute(
+        f"SELECT DISTINCT node_id FROM job_nodes WHERE job_id IN ({marks})", jobs)]
+    found = {p.seq: p for p in own}
+    for i in range(0, len(related), 500):  # (SQLite allows a few hundred parameters per statement)
+        part = related[i:i + 500]
+        for seq, kind in conn.execute(
+                f"SELECT seq, type FROM job_events WHERE seq <= ? AND job_id IN ({', '.join('?' * len(part))})",
+                [last, *part]):
+            found.setdefault(int(seq), Position(int(seq), kind, False, None))
+    for i in range(0, len(nodes), 500):
+        part = nodes[i:i + 500]
+        for seq, kind in conn.execute(
+                f"SELECT seq, type FROM context_events WHERE seq <= ? AND key IN ({', '.join('?' * len(part))})",
+                [last, *part]):
+            found.setdefault(int(seq), Position(int(seq), kind, False, None))
+    for seq, kind in conn.execute("SELECT seq, type FROM context_events WHERE key = 'cluster' AND seq <= ?", (last,)):
+        found.setdefault(int(seq), Position(int(seq), kind, False, None))
+    return sorted(found.values(), key=lambda p: p.seq)
