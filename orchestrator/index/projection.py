@@ -189,7 +189,11 @@ class Projection:
         self.path = Path(path)
         self.commit_every = commit_every
         self.snapshot_every = snapshot_every
-        self.conn = connect(self.path)
+        try:
+            self.conn = connect(self.path)
+        except sqlite3.DatabaseError as e:
+            raise IndexFormatError(f"{self.path} is not a corral index ({e}): rebuild it (corral index --rebuild)") \
+                from None
         try:
             self._open()
         except Exception:
@@ -286,15 +290,15 @@ class Projection:
                 event.preemptor_job_id != job_id:
             p.events.append((event.preemptor_job_id, seq, kind, env.stream_time, void))
         after = state.jobs.get(job_id)
-        if after is None or done is None:
+        if after is None:  # about a job the fold does not hold (never submitted, or long forgotten)
             return
         d = p.jobs.get(job_id)
-        queue = self._queue(done.finished or after)
+        queue = self._queue(done.finished if done is not None and done.finished is not None else after)
         if d is None:
             d = p.jobs[job_id] = _Dirty(after, queue)
         else:
             d.record, d.queue = after, queue
-        if done.released is not None:
+        if done is not None and done.released is not None:
             r = done.released
             open_seq = self._open_res.pop(job_id, None)
             if open_seq is None:  # (never seen opening: count it from here, as the log scan does)
@@ -311,7 +315,7 @@ class Projection:
                 d.started_at = after.reserved_at
         if isinstance(event, Preempted) and void is None:
             d.preemptions += 1
-        if done.finished is not None:
+        if done is not None and done.finished is not None:
             d.ended_at = done.at
 
     def _queue(self, job: Job) -> str:
