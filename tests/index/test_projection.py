@@ -264,7 +264,7 @@ def test_an_index_of_another_format_or_no_index_is_refused_by_name(tmp_path: Pat
     conn.execute("UPDATE position SET format = 99")
     conn.commit()
     conn.close()
-    with pytest.raises(IndexFormatError, match="format 99.*--rebuild"):
+    with pytest.raises(IndexFormatError, match=r"format 99.*--rebuild"):
         Projection(db)
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not a database" * 100)
