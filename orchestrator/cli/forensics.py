@@ -25,6 +25,7 @@ from orchestrator.cli.state_view import LogSource, add_log_arg, envelope_at, loa
 from orchestrator.cli.timeline import Entry, Run, Story, pending_by_reason, runs, story_summary
 from orchestrator.cli.timespec import LogClock
 from orchestrator.cli.views import cluster_summary, estimate_lines, gpu_map, job_estimate, queues_rows
+from orchestrator.core.state import TERMINAL
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused
 from schemas.codec import decode
@@ -140,6 +141,9 @@ async def explain(args: argparse.Namespace) -> int:
     async with log_source(args) as bus:
         clock = await log_clock(bus)
         story = await _indexed_story(bus, job_id) if wants_index(args) and isinstance(bus, Bus) else None
+        if story is not None and story.job is not None and story.job.status not in TERMINAL:
+            # A job not over gets its run-time estimate, learned from every job's history: the fold's.
+            story.state = await load_state(bus)
         if story is None:
             if not await _job_known(bus, job_id):
                 raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
