@@ -109,7 +109,7 @@ async def _indexed_story(bus: Bus, job_id: str) -> Story | None:
     request = api.EventsRequest(job_id=job_id, limit=api.MAX_LIMIT)
     while True:
         try:
-            reply = await asked(bus, api.EVENTS, request, api.EventsReply)
+            reply = await asked(bus, api.EVENTS, request, api.EventsReply, fresh=request.after == 0)
         except IndexRefused as e:
             if e.error != "not_found":  # (not found: maybe not indexed yet; the log says for sure)
                 print(f"corral: the index cannot tell this story ({e}); reading the whole log instead",

@@ -31,16 +31,28 @@ def wants_index(args: argparse.Namespace) -> bool:
             and not getattr(args, "no_index", False))
 
 
-async def asked(bus: Bus, subject: str, request: msgspec.Struct, reply_type: type[R]) -> R | None:
+async def asked(bus: Bus, subject: str, request: msgspec.Struct, reply_type: type[R], *,
+                fresh: bool = True) -> R | None:
     """The index's answer, or None (after one stderr line) when no index answers: read the log then.
 
-    A refusal (IndexRefused) goes to the caller: only it knows what "not found" means for its command.
+    `fresh`: the answer must include every event the log holds now (read your writes: a job just
+    finished is in it); an index further behind than it can catch up with meanwhile (rebuilding, say)
+    is not used. A refusal (IndexRefused) goes to the caller: only it knows what "not found" means for
+    its command.
     """
+    last = await bus.last_seq() if fresh else 0
+    if fresh:
+        request = msgspec.structs.replace(request, at_least=last)
     try:
-        return await ask(bus.nc, subject, request, reply_type)
+        reply = await ask(bus.nc, subject, request, reply_type)
     except NoIndex as e:
         print(f"corral: {e}; reading the whole log instead (`corral index` answers this fast)", file=sys.stderr)
         return None
+    if reply.as_of_seq < last:
+        print(f"corral: the index is at #{reply.as_of_seq}, {last - reply.as_of_seq:,} event(s) behind the log "
+              "(catching up); reading the whole log instead", file=sys.stderr)
+        return None
+    return reply
 
 
 def freshness(reply: Reply, last_seq: int | None = None) -> str:

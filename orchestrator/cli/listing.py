@@ -127,7 +127,7 @@ async def jobs_from_index(args: argparse.Namespace, statuses: frozenset[str]) ->
         seq = 0
         while True:
             try:
-                reply = await asked(bus, api.JOBS, request, api.JobsReply)
+                reply = await asked(bus, api.JOBS, request, api.JobsReply, fresh=request.after == 0)
             except IndexRefused as e:
                 raise CliError(f"the index refused the listing: {e}", FAILURE) from None
             if reply is None:

@@ -35,11 +35,16 @@ DEFAULT_LIMIT = 500
 #: A reply stops adding items past this many bytes (NATS's default max_payload is 1 MiB).
 MAX_REPLY_BYTES = 512 * 1024
 
+#: Seconds the service waits for `at_least` before it answers as of where it is.
+AT_LEAST_WAIT_S = 2.0
+
 GroupBy = Literal["queue", "user", "state"]
 
 
 class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    pass
+    #: Read your writes: answer once the index has folded this position (the asker's view of the log's
+    #: end), or after AT_LEAST_WAIT_S with what it has; the reply's `as_of_seq` says which.
+    at_least: int = 0
 
 
 class UsageRequest(_Request):

@@ -196,7 +196,18 @@ class IndexService:
             self.answered += 1
         return reply
 
+    async def _reach(self, seq: int) -> None:
+        """Until the tables hold position `seq` (committed), or AT_LEAST_WAIT_S passed."""
+        p = self.projection
+        if p is None or seq <= 0:
+            return
+        deadline = time.monotonic() + api.AT_LEAST_WAIT_S
+        while p.seq < seq and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        p.commit()  # (cheap when nothing is pending) what the query reads must include what it waited for
+
     async def _answer(self, request: Any) -> api.Reply:
+        await self._reach(request.at_least)
         match request:
             case api.UsageRequest():
                 return await self._query(lambda c: _usage(c, request))

@@ -184,3 +184,12 @@ def test_a_direct_gets_time_stamp_reads_to_the_nanosecond() -> None:
     assert stamp_seconds("2026-12-03T10:40:26.811159612Z") == 1796294426811159612 / 1e9
     assert stamp_seconds("2026-12-03T10:40:26Z") == 1796294426.0
     assert stamp_seconds("garbage") == 0.0
+
+
+async def test_an_answer_includes_what_the_asker_saw_in_the_log(indexed: tuple[IndexService, int], bus: Bus) -> None:
+    """Read your writes: asked with `at_least` (the log's end as the asker saw it), the index answers once it
+    has folded and committed that far, not as of a moment before."""
+    seq = await bus.append(JobSubmitted(event_id="now-1", occurred_at=1e9, job_id="now-1",
+                                        spec=JobSpec(name="fresh", queue="team-a", ranks=1, gpus_per_rank=1)))
+    reply = await ask(bus.nc, api.JOB, api.JobRequest(job_id="now-1", at_least=seq), api.JobReply)
+    assert reply.as_of_seq >= seq and reply.job is not None and reply.job.job_id == "now-1"
