@@ -26,6 +26,10 @@ object store; every corral user lives in it):
                 the requests team accounts send on ``corral-submit.*`` and
                 ``corral-cancel.*``, appends JobSubmitted and CancelRequested
                 for the teams that own the queue.
+- ``index``     the accounting and forensics index (`corral index`,
+                orchestrator/index/): reads the log, answers the
+                ``corral-index.*`` requests that ``client``, ``admin`` and
+                ``ops`` send (usage, jobs, a job's story), writes nothing.
 
 Team users (``client-<team>``) are not in ``CORRAL``: each team is its own
 account (``TEAM_<TEAM>``) that imports the admission requests and the read
@@ -38,7 +42,7 @@ every service folds. What is guarded is *writing*, so a publish permission is
 the boundary, and so is the JetStream API, whose every write (create, update,
 delete, purge a stream; delete a message) is a request on a ``$JS.API.`` subject.
 
-Why ``allow_responses`` only for the admission service and agents, which
+Why ``allow_responses`` only for the admission service, the index and agents, which
 answer requests on their own subjects (and may subscribe to nothing else):
 JetStream acks (``$JS.ACK.>``) and flow-control replies (``$JS.FC.>``) are
 granted by name instead, because ``allow_responses`` would also let anyone who sees a publish
@@ -56,7 +60,7 @@ HEARTBEATS = "corral-heartbeats"
 LEADER = "corral-leader"
 SNAPSHOTS = "corral-snapshots"
 
-ROLES = ("client", "admin", "agent", "scheduler", "ops", "admission", "team", "archiver")
+ROLES = ("client", "admin", "agent", "scheduler", "ops", "admission", "index", "team", "archiver")
 
 #: The admission service's request subjects (events.sdk.ADMISSION_SUBMIT/CANCEL + ".*").
 ADMISSION_REQUESTS = ("corral-submit.*", "corral-cancel.*")
@@ -65,6 +69,12 @@ ADMISSION_REQUESTS = ("corral-submit.*", "corral-cancel.*")
 LOG_REQUESTS = "corral-logs.*"
 #: Roles that may read workers' output (a job's logs may hold what its spec does not: keep it to users).
 LOG_READERS = ("client", "admin")
+
+#: The index's request subjects (orchestrator.index.api): outside `corral.>`, so never stored in the log.
+INDEX_REQUESTS = "corral-index.*"
+#: Roles that may ask the index: it answers from the log, which they may read anyway (ops too: a request
+#: is a publish, so ops gets exactly these subjects and still writes nothing to the log).
+INDEX_ASKERS = ("client", "admin", "ops")
 
 #: Which role appends which event tag (DESIGN.md, "Lifecycle protocol"). The
 #: scheduler may publish any tag (new decisions need no config change); the
@@ -153,11 +163,12 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
             "allow_responses": True,
         }
     elif role == "client":
-        writes = [*_append("client", "job"), LOG_REQUESTS]
+        writes = [*_append("client", "job"), LOG_REQUESTS, INDEX_REQUESTS]
     elif role == "admin":
         writes = [
             *_append("client", "job"),
             LOG_REQUESTS,
+            INDEX_REQUESTS,
             "corral.queue.*.QueueDefined",
             "corral.queue.*.QueueDeleted",
             "corral.node.*.NodeCordoned",
@@ -172,9 +183,17 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
             f"$O.{SNAPSHOTS}.>",
         ]
     elif role == "ops":
-        writes = []
+        writes = [INDEX_REQUESTS]
     elif role == "archiver":
         writes = [f"$JS.API.STREAM.PURGE.{STREAM}"]
+    elif role == "index":
+        # It reads the log (direct gets included) and answers its requests: allow_responses lets it reply to
+        # what it received (those requests, its inbox) and publish nothing else, least of all on `corral.>`.
+        return {
+            "publish": {"allow": _without_covered(list(READ_API))},
+            "subscribe": {"allow": [INDEX_REQUESTS, f"{inbox_prefix(user)}.>"]},
+            "allow_responses": True,
+        }
     elif role == "admission":
         # It appends for the teams; answering their requests needs allow_responses, which here
         # lets it answer only what it received: corral-submit/cancel requests and its own inbox.

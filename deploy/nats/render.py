@@ -84,6 +84,7 @@ def users(nodes: Iterable[str], teams: Iterable[str] = ()) -> list[tuple[str, st
         ("archiver", "archiver", None),
         ("client", "client", None),
         ("admission", "admission", None),
+        ("index", "index", None),
     ]
     out += [(team_user(team), "team", None) for team in teams]
     out += [(f"agent-{node}", "agent", node) for node in nodes]

@@ -7,12 +7,17 @@ scheduler used, so what they show is what the scheduler knew at that point.
 from __future__ import annotations
 
 import argparse
+import sys
 from contextlib import aclosing
 from typing import Any
 
+import msgspec
+
+from events.bus import Bus, Envelope
 from events.subjects import job_filter
 from orchestrator.cli.connect import add_connection_args
 from orchestrator.cli.errors import NOT_FOUND, OK, CliError
+from orchestrator.cli.indexed import add_index_arg, asked, wants_index
 from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import human_duration, print_json, table
 from orchestrator.cli.position import add_at_arg, log_clock, resolve_at
@@ -20,6 +25,10 @@ from orchestrator.cli.state_view import LogSource, add_log_arg, envelope_at, loa
 from orchestrator.cli.timeline import Entry, Run, Story, pending_by_reason, runs, story_summary
 from orchestrator.cli.timespec import LogClock
 from orchestrator.cli.views import cluster_summary, estimate_lines, gpu_map, job_estimate, queues_rows
+from orchestrator.core.state import TERMINAL
+from orchestrator.index import api
+from orchestrator.index.client import IndexRefused
+from schemas.codec import decode
 
 # --- replay --at -------------------------------------------------------------------------
 
@@ -93,17 +102,56 @@ async def _read_story(bus: LogSource, job_id: str, to_seq: int) -> Story:
     return story
 
 
+async def _indexed_story(bus: Bus, job_id: str) -> Story | None:
+    """The job's story from the index service: its events and their context, fetched by their positions,
+    folded in order (void where the whole log's fold said so). None: no index answers, or it cannot tell."""
+    story = Story(job_id)
+    request = api.EventsRequest(job_id=job_id, limit=api.MAX_LIMIT)
+    while True:
+        try:
+            reply = await asked(bus, api.EVENTS, request, api.EventsReply, fresh=request.after == 0)
+        except IndexRefused as e:
+            if e.error != "not_found":  # (not found: maybe not indexed yet; the log says for sure)
+                print(f"corral: the index cannot tell this story ({e}); reading the whole log instead",
+                      file=sys.stderr)
+            return None
+        if reply is None:
+            return None
+        for ev in reply.events:
+            env = Envelope(ev.seq, ev.subject, ev.time, decode(ev.data))
+            if ev.own and ev.void is not None:
+                story.add_void(env, ev.void)
+                continue
+            told = len(story.entries)
+            story.add(env)
+            if ev.own and len(story.entries) > told and story.entries[-1].void:
+                # The job's events and their context judged a step void that the whole log's fold took:
+                # this story would be wrong from here. Never print it; the whole log tells it right.
+                print(f"corral: the index's context for {job_id} does not suffice at #{ev.seq}; reading the "
+                      "whole log instead", file=sys.stderr)
+                return None
+        if reply.next_after is None:
+            story.end = max(story.end, reply.as_of_time)  # the log's newest event the index has seen
+            return story
+        request = msgspec.structs.replace(request, after=reply.next_after)
+
+
 async def explain(args: argparse.Namespace) -> int:
     job_id = checked_id(args.job, "job id")
     async with log_source(args) as bus:
-        if not await _job_known(bus, job_id):
-            raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
         clock = await log_clock(bus)
-        at = await resolve_at(bus, args.at, clock)
-        story = await _read_story(bus, job_id, at.seq)
+        story = await _indexed_story(bus, job_id) if wants_index(args) and isinstance(bus, Bus) else None
+        if story is not None and story.job is not None and story.job.status not in TERMINAL:
+            # A job not over gets its run-time estimate, learned from every job's history: the fold's.
+            story.state = await load_state(bus)
+        if story is None:
+            if not await _job_known(bus, job_id):
+                raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
+            at = await resolve_at(bus, args.at, clock)
+            story = await _read_story(bus, job_id, at.seq)
+            if not story.entries:
+                raise CliError(f"job {job_id!r} has no event up to #{at.seq} (--at {args.at})", NOT_FOUND)
     job, entries = story.job, story.entries
-    if not entries:
-        raise CliError(f"job {job_id!r} has no event up to #{at.seq} (--at {args.at})", NOT_FOUND)
     summary = story_summary(job, job_id, entries)
     pending = pending_by_reason(entries, story.end)
     # A job's first reason names its estimate only if it queued behind others; say it for any job not over,
@@ -175,4 +223,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--all", action="store_true", help="print every step: a pending reason told again in a row is "
                    "otherwise shown once, with how often and until when (--json always has every step)")
     p.add_argument("--json", action="store_true")
+    add_index_arg(p)
     p.set_defaults(handler=explain)

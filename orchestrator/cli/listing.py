@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import time
+
+import msgspec
 
 from events.subjects import InvalidId, check_id
-from orchestrator.cli.connect import add_connection_args
-from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
+from orchestrator.cli.connect import add_connection_args, connected
+from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, USAGE, CliError
+from orchestrator.cli.indexed import add_index_arg, asked, job_of, wants_index
 from orchestrator.cli.output import print_json, print_table
-from orchestrator.cli.position import add_at_arg, resolve_at
-from orchestrator.cli.state_view import add_log_arg, load_state, log_source
+from orchestrator.cli.position import add_at_arg, log_clock, resolve_at
+from orchestrator.cli.state_view import LogSource, add_log_arg, load_state, log_now, log_source
 from orchestrator.cli.views import (
     JOBS_HEADERS,
     NODES_HEADERS,
@@ -26,7 +30,9 @@ from orchestrator.cli.views import (
     select_jobs,
     sorted_nodes,
 )
-from orchestrator.core.state import FINISHED_KEPT, HOLDING, TERMINAL, ClusterState
+from orchestrator.core.state import FINISHED_KEPT, HOLDING, TERMINAL, ClusterState, Job
+from orchestrator.index import api
+from orchestrator.index.client import IndexRefused
 
 #: Shorthands `--state` accepts besides the statuses themselves.
 STATE_GROUPS = {"active": HOLDING, "final": TERMINAL}
@@ -69,6 +75,13 @@ async def state_at(args: argparse.Namespace) -> tuple[ClusterState, float]:
 UNFINISHED: frozenset[str] = frozenset(STATUSES) - TERMINAL
 
 
+async def since_of(args: argparse.Namespace, source: LogSource) -> float | None:
+    """`--since WHEN` on the log's clock (None without it)."""
+    if getattr(args, "since", None) is None:
+        return None
+    return (await log_clock(source)).parse(args.since, await log_now(source))
+
+
 async def jobs(args: argparse.Namespace) -> int:
     statuses = parse_states(args.state)
     if args.all and statuses:
@@ -77,31 +90,90 @@ async def jobs(args: argparse.Namespace) -> int:
         statuses = UNFINISHED
     if args.queue is not None:
         checked_id(args.queue, "queue")
-    state, now = await state_at(args)
+    # Finished jobs, or a window: the index holds every job, the fold the newest FINISHED_KEPT finished ones.
+    if wants_index(args) and (args.all or statuses & TERMINAL or args.since is not None):
+        listed = await jobs_from_index(args, statuses)
+        if listed is not None:
+            seq, found = listed
+            print_jobs(args, ClusterState(), found, time.time(), seq)
+            return OK
+    async with log_source(args) as bus:
+        since = await since_of(args, bus)
+        at = await resolve_at(bus, args.at)
+        state, now = await load_state(bus, to_seq=at.seq), at.time
     if args.queue is not None and args.queue not in known_queues(state):
         raise CliError(f"unknown queue {args.queue!r}; known: {', '.join(sorted(known_queues(state))) or 'none'}",
                        NOT_FOUND)
     selected = select_jobs(state, queue=args.queue, statuses=statuses, user=args.user_filter)
+    if since is not None:
+        selected = [j for j in selected if j.submitted_at >= since]
+    print_jobs(args, state, selected, now, state.seq)
+    return OK
+
+
+def print_jobs(args: argparse.Namespace, state: ClusterState, selected: list[Job], now: float, seq: int) -> None:
     if args.json:
-        print_json({"seq": state.seq, "jobs": [job_summary(state, j) for j in selected]})
+        print_json({"seq": seq, "jobs": [job_summary(state, j) for j in selected]})
     else:
         print_table(JOBS_HEADERS, jobs_rows(state, selected, now), empty="(no jobs)")
-    return OK
+
+
+async def jobs_from_index(args: argparse.Namespace, statuses: frozenset[str]) -> tuple[int, list[Job]] | None:
+    """Every job the index holds that the filters select, page by page; None when no index answers."""
+    async with connected(args) as bus:
+        request = api.JobsRequest(since=await since_of(args, bus), user=args.user_filter, states=sorted(statuses),
+                                  queue=args.queue, limit=api.MAX_LIMIT)
+        found: list[Job] = []
+        seq = 0
+        while True:
+            try:
+                reply = await asked(bus, api.JOBS, request, api.JobsReply, fresh=request.after == 0)
+            except IndexRefused as e:
+                raise CliError(f"the index refused the listing: {e}", FAILURE) from None
+            if reply is None:
+                return None
+            seq = seq or reply.as_of_seq  # (the first page's: later pages only add jobs submitted after it)
+            found.extend(job_of(info) for info in reply.jobs)
+            if reply.next_after is None:
+                return seq, found
+            request = msgspec.structs.replace(request, after=reply.next_after)
+
+
+async def job_from_index(args: argparse.Namespace, job_id: str) -> tuple[int, Job] | None:
+    """The index's record of a job, and its position; None when no index answers or it has none."""
+    async with connected(args) as bus:
+        try:
+            reply = await asked(bus, api.JOB, api.JobRequest(job_id=job_id), api.JobReply)
+        except IndexRefused:
+            return None  # not (yet) in the index: the fold may know it
+    if reply is None or reply.job is None:
+        return None
+    return reply.as_of_seq, job_of(reply.job)
 
 
 async def job(args: argparse.Namespace) -> int:
     job_id = checked_id(args.job, "job id")
+    if wants_index(args):
+        indexed = await job_from_index(args, job_id)
+        # A finished job's record is final: the index's is the fold's. A live one's ranks live in the fold.
+        if indexed is not None and indexed[1].status in TERMINAL:
+            print_job(args, ClusterState(), indexed[1], time.time(), indexed[0])
+            return OK
     state, now = await state_at(args)
     found = state.jobs.get(job_id)
     if found is None:
-        # The fold keeps the newest FINISHED_KEPT finished jobs; the log keeps every story.
+        # The fold keeps the newest FINISHED_KEPT finished jobs; the log (and the index) keeps every story.
         raise CliError(f"unknown job {job_id!r} (see `corral jobs`; one that finished long ago: "
                        f"`corral explain {job_id}`)", NOT_FOUND)
+    print_job(args, state, found, now, state.seq)
+    return OK
+
+
+def print_job(args: argparse.Namespace, state: ClusterState, found: Job, now: float, seq: int) -> None:
     if args.json:
-        print_json({"seq": state.seq, **job_detail(state, found, now)})
+        print_json({"seq": seq, **job_detail(state, found, now)})
     else:
         print("\n".join(job_lines(state, found, now)))
-    return OK
 
 
 async def nodes(args: argparse.Namespace) -> int:
@@ -133,8 +205,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("jobs", help="list jobs not finished (--all: finished ones too)",
                        description="Jobs in submit order, folded from the log: those not finished yet (pending, "
                                    "reserved, running, preempting) unless --all or --state says otherwise. The fold "
-                                   f"keeps the newest {FINISHED_KEPT:,} finished jobs; `corral usage` and "
-                                   "`corral explain` read the whole log.")
+                                   f"keeps the newest {FINISHED_KEPT:,} finished jobs; with --all, a final --state "
+                                   "or --since the index service (`corral index`) lists every job the log holds.")
     common(p)
     p.add_argument("--all", "-a", action="store_true", help="finished jobs too (completed, failed, cancelled, "
                    "rejected)")
@@ -144,12 +216,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # `--user` is the NATS user of the connection options: the submitter filter is `--by-user`/`-u`.
     p.add_argument("--by-user", "-u", dest="user_filter", metavar="U", help="only jobs submitted by U (the NATS "
                    "user or $USER of whoever submitted; `corral job` shows it)")
+    p.add_argument("--since", metavar="WHEN", help="only jobs submitted at or after WHEN: a duration before the "
+                   "log's end (30d, 12h), one after its first event (+3d), an ISO time")
+    add_index_arg(p)
     p.set_defaults(handler=jobs)
 
     p = sub.add_parser("job", help="one job in detail", description="A job's status, placement, attempt, pending "
                        "reason, checkpoint and per-rank states. Its history: `corral explain JOB`.")
     common(p)
     p.add_argument("job", help="job id")
+    add_index_arg(p)
     p.set_defaults(handler=job)
 
     p = sub.add_parser("nodes", help="list nodes", description="Nodes with GPUs used/free, labels, and whether "

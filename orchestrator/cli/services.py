@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from events.telemetry import MetricsServer
     from nodeagent.runtime.docker_options import DockerOptions
     from orchestrator.archiver import Archiver
+    from orchestrator.index.service import IndexService
 
 log = structlog.get_logger("corral.cli")
 
@@ -193,6 +194,40 @@ async def run_admission(args: argparse.Namespace) -> int:
         return await until_signalled(Admission(bus, owners).run())
 
 
+async def run_index(args: argparse.Namespace) -> int:
+    """`corral index`: the accounting and forensics index (orchestrator/index/service.py)."""
+    from orchestrator.index.projection import IndexFormatError
+    from orchestrator.index.service import IndexService
+
+    configure_logging(args.log_level)
+    async with connected(args, name="corral-index", forever=True, wait_for_creator=True) as bus:
+        service = IndexService(bus, Path(args.data_dir).resolve(), rebuild=args.rebuild)
+        metrics_server = await start_index_metrics(args, service)
+        try:
+            return await until_signalled(service.run())
+        except IndexFormatError as e:
+            raise CliError(str(e), FAILURE) from None
+        finally:
+            if metrics_server is not None:
+                await metrics_server.close()
+
+
+async def start_index_metrics(args: argparse.Namespace, service: Any) -> MetricsServer | None:
+    """Prometheus metrics of `corral index` on --metrics-port (0: off): the readers' counters and its position."""
+    if not args.metrics_port:
+        return None
+    from events.telemetry import MetricsServer, ServiceRegistry
+    from orchestrator.index.service import watch_index
+
+    registry = ServiceRegistry([service.bus])
+    watch_index(registry, service)
+    try:
+        return await MetricsServer(registry, host=args.metrics_host, port=args.metrics_port).start()
+    except OSError as e:
+        raise CliError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e.strerror or e}",
+                       FAILURE) from None
+
+
 async def run_demo_on_cluster(args: argparse.Namespace) -> int:
     """`corral demo`: the small demo workload on a running cluster, sized to its nodes' GPUs."""
     from events.follow import Follower
@@ -269,8 +304,11 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
                              checkpoint_root=data / "checkpoints", heartbeat_s=1.0)
         agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id)))
+    from orchestrator.index.service import IndexService
+
+    index = IndexService(bus, data / "index")
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
-          f"(process runtime); Ctrl-C stops", flush=True)
+          f"(process runtime) + the index; Ctrl-C stops", flush=True)
     archiver = _up_archiver(args, bus, data)
     result = OK
     metrics_server = await start_metrics(args, scheduler=sched, agents=agents, archiver=archiver is not None)
@@ -278,7 +316,8 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
         print(f"corral up: Prometheus metrics at {metrics_server.url}", flush=True)
     try:
         async with asyncio.TaskGroup() as tg:
-            services = [tg.create_task(sched.run())] + [tg.create_task(a.run()) for a in agents]
+            services = [tg.create_task(sched.run()), tg.create_task(index_beside(index))] + \
+                [tg.create_task(a.run()) for a in agents]
             if archiver is not None:
                 services.append(tg.create_task(archiver.run()))
             if args.demo:
@@ -311,6 +350,26 @@ def _up_archiver(args: argparse.Namespace, bus: Bus, data: Path) -> Archiver | N
     print(f"corral up: archiving the log to {config.path} (retention {args.retention or 'none'}, max bytes "
           f"{args.max_bytes or 'none'}); read old positions with --archive {config.path}", flush=True)
     return Archiver(bus, config)
+
+
+async def index_beside(index: IndexService) -> None:
+    """The index inside `corral up`: an index it cannot keep (another format, a gap) is logged and rebuilt
+    once, and if it still fails the cluster runs on without it (the commands then read the log)."""
+    from orchestrator.index.projection import IndexFormatError
+
+    try:
+        await index.run()
+    except IndexFormatError as e:
+        log.warning("index_rebuilt", why=str(e))
+        index.rebuild = True
+        try:
+            await index.run()
+        except Exception as again:
+            log.error("index_stopped", error=repr(again))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # never the cluster's end: `usage` and the rest read the log without it
+        log.error("index_stopped", error=repr(e))
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -394,6 +453,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="team TEAM (account TEAM_<TEAM>) owns these queues; just TEAM: the queue of that name. "
                         "Repeat per team; env CORRAL_ADMISSION_TEAMS adds space-separated entries")
     p.set_defaults(handler=run_admission)
+
+    p = sub.add_parser(
+        "index", help="run the accounting and forensics index: `usage`, `jobs --all`, `job`, `explain` answer from it",
+        description="Follow the log into an SQLite index under --data-dir (one row per job, its reservations and "
+                    "the positions of its events) and answer `corral usage`, `jobs --all`, `job OLD` and `explain "
+                    "OLD` over NATS (corral-index.usage, .jobs, .job, .events), so they need not read the whole "
+                    "log. Resumes from its stored position; --rebuild folds the log from position 1 again. Without "
+                    "an index the commands read the log themselves. Connect as the `index` user.")
+    add_connection_args(p, service=True)
+    common(p)
+    p.add_argument("--data-dir", default=".corral/index", help="where the index file lives (default %(default)s)")
+    p.add_argument("--rebuild", action="store_true", help="delete the index and fold the whole log again")
+    p.set_defaults(handler=run_index)
 
     p = sub.add_parser("demo", help="submit the small demo workload to a running cluster and narrate it",
                        description="A two-node gang that an urgent production job preempts and that resumes from "

@@ -178,6 +178,20 @@ class Story:
         self.entries.append(Entry(env.seq, env.stream_time, tag_of(ev), text, void, ev))
 
 
+    def add_void(self, env: Envelope, why: str) -> None:
+        """`add` for an event the whole log's fold recorded as void (the index says so, having folded it):
+        told as `add` tells it, folded as the no change it was. For a story folded from the job's events
+        and their context only, which cannot judge it the way the whole log did."""
+        self.end = env.stream_time
+        ev = env.event
+        if isinstance(ev, Unknown):
+            return
+        text = _text(ev, self.job_id, self.state.jobs.get(self.job_id), self.state)
+        if text is not None:
+            self.entries.append(Entry(env.seq, env.stream_time, tag_of(ev),
+                                      f"{text} -- VOID, changed nothing ({why})", True, ev))
+
+
 class Run(NamedTuple):
     """Entries in a row that say the same thing: one, or a reason told again and again."""
 

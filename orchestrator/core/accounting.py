@@ -15,14 +15,14 @@ Memory is O(keys), not O(jobs): nothing per job outlives the fold's own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import TERMINAL, ClusterState, Job
 from orchestrator.core.usage import resolve_queue
 from schemas.events import AnyEvent, Unknown
 
-GroupBy = Literal["queue", "user"]
+GroupBy = Literal["queue", "user", "state"]
 
 #: The key of a job submitted without a recorded submitter.
 NO_USER = "(unknown)"
@@ -39,6 +39,38 @@ class Account:
     finished: dict[str, int] = field(default_factory=dict)
 
 
+class Accounted(NamedTuple):
+    """What one event did to GPU time (`account`): the one place the charging rules live.
+
+    `released`: the job as it held the GPUs this event gave back, to charge from its
+    `reserved_at` to `at`. `finished`: the record to key a job that became final with this
+    event on. `status`: the job's status after the event (how a released reservation ended).
+    """
+
+    at: float
+    released: Job | None
+    finished: Job | None
+    status: str
+
+
+def account(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> tuple[ClusterState, Accounted | None]:
+    """`evolve`, and what the event released or finished (None: nothing about a known job)."""
+    job_id = getattr(event, "job_id", None)
+    before = state.jobs.get(job_id) if isinstance(job_id, str) else None
+    holding = before is not None and before.job_id in state.active
+    state = evolve(state, event, seq)
+    if before is None or not isinstance(job_id, str):
+        return state, None
+    after = state.jobs.get(job_id)
+    at = getattr(event, "occurred_at", 0.0)
+    released = before if holding and (job_id not in state.active or after is None
+                                      or after.reserved_at != before.reserved_at) else None
+    finished = None
+    if after is not None and after.status in TERMINAL and before.status not in TERMINAL:
+        finished = after if after.queue else before
+    return state, Accounted(at, released, finished, after.status if after is not None else before.status)
+
+
 @dataclass
 class GpuTime:
     """GPU-seconds per queue or user over [since, until] (None: unbounded), folded from the log.
@@ -52,42 +84,40 @@ class GpuTime:
     until: float | None = None
     accounts: dict[str, Account] = field(default_factory=dict)
 
-    def key(self, state: ClusterState, job: Job) -> str:
+    def key(self, state: ClusterState, job: Job, status: str = "") -> str:
+        """The account charged: the job's queue, its submitter, or (by state) how the reservation ended."""
         if self.by == "user":
             return job.submitted_by or NO_USER
+        if self.by == "state":
+            return status or job.status
         return job.queue or resolve_queue(state, job.spec.queue)
 
     def fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> ClusterState:
-        job_id = getattr(event, "job_id", None)
-        before = state.jobs.get(job_id) if isinstance(job_id, str) else None
-        holding = before is not None and before.job_id in state.active
-        state = evolve(state, event, seq)
-        if before is None or not isinstance(job_id, str):
+        state, done = account(state, event, seq)
+        if done is None:
             return state
-        after = state.jobs.get(job_id)
-        at = getattr(event, "occurred_at", 0.0)
-        if holding and (job_id not in state.active or after is None or after.reserved_at != before.reserved_at):
-            self._charge(state, before, before.reserved_at, at)
-        if after is not None and after.status in TERMINAL and before.status not in TERMINAL and self._inside(at):
-            acct = self._account(self.key(state, after if after.queue else before))
-            acct.finished[after.status] = acct.finished.get(after.status, 0) + 1
+        if done.released is not None:
+            self._charge(state, done.released, done.released.reserved_at, done.at, done.status)
+        if done.finished is not None and self._inside(done.at):
+            acct = self._account(self.key(state, done.finished, done.status))
+            acct.finished[done.status] = acct.finished.get(done.status, 0) + 1
         return state
 
     def held_until(self, state: ClusterState, now: float) -> None:
         """Charge the reservations still holding GPUs, up to `now` (the end of the report)."""
         for job_id in state.active:
             job = state.jobs[job_id]
-            self._charge(state, job, job.reserved_at, now)
+            self._charge(state, job, job.reserved_at, now, job.status)
 
     def _inside(self, at: float) -> bool:
         return (self.since is None or at >= self.since) and (self.until is None or at <= self.until)
 
-    def _charge(self, state: ClusterState, job: Job, start: float, end: float) -> None:
+    def _charge(self, state: ClusterState, job: Job, start: float, end: float, status: str) -> None:
         lo = start if self.since is None else max(start, self.since)
         hi = end if self.until is None else min(end, self.until)
         if hi < lo or job.gpus <= 0:
             return
-        acct = self._account(self.key(state, job))
+        acct = self._account(self.key(state, job, status))
         acct.gpu_seconds += job.gpus * (hi - lo)
         acct.reservations += 1
 

@@ -39,6 +39,7 @@ USERS = {  # role -> the user that plays it
     "scheduler": "scheduler",
     "ops": "ops",
     "archiver": "archiver",
+    "index": "index",
 }
 NAIVE = "agent-naive"  # agent-n1's rights plus core subscriptions to corral.>: the control case
 
@@ -219,6 +220,9 @@ ACTIONS: dict[str, Action] = {
     "serve-own-node-logs": Action(lambda c: _subscribe(c, "corral-logs.n1")),
     "serve-other-node-logs": Action(lambda c: _subscribe(c, "corral-logs.n2")),
     "serve-every-node-logs": Action(lambda c: _subscribe(c, "corral-logs.*")),
+    # the index (`corral index`): users ask it, the index service answers
+    "ask-index": Action(lambda c: _publish_core(c, "corral-index.usage")),
+    "serve-index": Action(lambda c: _subscribe(c, "corral-index.*")),
     # ways around the rules
     "core-subscribe-log": Action(lambda c: _subscribe(c, "corral.>")),
     "sniff-all-inboxes": Action(lambda c: _subscribe(c, "_INBOX.>")),
@@ -230,8 +234,9 @@ ACTIONS: dict[str, Action] = {
 EVERYONE = set(USERS)
 READS = {"replay-log", "tail-log", "read-stream-info", "read-heartbeat", "watch-heartbeats", "read-snapshot"}
 ALLOWED: dict[str, set[str]] = {
-    "client": READS | {"submit-job", "cancel-job", "request-logs"},
-    "admin": READS | {"submit-job", "cancel-job", "define-queue", "delete-queue", "cordon-node", "request-logs"},
+    "client": READS | {"submit-job", "cancel-job", "request-logs", "ask-index"},
+    "admin": READS | {"submit-job", "cancel-job", "define-queue", "delete-queue", "cordon-node", "request-logs",
+                      "ask-index"},
     "agent": READS
     | {
         "serve-own-node-logs",
@@ -241,7 +246,8 @@ ALLOWED: dict[str, set[str]] = {
         "report-checkpoint",
         "heartbeat-own-node",
     },
-    "ops": set(READS),
+    "ops": READS | {"ask-index"},
+    "index": READS | {"serve-index"},
     # Retention: it reads, and purges the log (up to what its archive holds); nothing else (#28).
     "archiver": READS | {"purge-log"},
     "scheduler": set(ACTIONS)
@@ -256,6 +262,9 @@ ALLOWED: dict[str, set[str]] = {
         "serve-own-node-logs",
         "serve-other-node-logs",
         "serve-every-node-logs",
+        # The index is asked by users and answered by the index service.
+        "ask-index",
+        "serve-index",
     },
 }
 CASES = [

@@ -1,0 +1,72 @@
+"""The read commands' way to the index service (`corral index`), and back to the log when none answers.
+
+`usage`, `jobs --all`, `job OLD` and `explain OLD` ask the index first: it
+answers from SQLite what they would otherwise fold the whole log for. When
+no index answers (none running, or too slow), they say so in one line on
+stderr and read the log as before; `--no-index`, `--log FILE` and `--at`
+read the log without asking.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+from events.bus import Bus
+from orchestrator.core.state import Job
+from orchestrator.index.api import JobInfo, Reply
+from orchestrator.index.client import NoIndex, R, ask
+
+
+def add_index_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-index", action="store_true", help="read the log itself, not the index service "
+                   "(`corral index`), which is asked first and answers without reading the whole log")
+
+
+def wants_index(args: argparse.Namespace) -> bool:
+    """Whether to ask the index: reading NATS at the log's end, and not told otherwise."""
+    return (getattr(args, "log", None) is None and getattr(args, "at", None) is None
+            and not getattr(args, "no_index", False))
+
+
+async def asked(bus: Bus, subject: str, request: msgspec.Struct, reply_type: type[R], *,
+                fresh: bool = True) -> R | None:
+    """The index's answer, or None (after one stderr line) when no index answers: read the log then.
+
+    `fresh`: the answer must include every event the log holds now (read your writes: a job just
+    finished is in it); an index further behind than it can catch up with meanwhile (rebuilding, say)
+    is not used. A refusal (IndexRefused) goes to the caller: only it knows what "not found" means for
+    its command.
+    """
+    last = await bus.last_seq() if fresh else 0
+    if fresh:
+        request = msgspec.structs.replace(request, at_least=last)
+    try:
+        reply = await ask(bus.nc, subject, request, reply_type)
+    except NoIndex as e:
+        print(f"corral: {e}; reading the whole log instead (`corral index` answers this fast)", file=sys.stderr)
+        return None
+    if reply.as_of_seq < last:
+        print(f"corral: the index is at #{reply.as_of_seq}, {last - reply.as_of_seq:,} event(s) behind the log "
+              "(catching up); reading the whole log instead", file=sys.stderr)
+        return None
+    return reply
+
+
+def freshness(reply: Reply, last_seq: int | None = None) -> str:
+    """`index as of #N` (and how far behind the log's end it is, when known)."""
+    behind = f", {last_seq - reply.as_of_seq:,} event(s) behind the log" if last_seq and last_seq > reply.as_of_seq \
+        else ""
+    return f"index as of #{reply.as_of_seq}{behind}"
+
+
+_record = msgspec.msgpack.Decoder(Job)
+
+
+def job_of(info: JobInfo) -> Job:
+    """The fold's record of a job as the index keeps it, with the queue it counts against filled in (the
+    index resolved it as the fold would; the views print `job.queue` when set)."""
+    job = _record.decode(info.record)
+    return job if job.queue else msgspec.structs.replace(job, queue=info.queue)

@@ -1,0 +1,1 @@
+"""The accounting and forensics index: the log folded into SQLite, and the service that answers from it."""
