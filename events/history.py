@@ -50,6 +50,7 @@ class History:
     def __init__(self, bus: Bus, archive: Archive) -> None:
         self.bus = bus
         self.archive = archive
+        self.nc = bus.nc  # requests (the index's) go over the same connection
         self.js = bus.js
         self.replicas = bus.replicas
         self.stream = bus.stream
