@@ -219,7 +219,8 @@ def test_after_the_head_left_the_stream_a_fresh_agent_works_and_the_index_rebuil
     """#28 acceptance 2 across the parts: retention purged the stream's head; then (a) a fresh agent starts from
     the newest snapshot + the stream's tail and runs a job, (b) `corral index --rebuild` without the archive stops
     naming the missing range, with it rebuilds every job: `usage` equals an independent sum and `explain` of a job
-    whose events left the stream tells the story the log told before, (c) with no usable snapshot and no archive
+    whose events left the stream tells the story the log told before; `sim --from-cluster` re-runs every job with
+    the archive and names the gap without, (c) with no usable snapshot and no archive
     a fresh agent stops naming the range it misses, instead of hanging."""
     url = nats_server.url
     ids = asyncio.run(_workload(url, tmp_path / "agents"))
@@ -259,6 +260,18 @@ def test_after_the_head_left_the_stream_a_fresh_agent_works_and_the_index_rebuil
         assert {j["job_id"] for j in jobs} >= set(ids), "every job of the workload, rebuilt from archive + stream"
     finally:
         stop_all([index])
+
+    # `corral sim --from-cluster` re-runs the whole log: with the archive, every job; without, it names the gap.
+    out = tmp_path / "rerun"
+    gap = corral("sim", "--from-cluster", "--out", str(out), "--no-figures", "--json", url=url, check=1)
+    assert "the fold needs seq 1 next" in gap.stderr and "removed" in gap.stderr and "--archive" in gap.stderr
+    assert not (out / "cluster-log.jsonl").exists()
+    rerun = corral(*("--archive", str(archive)), "sim", "--from-cluster", "--out", str(out), "--no-figures",
+                   "--json", url=url)
+    exported = (out / "cluster-log.jsonl").read_bytes().splitlines()
+    assert len(exported) == last and [json.loads(x) for x in exported] == \
+        [json.loads(stream[seq][3]) for seq in range(1, last + 1)], "line N is position N, as the stream held it"
+    assert json.loads(rerun.stdout)["corral"]["completed"] == len(ids), "every job of the log re-run"
 
     # (a) A fresh agent on the purged stream, from the newest snapshot: no archive anywhere.
     agent_log = asyncio.run(_fresh_agent_works(url, tmp_path / "fresh"))
