@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from events.bus import Bus
+from events.bus import Bus, LogGap
 from events.server import NatsServer, NatsServerError
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.discovery import NoGpuError, node_inventory
@@ -211,6 +211,11 @@ async def run_index(args: argparse.Namespace) -> int:
             return await until_signalled(service.run())
         except IndexFormatError as e:
             raise CliError(str(e), FAILURE) from None
+        except LogGap as gap:
+            if service.history is not bus:
+                raise
+            raise CliError(f"{gap}; give --archive PATH (the archive `corral archive` writes) to read what the "
+                           "stream dropped", FAILURE) from None
         finally:
             if metrics_server is not None:
                 await metrics_server.close()

@@ -239,6 +239,7 @@ def test_after_the_head_left_the_stream_a_fresh_agent_works_and_the_index_rebuil
     log = tmp_path / "index-no-archive.log"
     rc, text = _ended(_corral_proc("index", "--data-dir", str(tmp_path / "idx0"), "--rebuild", url=url, log=log), log)
     assert rc != 0 and "the fold needs seq 1 next" in text and f"the stream now starts at seq {first}" in text, text
+    assert "give --archive PATH" in text
 
     log = tmp_path / "index.log"
     index = _corral_proc("--archive", str(archive), "index", "--data-dir", str(tmp_path / "idx"), "--rebuild",
