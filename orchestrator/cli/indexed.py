@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -18,6 +19,9 @@ from events.bus import Bus
 from orchestrator.core.state import Job
 from orchestrator.index.api import JobInfo, Reply
 from orchestrator.index.client import NoIndex, R, ask
+
+if TYPE_CHECKING:
+    from events.history import History
 
 
 def add_index_arg(p: argparse.ArgumentParser) -> None:
@@ -31,7 +35,7 @@ def wants_index(args: argparse.Namespace) -> bool:
             and not getattr(args, "no_index", False))
 
 
-async def asked(bus: Bus, subject: str, request: msgspec.Struct, reply_type: type[R], *,
+async def asked(bus: Bus | History, subject: str, request: msgspec.Struct, reply_type: type[R], *,
                 fresh: bool = True) -> R | None:
     """The index's answer, or None (after one stderr line) when no index answers: read the log then.
 
