@@ -50,7 +50,6 @@ class History:
     def __init__(self, bus: Bus, archive: Archive) -> None:
         self.bus = bus
         self.archive = archive
-        self.nc = bus.nc  # requests (the index's) go over the same connection
         self.js = bus.js
         self.nc = bus.nc  # requests (the index's corral-index.*) go over the same connection
         self.replicas = bus.replicas
