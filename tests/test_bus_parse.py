@@ -72,3 +72,90 @@ async def test_the_fast_splitter_reads_what_nats_py_reads(nats_server: NatsServe
     finally:
         await sub.unsubscribe()
         await other.close()
+
+
+class Recorder:
+    """What a connection does with parsed frames, recorded in order (the observer of a parser, not a server)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[object, ...]] = []
+        self.stats = {"in_msgs": 0, "in_bytes": 0}
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+        self.seen.append(("msg", sid, subject, reply, data, headers))
+
+    async def _process_ping(self) -> None:
+        self.seen.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.seen.append(("pong",))
+
+    async def _process_info(self, info: dict[str, object]) -> None:
+        self.seen.append(("info", info))
+
+    async def _process_err(self, err: str) -> None:
+        self.seen.append(("err", err))
+
+
+class DataSink:
+    """A reader's side of direct dispatch: the data messages handed to it, as `msg` records."""
+
+    def __init__(self, seen: list[tuple[object, ...]]) -> None:
+        self.seen = seen
+
+    def _on_data(self, subject: bytes, reply: bytes, data: bytes) -> bool:
+        self.seen.append(("msg", 7, subject, reply, data, b"H"))  # headers: a reader skips them
+        return len(self.seen) % 3 == 0  # ask for more now and then: an await mid-chunk
+
+    async def _fill(self) -> None:
+        await asyncio.sleep(0)
+
+
+def wire() -> bytes:
+    hdr = b"NATS/1.0\r\nNats-Msg-Id: a\r\n\r\n"
+    status = b"NATS/1.0 100 Idle Heartbeat\r\n\r\n"
+    frames = [b"INFO {\"server_id\":\"x\"}\r\n", b"PING\r\n"]
+    for i in range(40):
+        data = b'{"n":%d,"pad":"%s"}' % (i, b"z" * (i * 37 % 300))
+        sid = 7 if i % 4 else 9
+        frames.append(b"HMSG s.%d %d r.%d %d %d\r\n" % (i, sid, i, len(hdr), len(hdr) + len(data)) + hdr + data
+                      + b"\r\n")
+        if i % 9 == 0:
+            frames.append(b"HMSG inbox 7 %d %d\r\n" % (len(status), len(status)) + status + b"\r\n")
+        if i % 7 == 0:
+            frames.append(b"MSG plain.%d 9 %d\r\n%s\r\n" % (i, len(data), data))
+        if i % 13 == 0:
+            frames += [b"+OK\r\n", b"PONG\r\n", b"MSG q 9 reply.to 0\r\n\r\n"]
+    return b"".join(frames)
+
+
+async def test_the_splitter_frames_any_cut_of_the_wire_as_nats_py_does() -> None:
+    from nats.protocol.parser import Parser
+
+    from events.bus import _install_fast_parse
+
+    stream = wire()
+    ref = Recorder()
+    await Parser(ref).parse(stream)
+    expected = [(r[0], 7, r[2], r[3], r[4], b"H") if r[0] == "msg" and r[1] == 7 and r[4] else r for r in ref.seen]
+    for size in (1, 2, 3, 5, 17, 64, 333, 4096, len(stream)):
+        conn = Recorder()
+        ps = Parser(conn)
+        conn._ps = ps  # type: ignore[attr-defined]
+        sink = DataSink(conn.seen)
+
+        async def deliver(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None,
+                          conn: Recorder = conn, sink: DataSink = sink) -> None:
+            """What the direct dispatch's `process_msg` does with a frame nats-py's parser began."""
+            if sid == 7 and data:
+                if sink._on_data(subject, reply, data):
+                    await sink._fill()
+            else:
+                await Recorder._process_msg(conn, sid, subject, reply, data, headers)
+
+        conn._process_msg = deliver  # type: ignore[method-assign]  # as _install_direct_dispatch does
+        _install_fast_parse(conn, {7: sink}, deliver)  # type: ignore[arg-type,dict-item]
+        for at in range(0, len(stream), size):
+            await ps.parse(stream[at:at + size])
+        assert conn.seen == expected, f"cut every {size} bytes"
+        assert not ps.buf
