@@ -986,15 +986,15 @@ def _install_fast_parse(nc: NATS, readers: dict[int, _Reader], deliver: Callable
             if end + 2 > size:
                 partial = True  # the payload is not all here yet
                 break
-            subject = bytes(args[0])
-            reply = bytes(args[2]) if len(args) == (5 if headers else 4) else b""
+            has_reply = len(args) == (5 if headers else 4)
             payload = bytes(buf[start + hlen:end])
             pos = end + 2
             reader = readers.get(sid)
             if reader is not None and payload:
                 stats["in_msgs"] += 1
-                stats["in_bytes"] += len(payload)
-                if not reader._on_data(subject, reply, payload):
+                stats["in_bytes"] += end - start - hlen
+                # The split's own bytearrays: _on_data only splits, compares and decodes them.
+                if not reader._on_data(args[0], args[2] if has_reply else b"", payload):
                     continue
                 del buf[:pos]  # the buffer is consistent before any await
                 pos, size = 0, len(buf)
@@ -1003,7 +1003,7 @@ def _install_fast_parse(nc: NATS, readers: dict[int, _Reader], deliver: Callable
                 hdr = bytes(buf[start:start + hlen]) if hlen else None
                 del buf[:pos]
                 pos, size = 0, len(buf)
-                await deliver(sid, subject, reply, payload, hdr)
+                await deliver(sid, bytes(args[0]), bytes(args[2]) if has_reply else b"", payload, hdr)
             buf = ps.buf
             size = len(buf)
         if pos:
@@ -1309,7 +1309,7 @@ class _Reader:
         if self._on_data(msg.subject.encode(), msg.reply.encode(), data):
             await self._fill()
 
-    def _on_data(self, subject: bytes, reply: bytes, data: bytes) -> bool:
+    def _on_data(self, subject: bytes | bytearray, reply: bytes | bytearray, data: bytes) -> bool:
         """A data message, as raw bytes: the hot path of every replay. True: request more.
 
         Kept to parsing, decoding and one append.
