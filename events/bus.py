@@ -882,6 +882,9 @@ async def _append_all(bus: Bus, events: list[Event]) -> list[int]:
 
 # --- direct dispatch ------------------------------------------------------------
 
+#: nats-py's parser state between frames (nats/protocol/parser.py; nats-py is pinned).
+_AWAITING_CONTROL_LINE = 1
+
 
 def _install_direct_dispatch(nc: NATS, readers: dict[int, _Reader]) -> bool:
     """Hand replay/tail data messages from nats-py's protocol parser straight to their reader.
@@ -917,7 +920,98 @@ def _install_direct_dispatch(nc: NATS, readers: dict[int, _Reader]) -> bool:
             await reader._fill()
 
     nc._process_msg = process_msg  # type: ignore[method-assign]
+    _install_fast_parse(nc, readers, process_msg)
     return True
+
+
+def _install_fast_parse(nc: NATS, readers: dict[int, _Reader], deliver: Callable[..., Awaitable[None]]) -> None:
+    """Split MSG/HMSG frames off nats-py's read buffer without its per-message regexes, copies and awaits.
+
+    nats-py's parser tries two regular expressions per message (MSG, then
+    HMSG: every corral event has a header), deletes each frame from the
+    front of its buffer, copies header and payload, and awaits a coroutine
+    per message: most of what a replay from NATS costs beyond a fold of the
+    same events from a file (bench/coldread.py, #28). This walks a chunk's
+    whole frames with `find`, hands a reader's data messages to it directly
+    (one await per batch, when it asks for more) and everything else (status
+    messages, other subscriptions) to nats-py's own `_process_msg`, exactly
+    as its parser would. Any other line (PING, INFO, -ERR, a malformed
+    frame) is left to nats-py's parser, which then finishes the chunk; a
+    frame it began is finished here.
+    """
+    ps = getattr(nc, "_ps", None)
+    slow = getattr(ps, "parse", None)
+    if ps is None or slow is None or not isinstance(getattr(ps, "buf", None), bytearray) \
+            or getattr(ps, "state", None) != _AWAITING_CONTROL_LINE:
+        return
+    stats = nc.stats
+
+    async def parse(data: bytes = b"") -> None:
+        buf: bytearray = ps.buf  # reset() replaces it on reconnect: look it up each time
+        buf.extend(data)
+        if ps.state != _AWAITING_CONTROL_LINE:  # nats-py's parser read a frame's line, not yet its payload
+            total, hlen = ps.needed, ps.header_needed
+            if len(buf) < total + 2:
+                return
+            arg = ps.msg_arg
+            hdr, payload = (bytes(buf[:hlen]) if hlen else None), bytes(buf[hlen:total])
+            del buf[:total + 2]
+            ps.header_needed, ps.state = 0, _AWAITING_CONTROL_LINE
+            await deliver(arg["sid"], arg["subject"], arg["reply"], payload, hdr)
+            buf = ps.buf
+        pos, size = 0, len(buf)
+        partial = False  # a frame's start is here, its end is not: wait for the next read
+        while pos < size:
+            if buf.startswith(b"HMSG ", pos):
+                headers = True
+            elif buf.startswith(b"MSG ", pos):
+                headers = False
+            else:
+                break
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                partial = True
+                break
+            args = buf[pos + (5 if headers else 4):eol].split()
+            if len(args) not in ((4, 5) if headers else (3, 4)):
+                break  # nats-py's parser raises its ProtocolError about it
+            try:
+                total = int(args[-1])
+                hlen = int(args[-2]) if headers else 0
+                sid = int(args[1])
+            except ValueError:
+                break  # the same
+            start = eol + 2
+            end = start + total
+            if end + 2 > size:
+                partial = True  # the payload is not all here yet
+                break
+            has_reply = len(args) == (5 if headers else 4)
+            payload = bytes(buf[start + hlen:end])
+            pos = end + 2
+            reader = readers.get(sid)
+            if reader is not None and payload:
+                stats["in_msgs"] += 1
+                stats["in_bytes"] += end - start - hlen
+                # The split's own bytearrays: _on_data only splits, compares and decodes them.
+                if not reader._on_data(args[0], args[2] if has_reply else b"", payload):
+                    continue
+                del buf[:pos]  # the buffer is consistent before any await
+                pos, size = 0, len(buf)
+                await reader._fill()
+            else:
+                hdr = bytes(buf[start:start + hlen]) if hlen else None
+                del buf[:pos]
+                pos, size = 0, len(buf)
+                await deliver(sid, bytes(args[0]), bytes(args[2]) if has_reply else b"", payload, hdr)
+            buf = ps.buf
+            size = len(buf)
+        if pos:
+            del buf[:pos]
+        if buf and not partial:
+            await slow(b"")
+
+    ps.parse = parse
 
 
 # --- consumers ----------------------------------------------------------------
@@ -1215,7 +1309,7 @@ class _Reader:
         if self._on_data(msg.subject.encode(), msg.reply.encode(), data):
             await self._fill()
 
-    def _on_data(self, subject: bytes, reply: bytes, data: bytes) -> bool:
+    def _on_data(self, subject: bytes | bytearray, reply: bytes | bytearray, data: bytes) -> bool:
         """A data message, as raw bytes: the hot path of every replay. True: request more.
 
         Kept to parsing, decoding and one append.

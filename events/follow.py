@@ -108,6 +108,19 @@ class Follower(Generic[S]):
         self.changed = asyncio.Event()
         self._listeners: list[Callable[[Envelope], None]] = []
         self._seq_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        #: The log's last position when this follower first read it (its first `catch_up` or
+        #: `follow`): what "caught up" means for a service's readiness (/readyz). Taken once: a
+        #: busy log never holds still, so "the end now" would keep a service unready forever.
+        self.target: int | None = None
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the fold has reached `target` (the fold only moves forward: once true, it stays true)."""
+        return self.target is not None and self.state.seq >= self.target
+
+    async def _take_target(self) -> None:
+        if self.target is None:
+            self.target = await self.bus.last_seq()
 
     def on_event(self, listener: Callable[[Envelope], None]) -> None:
         """Called after each folded event (for counters, live views)."""
@@ -163,6 +176,7 @@ class Follower(Generic[S]):
 
     async def catch_up(self, to_seq: int | None = None) -> None:
         """Fold the log up to `to_seq` (default: its end now)."""
+        await self._take_target()
         await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=to_seq), self.apply_batch)
 
     def apply_batch(self, batch: list[Envelope]) -> None:
@@ -185,6 +199,7 @@ class Follower(Generic[S]):
 
     async def follow(self) -> None:
         """Tail the log forever (after `catch_up`)."""
+        await self._take_target()
         await self._fold_from(lambda start: self.bus.tail(from_seq=start), self.apply)
 
     async def _fold_from(self, read: Callable[[int], AsyncGenerator[_T, None]], fold: Callable[[_T], object]) -> None:

@@ -123,30 +123,80 @@ def fold_gauges(states: Iterable[tuple[str | None, S]], snapshot: Callable[[S], 
     return [position, state_digest]
 
 
+def catching_up(seq: int, target: int | None) -> str:
+    """Empty once a reader folded up to `target` (the log's last position at its start), else the gap."""
+    if target is None:
+        return "starting: the log's last position is not read yet"
+    if seq < target:
+        return f"catching up: folded seq {seq} of {target} ({target - seq} behind)"
+    return ""
+
+
+#: A reader's progress for readiness: (where its fold is, the log's end at its start or None before it read it).
+Progress = tuple[Callable[[], int], Callable[[], int | None]]
+
+
+class _CatchUp:
+    """`corral_catch_up_behind{service}`: one family for every reader of the process (scheduler, agents, index)."""
+
+    def __init__(self, readers: list[tuple[str, Progress]]) -> None:
+        self._readers = readers
+
+    def collect(self) -> Iterable[Metric]:
+        behind = gauge("corral_catch_up_behind", "Events between a reader's fold and the log's last position at "
+                       "its start (0 once caught up; -1 before it read the log): /readyz is 503 until 0",
+                       ["service"])
+        for service, (seq, target) in self._readers:
+            at, end = seq(), target()
+            behind.add_metric([service], -1 if end is None else max(0, end - at))
+        return [behind] if self._readers else []
+
+
 class ServiceRegistry(CollectorRegistry):
     """The registry of a process's services, which also knows whether they can work (`/readyz`).
 
     Create it before the services run, so their catch-up is counted too; it holds the readers'
-    counters and the process's own facts, and each service registers its collectors in it.
+    counters and the process's own facts, and each service registers its collectors in it, and
+    what it needs to be ready (`require`, `require_caught_up`).
     """
 
     def __init__(self, buses: Sequence[Any] = ()) -> None:
         super().__init__()
         self._buses = list(buses)
+        self._checks: list[tuple[str, Callable[[], str]]] = []
+        self._readers: list[tuple[str, Progress]] = []
         for metric in READER_METRICS:
             self.register(metric)
         # process_* (CPU, memory, open files) and python_info, as any Prometheus client exposes them.
         self.register(PROCESS_COLLECTOR)
         self.register(PLATFORM_COLLECTOR)
         self.register(_BuildInfo())
+        self.register(_CatchUp(self._readers))
+
+    def require(self, service: str, check: Callable[[], str]) -> None:
+        """Ready only while `check()` is empty (else it says why, naming no service: this adds the name)."""
+        self._checks.append((service, check))
+
+    def require_caught_up(self, service: str, follower: Follower[Any]) -> None:
+        """Ready only once `follower` folded up to the log's end as of its start (`Follower.target`)."""
+        self.require_position(service, lambda: follower.state.seq, lambda: follower.target)
+
+    def require_position(self, service: str, seq: Callable[[], int], target: Callable[[], int | None]) -> None:
+        """Ready only once `seq()` reached `target()` (None: not known yet); the gap is a gauge too.
+
+        For a reader that is no Follower (the index); `target` must be taken once, at its start.
+        """
+        self._readers.append((service, (seq, target)))
+        self.require(service, lambda: catching_up(seq(), target()))
 
     def not_ready(self) -> str:
-        """Empty when every service's NATS connection is up, else why not (a Kubernetes readiness probe)."""
+        """Empty when every service's NATS connection is up and every check passes, else why not (one line
+        per service that is not ready; a Kubernetes readiness probe)."""
         for bus in self._buses:
             nc = getattr(bus, "nc", None)
             if nc is not None and not nc.is_connected:
                 return "not connected to NATS"
-        return ""
+        return "\n".join(f"{service}: {why}" for service, check in self._checks if (why := check()))
 
 
 # --- the endpoint ------------------------------------------------------------------------------
@@ -191,7 +241,7 @@ class MetricsServer:
                 status, ctype, body = "404 Not Found", "text/plain", b"try /metrics, /healthz or /readyz\n"
             elif route == b"/healthz":  # liveness: the service's event loop answers (a wedged loop does not)
                 status, ctype, body = "200 OK", "text/plain", b"ok\n"
-            elif route == b"/readyz":  # readiness: and its NATS connection is up
+            elif route == b"/readyz":  # readiness: its NATS connection is up and its readers caught up
                 why = self.registry.not_ready() if isinstance(self.registry, ServiceRegistry) else ""
                 status, ctype, body = ("503 Service Unavailable", "text/plain", why.encode() + b"\n") if why else \
                     ("200 OK", "text/plain", b"ready\n")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from events.telemetry import count_folded, fold_gauges, gauge
+from events.telemetry import ServiceRegistry, count_folded, fold_gauges, gauge
 from orchestrator.core.state import snapshot
 
 if TYPE_CHECKING:
@@ -37,4 +37,6 @@ def watch_agents(registry: CollectorRegistry, agents: Sequence[Agent]) -> None:
         return
     for agent in agents:
         count_folded(agent.follower, f"agent/{agent.node_id}")
+        if isinstance(registry, ServiceRegistry):  # /readyz: 503 until it folded the log as of its start
+            registry.require_caught_up(f"agent/{agent.node_id}", agent.follower)
     registry.register(AgentCollector(agents))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from events.telemetry import count_folded, digest, fold_gauges, gauge
+from events.telemetry import ServiceRegistry, count_folded, digest, fold_gauges, gauge
 from orchestrator.core.state import FREE, ClusterState, snapshot
 from orchestrator.core.usage import ancestors, resolve_queue
 from schemas import GangReserved, GangRestarted, PreemptionRequested, WorkerStarted
@@ -202,6 +202,8 @@ def watch_scheduler(registry: CollectorRegistry, follower: Follower[ClusterState
     """
     for metric in SCHEDULER_METRICS:
         registry.register(metric)
+    if isinstance(registry, ServiceRegistry):
+        registry.require_caught_up("scheduler", follower)  # /readyz: 503 until it folded the log as of its start
     count_folded(follower, "scheduler")
     count_cluster_facts(follower)
     count_outcomes(follower)

@@ -23,6 +23,7 @@ TINY: dict[str, list[str] | None] = {
     # A chaos run needs minutes to mean anything; tests/faults/test_chaos.py runs the same driver at CI's size.
     "chaos.py": None,
     "cli_start.py": ["--runs", "1"],
+    "coldread.py": ["--jobs", "30", "--events", "500", "--rounds", "1"],
     "gang_starts.py": ["--nodes", "2", "--gangs", "3", "--run-s", "0.1"],
     # Every reader and query once on a 60-job history (each a real `corral` process).
     "history.py": ["--jobs", "60", "--runs", "1", "--timeout", "120"],

@@ -41,7 +41,7 @@ from events.bus import Bus, Envelope, LogGap
 from events.follow import Rereads
 from events.history import History as ArchiveHistory
 from events.subjects import valid_id
-from events.telemetry import gauge
+from events.telemetry import ServiceRegistry, gauge
 from orchestrator.core.state import JobStatus
 from orchestrator.index import api, queries
 from orchestrator.index.projection import DB_NAME, Projection, connect
@@ -100,6 +100,8 @@ class IndexService:
         self.serving = asyncio.Event()
         #: Set once the fold reached the log's last position as of its start.
         self.caught_up = asyncio.Event()
+        #: The log's last position as of the start (taken once): /readyz is 503 until the index folded it.
+        self.target: int | None = None
         self.answered = 0
         self.refused = 0
 
@@ -137,6 +139,7 @@ class IndexService:
         p = self.projection
         assert p is not None
         t0, start = time.perf_counter(), p.seq
+        self.target = await self.history.last_seq()
         await self._read(lambda at: self.history.replay(from_seq=at), p.apply_batch)
         p.commit()
         log.info("index_caught_up", seq=p.seq, events=p.seq - start, seconds=round(time.perf_counter() - t0, 2))
@@ -430,3 +433,5 @@ class _IndexCollector:
 
 def watch_index(registry: CollectorRegistry, service: IndexService) -> None:
     registry.register(_IndexCollector(service))
+    if isinstance(registry, ServiceRegistry):  # /readyz: 503 until it folded the log as of its start
+        registry.require_position("index", lambda: service.seq, lambda: service.target)
