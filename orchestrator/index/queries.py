@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from orchestrator.core.accounting import Account
+from orchestrator.index.api import JobInfo
 
 
 class AsOf(NamedTuple):
@@ -69,34 +70,18 @@ def usage(conn: sqlite3.Connection, by: str, since: float | None, until: float |
     return out
 
 
-class JobRow(NamedTuple):
-    """One job's row: the accounting columns and its newest fold record (msgpack `Job`)."""
-
-    job_id: str
-    user: str
-    queue: str
-    name: str
-    submit_seq: int
-    submitted_at: float
-    started_at: float | None
-    ended_at: float | None
-    state: str
-    end_reason: str
-    ranks: int
-    gpus_per_rank: int
-    gpu_seconds: float
-    attempts: int
-    preemptions: int
-    record: bytes
+#: The jobs table's columns of a JobInfo, in its field order.
+_JOB_FIELDS = JobInfo.__struct_fields__
+_JOB_COLUMNS = ", ".join(_JOB_FIELDS)
 
 
-_JOB_COLUMNS = ("job_id, user, queue, name, submit_seq, submitted_at, started_at, ended_at, state, end_reason, ranks, "
-                "gpus_per_rank, gpu_seconds, attempts, preemptions, record")
+def _job_info(r: tuple[Any, ...]) -> JobInfo:
+    return JobInfo(**dict(zip(_JOB_FIELDS, r, strict=True)))
 
 
 def jobs(conn: sqlite3.Connection, *, since: float | None = None, until: float | None = None,
          user: str | None = None, states: Sequence[str] = (), queue: str | None = None, after: int = 0,
-         limit: int = 500) -> list[JobRow]:
+         limit: int = 500) -> list[JobInfo]:
     """Jobs in submit order after position `after` (a page's cursor), submitted in [since, until], of
     `user`, in `states` (empty: any), of `queue` (named in the spec or charged); at most `limit`."""
     where = ["submit_seq > :after"]
@@ -118,12 +103,12 @@ def jobs(conn: sqlite3.Connection, *, since: float | None = None, until: float |
         where.append(f"state IN ({', '.join(names)})")
         params.update({f"s{i}": s for i, s in enumerate(states)})
     sql = f"SELECT {_JOB_COLUMNS} FROM jobs WHERE {' AND '.join(where)} ORDER BY submit_seq LIMIT :limit"
-    return [JobRow(*r) for r in conn.execute(sql, params)]
+    return [_job_info(r) for r in conn.execute(sql, params)]
 
 
-def job(conn: sqlite3.Connection, job_id: str) -> JobRow | None:
+def job(conn: sqlite3.Connection, job_id: str) -> JobInfo | None:
     r = conn.execute(f"SELECT {_JOB_COLUMNS} FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
-    return None if r is None else JobRow(*r)
+    return None if r is None else _job_info(r)
 
 
 class Position(NamedTuple):

@@ -378,10 +378,6 @@ def _usage(conn: sqlite3.Connection, request: api.UsageRequest) -> api.Reply:
     return api.UsageReply(rows=rows, events=queries.as_of(conn).events)
 
 
-def _info(row: queries.JobRow) -> api.JobInfo:
-    return api.JobInfo(**row._asdict())
-
-
 def _jobs(conn: sqlite3.Connection, request: api.JobsRequest) -> api.Reply:
     rows = queries.jobs(conn, since=request.since, until=request.until, user=request.user, states=request.states,
                         queue=request.queue, after=request.after, limit=request.limit + 1)
@@ -393,7 +389,7 @@ def _jobs(conn: sqlite3.Connection, request: api.JobsRequest) -> api.Reply:
         if out and size > api.MAX_REPLY_BYTES:
             more = True
             break
-        out.append(_info(row))
+        out.append(row)
     return api.JobsReply(jobs=out, next_after=out[-1].submit_seq if more and out else None)
 
 
@@ -401,7 +397,7 @@ def _job(conn: sqlite3.Connection, job_id: str) -> api.Reply:
     row = queries.job(conn, job_id)
     if row is None:
         raise BadRequest(f"the index has no job {job_id!r}", "not_found")
-    return api.JobReply(job=_info(row))
+    return api.JobReply(job=row)
 
 
 
