@@ -7,7 +7,10 @@ A missing extra is played here by blocking its import (`sys.modules[name] = None
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import importlib.metadata
+import io
 import subprocess
 import sys
 import tomllib
@@ -45,13 +48,58 @@ def _imported(*args: str) -> set[str]:
             if line.startswith("import time:") and line.count("|") == 2}
 
 
-@pytest.mark.parametrize("args", [["--help"], ["jobs", "--help"]], ids=" ".join)
-def test_help_imports_neither_the_simulator_matplotlib_numpy_nor_docker(args: list[str]) -> None:
+#: What a start that runs none of them must not import: the services' code (scheduler, agent, archiver,
+#: index service), the live view's terminal library, the policies' decisions, and the log's readers.
+SERVICES = ("nodeagent", "orchestrator.service", "orchestrator.archiver", "orchestrator.index.service",
+            "orchestrator.cli.services", "orchestrator.cli.top", "orchestrator.core.decide", "orchestrator.policies",
+            "prometheus_client", "events.telemetry")
+#: Nor, for `--help` and `--version`, NATS or structlog (whose import pulls in rich when it is installed).
+CLIENT = ("nats", "structlog", "rich", "events.bus", "asyncio")
+
+
+def _under(imported: set[str], prefixes: tuple[str, ...] | set[str]) -> list[str]:
+    return sorted(m for m in imported if any(m == p or m.startswith(f"{p}.") for p in prefixes))
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["jobs", "--help"], ["usage", "--help"],
+                                  ["explain", "--help"], ["job", "--help"]], ids=" ".join)
+def test_start_imports_neither_the_simulator_extras_services_nor_other_commands(args: list[str]) -> None:
     imported = _imported(*args)
-    assert {"orchestrator.cli", "orchestrator.cli.services", "orchestrator.cli.sim"} <= imported, "not parsed"
-    heavy = sorted(m for m in imported if m.partition(".")[0] in HEAVY
-                   or any(m == s or m.startswith(f"{s}.") for s in SIMULATOR))
+    assert "orchestrator.cli.commands" in imported, "not parsed"
+    heavy = _under(imported, HEAVY | set(SIMULATOR) | set(SERVICES))
     assert not heavy, f"corral {' '.join(args)} imports {heavy}"
+    # Only the chosen command's module (and what it shares with the other read commands) is imported.
+    from orchestrator.cli.commands import COMMANDS
+
+    chosen = [module for module, names in COMMANDS.items() if args[0] in names]
+    others = {f"orchestrator.cli.{m}" for m in COMMANDS if m not in chosen} - {
+        "orchestrator.cli.listing"}  # (checked_id, shared by the read commands)
+    assert not _under(imported, others), f"corral {' '.join(args)} imports {_under(imported, others)}"
+    if not chosen:  # the top level: no command's code at all, nor a NATS client
+        assert not _under(imported, CLIENT), f"corral {' '.join(args)} imports {_under(imported, CLIENT)}"
+    else:
+        assert f"orchestrator.cli.{chosen[0]}" in imported, "the command's own parser was not built"
+
+
+def test_a_query_commands_help_imports_no_nats_client_nor_rich() -> None:
+    """`corral usage --help` on a pipe: argparse and the command's parser, not NATS, structlog or rich."""
+    imported = _imported("usage", "--help")
+    assert not _under(imported, CLIENT), _under(imported, CLIENT)
+
+
+def test_the_command_table_says_what_the_modules_register() -> None:
+    """The top-level parser lists COMMANDS without importing the modules: the same names, order and help as
+    the modules' own parsers, and each command, once chosen, parses with its module's real parser."""
+    from orchestrator.cli import build_parser
+
+    eager, lazy = build_parser(), build_parser(lazy=True)
+    assert lazy.format_help() == eager.format_help()
+    sub = next(a for a in eager._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        fresh = build_parser(lazy=True)
+        with pytest.raises(SystemExit), contextlib.redirect_stdout(io.StringIO()) as out:
+            fresh.parse_args([name, "--help"])
+        assert out.getvalue() == parser.format_help(), name
 
 
 def test_sim_help_names_the_policies(capsys: pytest.CaptureFixture[str]) -> None:
