@@ -12,9 +12,10 @@ e.g. the one bench/history.py loads), it also times the index's query commands
 end to end (`usage`, `jobs --all --by-user U --since D`, `job J`, `explain J`)
 and splits one `usage` into its steps, each the time since the process was
 started (the same machine's monotonic clock): interpreter up, parsed (the
-command's module imported), logging set up, connected (`Bus.connect`: NATS and
-the stream's info), the log's end (`last_seq`), the log's clock (its first
-event, read as `usage` does), and the index's reply.
+command's module imported), logging set up, the NATS client and the bus
+imported, connected (`Bus.connect`: NATS and the stream's info), the log's
+end (`last_seq`), the log's clock (its first event, read as `usage` does),
+the index's reply, and the connection closed.
 Prints human lines, then one JSON object as the last line.
 
     .venv/bin/python bench/cli_start.py [--runs N] [--nats URL --job J --by-user U --since D]
@@ -80,20 +81,29 @@ _STEPS = """
 import time
 t = {"interpreter": time.perf_counter()}
 import json, sys
+import orchestrator.cli
 from orchestrator.cli import build_parser
-args = build_parser(lazy=True).parse_args(["--nats", sys.argv[1], "usage"])
+try:
+    parser = build_parser(lazy=True)
+except TypeError:  # a tree from before the lazy parser
+    parser = build_parser()
+args = parser.parse_args(["--nats", sys.argv[1], "usage"])
 t["parsed"] = time.perf_counter()
+getattr(orchestrator.cli, "_import_structlog_without_rich", lambda: None)()
 import asyncio
 from orchestrator.logging import configure_logging
 configure_logging("warning", json=False)
 t["logging"] = time.perf_counter()
+import nats
+import events.bus
+import events.security
+from orchestrator.cli.connect import connected
+from orchestrator.cli.position import log_clock
+from orchestrator.index import api
+from orchestrator.index.client import ask
+t["client_imported"] = time.perf_counter()
 
 async def steps():
-    from orchestrator.cli.connect import connected
-    from orchestrator.cli.position import log_clock
-    from orchestrator.index import api
-    from orchestrator.index.client import ask
-
     async with connected(args) as bus:
         t["connected"] = time.perf_counter()
         last = await bus.last_seq()

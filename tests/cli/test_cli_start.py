@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import importlib.metadata
 import io
+import json
 import subprocess
 import sys
 import tomllib
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from events.server import NatsServer
 from orchestrator.cli.errors import USAGE
 from tests.cli.conftest import CORRAL, ROOT, assert_one_line_error
 
@@ -133,3 +135,48 @@ def test_docker_runtime_without_the_docker_extra_says_what_to_install(tmp_path: 
                    "--data-dir", str(tmp_path), cwd=tmp_path)
     line = assert_one_line_error(proc, USAGE)
     assert "pip install 'corral[docker]'" in line, line
+
+
+def test_a_query_imports_no_services_nor_rich(nats_server: NatsServer) -> None:
+    """`corral usage` run for real (no index answers: it says so and reads the log) imports what it runs only:
+    no services' code, no other command, and structlog without rich (corral's logs never use it)."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli", "--nats", nats_server.url,
+                           "usage", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["rows"] == []
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:") and line.count("|") == 2}
+    assert {"orchestrator.cli.usage", "structlog", "events.bus"} <= imported, "not run"
+    from orchestrator.cli.commands import COMMANDS
+
+    others = {f"orchestrator.cli.{m}" for m in COMMANDS if m not in ("usage", "archive")}  # (--archive: archive.py)
+    unwanted = _under(imported, HEAVY | set(SIMULATOR) | set(SERVICES) | others)
+    assert not unwanted, f"corral usage imports {unwanted}"
+    # structlog tried rich and was told it is missing (a sentinel in sys.modules: a 0-2 us line, no submodule).
+    assert not [m for m in imported if m.startswith("rich.")], "corral usage imported rich"
+
+
+def test_logs_read_the_same_with_structlog_imported_without_rich() -> None:
+    """The CLI's log lines, an exception's traceback included, are the same text whether structlog loaded rich."""
+    code = """if 1:
+        import sys
+        if sys.argv[1] == "without":
+            from orchestrator.cli import _import_structlog_without_rich
+            _import_structlog_without_rich()
+        import structlog
+        from orchestrator.logging import configure_logging
+        configure_logging("warning", json=False)
+        try:
+            {}["missing"]
+        except KeyError:
+            structlog.get_logger("corral.cli").warning("bus_read_retry", seq=7, exc_info=True)
+        print(structlog.dev.rich is not None)
+    """
+    out = {}
+    for how in ("with", "without"):
+        proc = subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, cwd=ROOT,
+                              timeout=60, check=True)
+        out[how] = proc.stdout, proc.stderr.split(" ", 1)[1]  # (after the timestamp)
+    assert out["with"][0] == "True\n" and out["without"][0] == "False\n"  # rich is installed: both ways were tried
+    assert "bus_read_retry" in out["with"][1] and "KeyError: 'missing'" in out["with"][1]
+    assert out["without"][1] == out["with"][1]
