@@ -71,26 +71,12 @@ def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
-def _import_structlog_without_rich() -> None:
-    """Import structlog as corral uses it: without rich, which it imports whenever installed (~0.1 s of CPU).
-
-    structlog's console renderer would format tracebacks with rich, but corral's log set-up never lets it:
-    `format_exc_info` turns an exception into text before any renderer sees it (orchestrator/logging.py),
-    so the lines are the same. Whoever needs rich (`corral top`) imports it as usual afterwards.
-    """
-    if "structlog" in sys.modules or "rich" in sys.modules:
-        return
-    sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` raises ImportError while structlog loads
-    try:
-        import structlog  # noqa: F401
-    finally:
-        del sys.modules["rich"]
-
-
 def main(argv: list[str] | None = None) -> int:
+    from orchestrator.cli import commands
+
     parser = build_parser(lazy=True)
     args = parser.parse_args(argv)  # `--help` and `--version` exit here, having imported nothing more
-    _import_structlog_without_rich()
+    commands.import_structlog_without_rich()  # (if the command's module did not import it already)
     import asyncio
 
     from orchestrator.logging import configure_logging

@@ -12,6 +12,7 @@ tests/cli/test_cli_start.py checks that COMMANDS says what the modules say.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 #: module (under orchestrator.cli) -> its commands and their help, in `corral --help` order.
@@ -43,6 +44,23 @@ COMMANDS: dict[str, dict[str, str]] = {
 }
 
 
+def import_structlog_without_rich() -> None:
+    """Import structlog as corral uses it: without rich, which it imports whenever installed (~0.1 s of CPU).
+
+    structlog's console renderer would format tracebacks with rich, but corral's log set-up never lets it:
+    `format_exc_info` turns an exception into text before any renderer sees it (orchestrator/logging.py),
+    so the lines are the same. Whoever needs rich (`corral top`) imports it as usual afterwards. Called before a command's module
+    is imported (most import the bus, which imports structlog).
+    """
+    if "structlog" in sys.modules or "rich" in sys.modules:
+        return
+    sys.modules["rich"] = None  # type: ignore[assignment]  # `import rich` raises ImportError while structlog loads
+    try:
+        import structlog  # noqa: F401
+    finally:
+        del sys.modules["rich"]
+
+
 class LazyCommands(argparse._SubParsersAction):  # type: ignore[type-arg]
     """Subcommands whose parsers are placeholders (name and help) until one is chosen.
 
@@ -71,6 +89,7 @@ class LazyCommands(argparse._SubParsersAction):  # type: ignore[type-arg]
             del self._module_of[n]
             del self._name_parser_map[n]
         self._choices_actions = [a for a in self._choices_actions if a.dest not in names]
+        import_structlog_without_rich()
         # __import__, not importlib.import_module: the interpreter's own import, which `python -X importtime`
         # (bench/cli_start.py, tests/cli/test_cli_start.py) sees.
         __import__(f"orchestrator.cli.{module}", fromlist=["register"]).register(self)

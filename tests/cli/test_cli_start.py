@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from events.server import NatsServer
-from orchestrator.cli.errors import USAGE
+from orchestrator.cli.errors import NOT_FOUND, USAGE
 from tests.cli.conftest import CORRAL, ROOT, assert_one_line_error
 
 #: Extras (or what they pull in) that `corral --help` must not import.
@@ -84,9 +84,14 @@ def test_start_imports_neither_the_simulator_extras_services_nor_other_commands(
 
 
 def test_a_query_commands_help_imports_no_nats_client_nor_rich() -> None:
-    """`corral usage --help` on a pipe: argparse and the command's parser, not NATS, structlog or rich."""
+    """`corral usage --help` on a pipe: argparse and the command's parser, not NATS, the bus or rich (structlog
+    and the asyncio it imports, yes: a command's module is imported after structlog is, without rich, see
+    commands.py)."""
     imported = _imported("usage", "--help")
-    assert not _under(imported, CLIENT), _under(imported, CLIENT)
+    client = tuple(m for m in CLIENT if m not in ("structlog", "asyncio", "rich"))  # (rich: below)
+    assert not _under(imported, client), _under(imported, client)
+    assert "structlog" in imported and "rich" in imported, "structlog was not imported before the command's module"
+    assert not [m for m in imported if m.startswith("rich.")], "structlog imported rich"
 
 
 def test_the_command_table_says_what_the_modules_register() -> None:
@@ -137,23 +142,31 @@ def test_docker_runtime_without_the_docker_extra_says_what_to_install(tmp_path: 
     assert "pip install 'corral[docker]'" in line, line
 
 
-def test_a_query_imports_no_services_nor_rich(nats_server: NatsServer) -> None:
-    """`corral usage` run for real (no index answers: it says so and reads the log) imports what it runs only:
-    no services' code, no other command, and structlog without rich (corral's logs never use it)."""
+@pytest.mark.parametrize(("args", "code"), [(["usage", "--json"], 0), (["job", "j-none"], NOT_FOUND),
+                                           (["explain", "j-none"], NOT_FOUND)], ids=lambda a: " ".join(a)
+                         if isinstance(a, list) else None)
+def test_a_query_imports_no_services_nor_rich(nats_server: NatsServer, args: list[str], code: int) -> None:
+    """A query run for real (no index answers: it says so and reads the log) imports what it runs only:
+    no services' code, no command module but its own (and the read commands' shared helpers), and
+    structlog without rich (corral's logs never use it)."""
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "orchestrator.cli", "--nats", nats_server.url,
-                           "usage", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout)["rows"] == []
+                           *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    if args[0] == "usage":
+        assert json.loads(proc.stdout)["rows"] == []
     imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
                 if line.startswith("import time:") and line.count("|") == 2}
-    assert {"orchestrator.cli.usage", "structlog", "events.bus"} <= imported, "not run"
+    assert {"structlog", "events.bus"} <= imported, "not run"
     from orchestrator.cli.commands import COMMANDS
 
-    others = {f"orchestrator.cli.{m}" for m in COMMANDS if m not in ("usage", "archive")}  # (--archive: archive.py)
+    chosen = next(m for m, names in COMMANDS.items() if args[0] in names)
+    assert f"orchestrator.cli.{chosen}" in imported
+    # (--archive: archive.py, read by every reader; listing: checked_id, shared by the read commands)
+    others = {f"orchestrator.cli.{m}" for m in COMMANDS if m not in (chosen, "archive", "listing")}
     unwanted = _under(imported, HEAVY | set(SIMULATOR) | set(SERVICES) | others)
-    assert not unwanted, f"corral usage imports {unwanted}"
+    assert not unwanted, f"corral {' '.join(args)} imports {unwanted}"
     # structlog tried rich and was told it is missing (a sentinel in sys.modules: a 0-2 us line, no submodule).
-    assert not [m for m in imported if m.startswith("rich.")], "corral usage imported rich"
+    assert not [m for m in imported if m.startswith("rich.")], f"corral {' '.join(args)} imported rich"
 
 
 def test_logs_read_the_same_with_structlog_imported_without_rich() -> None:
@@ -161,8 +174,8 @@ def test_logs_read_the_same_with_structlog_imported_without_rich() -> None:
     code = """if 1:
         import sys
         if sys.argv[1] == "without":
-            from orchestrator.cli import _import_structlog_without_rich
-            _import_structlog_without_rich()
+            from orchestrator.cli.commands import import_structlog_without_rich
+            import_structlog_without_rich()
         import structlog
         from orchestrator.logging import configure_logging
         configure_logging("warning", json=False)
