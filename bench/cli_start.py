@@ -82,7 +82,7 @@ _STEPS = """
 import time
 t = {"interpreter": time.perf_counter()}
 import json, sys
-import orchestrator.cli
+import orchestrator.cli.commands
 from orchestrator.cli import build_parser
 try:
     parser = build_parser(lazy=True)
@@ -90,7 +90,7 @@ except TypeError:  # a tree from before the lazy parser
     parser = build_parser()
 args = parser.parse_args(["--nats", sys.argv[1], "usage"])
 t["parsed"] = time.perf_counter()
-getattr(orchestrator.cli, "_import_structlog_without_rich", lambda: None)()
+getattr(orchestrator.cli.commands, "import_structlog_without_rich", lambda: None)()  # (as main does)
 import asyncio
 from orchestrator.logging import configure_logging
 configure_logging("warning", json=False)
