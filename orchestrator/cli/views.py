@@ -147,10 +147,10 @@ def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | 
     A placed gang's `expected_end` is when backfill counts on its GPUs coming back (never
     before `now`). None: the job is over, or nothing like it has completed yet.
     """
-    from orchestrator.policies import DEFAULT_POLICIES  # (the policies' code: only a job's estimate needs it)
-
     if job.status in TERMINAL:
         return None
+    from orchestrator.policies import DEFAULT_POLICIES  # (the policies' code: only a live job's estimate needs it)
+
     est = DEFAULT_POLICIES.estimate(state, job, job_queue(state, job))
     if est is None:
         return None
