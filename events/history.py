@@ -2,8 +2,8 @@
 
 With retention (#28) the stream keeps only its newer positions; the older
 ones are in the archive (events/archive.py). `History` answers the part of
-`Bus` that readers use -- `last_seq`, `replay`, `tail`, `missing`, and the
-`js`/`replicas` the snapshot readers look at -- so a Follower, `corral
+`Bus` that readers use -- `last_seq`, `replay`, `tail`, `missing`, the
+`js`/`replicas` the snapshot readers look at and the `nc` requests go over -- so a Follower, `corral
 replay --at`, `explain`, `usage` and `tail --from-seq` read old positions
 with the same code as new ones.
 
@@ -51,6 +51,7 @@ class History:
         self.bus = bus
         self.archive = archive
         self.js = bus.js
+        self.nc = bus.nc  # requests (the index's corral-index.*) go over the same connection
         self.replicas = bus.replicas
         self.stream = bus.stream
         #: Segments refused while reading (path -> why): `missing` says it again without re-reading.

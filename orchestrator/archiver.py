@@ -15,11 +15,11 @@ what the archive holds. The archiver purges the stream below K
   time, never from this machine's clock) or needed to bring the stream under
   `max_bytes`;
 * the archive's end + 1: age or size alone never drop an unarchived event;
-* the oldest kept scheduler snapshot's position + 1: node agents have no
-  archive and start from a snapshot, so the stream must keep everything
-  after it -- after the oldest one kept (events/snapshots.py keeps the newest
-  few), so a reader that must skip an unusable newest snapshot for an older
-  one still finds its tail in the stream.
+* the newest scheduler snapshot's position + 1: node agents have no archive
+  and start from a snapshot, so the stream must keep everything after it.
+  (A reader that must skip that snapshot -- say an older agent that cannot
+  read a newer format -- and falls back to an older one finds its tail gone
+  and stops with LogGap naming the range: loud, and --archive mends it.)
 
 A failed segment write (a full disk: ENOSPC, or any OSError) stops
 retention at once -- nothing more is purged while the archive cannot be
@@ -103,7 +103,7 @@ def purge_point(segments: Sequence[Manifest], stream: StreamFacts, *, retention_
     """K: the stream may drop the positions below K (and keep K and above). K <= stream.first: drop nothing.
 
     Whole archived segments only. The wanted cut (age, size) is capped by the archive's end + 1 and the
-    oldest kept snapshot's position + 1 (module docstring): an event is purged only if archived, and only if
+    newest snapshot's position + 1 (module docstring): an event is purged only if archived, and only if
     a reader starting from the snapshot does not need it.
     """
     if not segments:
@@ -129,10 +129,9 @@ def purge_point(segments: Sequence[Manifest], stream: StreamFacts, *, retention_
 
 
 class SnapshotSeq:
-    """The position of the OLDEST snapshot the scheduler keeps (0: none, or the store cannot be read now).
+    """The newest scheduler snapshot's log position (0: none, or the store cannot be read now).
 
-    Not the newest: a reader skips an unusable snapshot (checksum, format) for an older one, and
-    must then find that one's tail in the stream. The stored names are read, not the snapshots.
+    Read from the stored names (events/snapshots.py), not the snapshots themselves.
     """
 
     def __init__(self, js: object) -> None:
@@ -140,11 +139,10 @@ class SnapshotSeq:
 
     async def __call__(self) -> int:
         try:
-            seqs = await self._store.seqs()
+            return await self._store.newest_seq()  # 0 without a snapshot: readers start at 1, keep everything
         except Exception as e:  # unreadable: keep everything rather than guess
             log.warning("snapshot_seq_unreadable", error=repr(e))
             return 0
-        return seqs[-1] if seqs else 0  # no snapshot: readers start from position 1, so keep everything
 
 
 class Archiver:

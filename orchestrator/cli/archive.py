@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from events.archive import Archive
-from events.bus import Bus
+from events.bus import Bus, LogGap
 from events.history import History
 from orchestrator.cli.errors import FAILURE, USAGE, CliError
 from orchestrator.cli.timespec import parse_duration
@@ -51,6 +51,55 @@ def with_archive(args: argparse.Namespace, bus: Bus) -> Bus | History:
     if not Path(path).is_dir():
         raise CliError(f"--archive {path}: no such directory", USAGE)
     return History(bus, Archive(path))
+
+
+async def export_log(args: argparse.Namespace, path: Path) -> Path:
+    """The whole log, from position 1 to its last as of now, into `path`: one event a line, line N position N.
+
+    With `--archive` the archive and the stream as one log; without, a stream whose head was purged
+    stops it with a LogGap naming the missing range (no partial file is left: written aside, renamed).
+    What `corral sim --from-cluster` re-runs; the file is what `--from-log` reads.
+    """
+    from contextlib import aclosing
+
+    from orchestrator.cli.connect import connected
+    from schemas import Event, Unknown, encode
+
+    def line(event: Event | Unknown) -> bytes:
+        if isinstance(event, Unknown):  # as stored, on one line: --from-log counts it as unreadable, at its position
+            return (event.raw.replace(b"\n", b" ").strip() or b"{}") + b"\n"
+        return encode(event) + b"\n"
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"cannot create {path.parent}: {e.strerror or e}", USAGE) from None
+    part = path.with_name(path.name + ".part")
+    async with connected(args, name="corral-sim") as bus:
+        source = with_archive(args, bus)
+        end = await source.last_seq()
+        nxt = 1
+        try:
+            with part.open("wb") as out:
+                async with aclosing(source.replay(from_seq=1, to_seq=end)) as batches:
+                    async for batch in batches:
+                        if batch[0].seq != nxt or batch[-1].seq != nxt + len(batch) - 1:
+                            await _gap(source, nxt, next(e.seq for i, e in enumerate(batch) if e.seq != nxt + i))
+                        out.write(b"".join(line(env.event) for env in batch))
+                        nxt += len(batch)
+            if nxt <= end:
+                await _gap(source, nxt, end + 1)
+            part.replace(path)
+        finally:
+            part.unlink(missing_ok=True)
+    return path
+
+
+async def _gap(source: Bus | History, expected: int, found: int) -> None:
+    """A read of the whole log that would skip `expected`..`found - 1` stops, naming them (and the cure)."""
+    why = await source.missing(expected) or f"seq {expected}..{found - 1} were not delivered"
+    hint = "" if isinstance(source, History) else "; give --archive PATH to read what the stream dropped"
+    raise CliError(f"{LogGap(expected, found, why)}{hint}", FAILURE)
 
 
 async def run_archiver(args: argparse.Namespace) -> int:

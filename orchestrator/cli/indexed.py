@@ -22,6 +22,7 @@ from orchestrator.index.api import JobInfo, Reply
 # parser imports this module for `add_index_arg`).
 if TYPE_CHECKING:
     from events.bus import Bus
+    from events.history import History
     from orchestrator.core.state import Job
     from orchestrator.index.client import R
 
@@ -37,7 +38,7 @@ def wants_index(args: argparse.Namespace) -> bool:
             and not getattr(args, "no_index", False))
 
 
-async def asked(bus: Bus, subject: str, request: msgspec.Struct, reply_type: type[R], *,
+async def asked(bus: Bus | History, subject: str, request: msgspec.Struct, reply_type: type[R], *,
                 fresh: bool = True) -> R | None:
     """The index's answer, or None (after one stderr line) when no index answers: read the log then.
 

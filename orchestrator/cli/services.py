@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from events.bus import Bus
+from events.bus import Bus, LogGap
 from events.server import NatsServer, NatsServerError
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.discovery import NoGpuError, node_inventory
@@ -196,17 +196,26 @@ async def run_admission(args: argparse.Namespace) -> int:
 
 async def run_index(args: argparse.Namespace) -> int:
     """`corral index`: the accounting and forensics index (orchestrator/index/service.py)."""
+    from orchestrator.cli.archive import with_archive
     from orchestrator.index.projection import IndexFormatError
     from orchestrator.index.service import IndexService
 
     configure_logging(args.log_level)
     async with connected(args, name="corral-index", forever=True, wait_for_creator=True) as bus:
-        service = IndexService(bus, Path(args.data_dir).resolve(), rebuild=args.rebuild)
+        # With --archive, catch-up (and --rebuild) read archive + stream as one log, and `explain`
+        # fetches the positions the stream dropped from the archive.
+        service = IndexService(bus, Path(args.data_dir).resolve(), history=with_archive(args, bus),
+                               rebuild=args.rebuild)
         metrics_server = await start_index_metrics(args, service)
         try:
             return await until_signalled(service.run())
         except IndexFormatError as e:
             raise CliError(str(e), FAILURE) from None
+        except LogGap as gap:
+            if service.history is not bus:
+                raise
+            raise CliError(f"{gap}; give --archive PATH (the archive `corral archive` writes) to read what the "
+                           "stream dropped", FAILURE) from None
         finally:
             if metrics_server is not None:
                 await metrics_server.close()
@@ -304,12 +313,15 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
                              checkpoint_root=data / "checkpoints", heartbeat_s=1.0)
         agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id)))
+    from events.archive import Archive
+    from events.history import History
     from orchestrator.index.service import IndexService
 
-    index = IndexService(bus, data / "index")
+    archiver = _up_archiver(args, bus, data)
+    index = IndexService(bus, data / "index", history=None if archiver is None else
+                         History(bus, Archive(archiver.config.path)))
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"(process runtime) + the index; Ctrl-C stops", flush=True)
-    archiver = _up_archiver(args, bus, data)
     result = OK
     metrics_server = await start_metrics(args, scheduler=sched, agents=agents, archiver=archiver is not None)
     if metrics_server is not None:
@@ -459,12 +471,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Follow the log into an SQLite index under --data-dir (one row per job, its reservations and "
                     "the positions of its events) and answer `corral usage`, `jobs --all`, `job OLD` and `explain "
                     "OLD` over NATS (corral-index.usage, .jobs, .job, .events), so they need not read the whole "
-                    "log. Resumes from its stored position; --rebuild folds the log from position 1 again. Without "
+                    "log. Resumes from its stored position; --rebuild folds the log from position 1 again (with "
+                    "retention on, give --archive PATH: the positions the stream dropped are read there). Without "
                     "an index the commands read the log themselves. Connect as the `index` user.")
     add_connection_args(p, service=True)
     common(p)
     p.add_argument("--data-dir", default=".corral/index", help="where the index file lives (default %(default)s)")
     p.add_argument("--rebuild", action="store_true", help="delete the index and fold the whole log again")
+    p.add_argument("--archive", metavar="PATH", default=argparse.SUPPRESS,
+                   help="the archive `corral archive` writes: catch-up, --rebuild and `explain` read the positions "
+                        "the stream dropped there (as the global --archive; env CORRAL_ARCHIVE)")
     p.set_defaults(handler=run_index)
 
     p = sub.add_parser("demo", help="submit the small demo workload to a running cluster and narrate it",

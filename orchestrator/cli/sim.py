@@ -80,6 +80,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="re-run the JobSubmitted events of an event-log file (its cluster too, unless --cluster): "
                         "a simulation's events-<policy>.jsonl, or a cluster's log exported with "
                         "`corral tail --no-follow --json > FILE`")
+    p.add_argument("--from-cluster", action="store_true", dest="from_cluster",
+                   help="re-run the running cluster's whole log, read from NATS (the global --nats; with the "
+                        "global --archive PATH also what retention dropped from the stream), written to "
+                        "OUT/cluster-log.jsonl (line N is log position N) and read as --from-log")
     p.add_argument("--policy", default="corral", metavar="LIST",
                    help="comma-separated policies ({policies}), or 'all' alone for every one; default %(default)s")
     p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
@@ -126,6 +130,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 async def run_handler(args: argparse.Namespace) -> int:
     from orchestrator.cli import simrun
 
+    if args.from_cluster:
+        from orchestrator.cli.archive import export_log
+        from orchestrator.cli.errors import USAGE, CliError
+
+        given = [f for f, v in (("--from-log", args.from_log), ("--trace", args.trace), ("--generate", args.generate))
+                 if v]
+        if given:
+            raise CliError(f"--from-cluster is the workload: give it without {' and '.join(given)}", USAGE)
+        args.from_log = str(await export_log(args, args.out / "cluster-log.jsonl"))
     return simrun.run(args)
 
 

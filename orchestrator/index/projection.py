@@ -16,6 +16,7 @@ Tables (`SCHEMA`):
   event that released it (end NULL: still held); a usage window clips them.
 * `job_events`: (job, position, type, stream time, void reason) of every
   event about a job (the preemptor's too), what `explain` fetches by position.
+* `job_links`: the jobs a job's events name (its preemptor, its victims), both ways.
 * `context_events`: positions of events about no job (nodes, queues,
   elections, settings) that a job's story needs folded beside its own.
 * `position`: the last position folded, written in the same transaction as
@@ -90,7 +91,7 @@ CREATE INDEX IF NOT EXISTS jobs_by_submit ON jobs (submit_seq);
 CREATE INDEX IF NOT EXISTS jobs_by_submitted_at ON jobs (submitted_at);
 CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs (user, submitted_at);
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, submitted_at);
-CREATE INDEX IF NOT EXISTS jobs_by_ended_at ON jobs (ended_at);
+CREATE INDEX IF NOT EXISTS jobs_by_end ON jobs (state, ended_at, queue, user);
 CREATE TABLE IF NOT EXISTS reservations (
     job_id TEXT NOT NULL,
     open_seq INTEGER NOT NULL,
@@ -110,6 +111,11 @@ CREATE TABLE IF NOT EXISTS job_events (
     time REAL NOT NULL,
     void TEXT,
     PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS job_links (
+    job_id TEXT NOT NULL,
+    other TEXT NOT NULL,
+    PRIMARY KEY (job_id, other)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS job_nodes (
     job_id TEXT NOT NULL,
@@ -172,6 +178,7 @@ class _Pending:
     closed: list[tuple[float, str, str, str, int, str, int]] = field(default_factory=list)
     events: list[tuple[str, int, str, float, str | None]] = field(default_factory=list)
     nodes: set[tuple[str, str]] = field(default_factory=set)
+    links: set[tuple[str, str]] = field(default_factory=set)
     context: list[tuple[int, str, str]] = field(default_factory=list)
     count: int = 0
 
@@ -289,6 +296,7 @@ class Projection:
         if isinstance(event, PreemptionRequested | Preempted) and event.preemptor_job_id and \
                 event.preemptor_job_id != job_id:
             p.events.append((event.preemptor_job_id, seq, kind, env.stream_time, void))
+            p.links.update(((job_id, event.preemptor_job_id), (event.preemptor_job_id, job_id)))
         after = state.jobs.get(job_id)
         if after is None:  # about a job the fold does not hold (never submitted, or long forgotten)
             return
@@ -349,6 +357,7 @@ class Projection:
                           "WHERE job_id = ? AND open_seq = ?", p.closed)
             c.executemany("INSERT OR IGNORE INTO job_events VALUES (?, ?, ?, ?, ?)", p.events)
             c.executemany("INSERT OR IGNORE INTO job_nodes VALUES (?, ?)", sorted(p.nodes))
+            c.executemany("INSERT OR IGNORE INTO job_links VALUES (?, ?)", sorted(p.links))
             c.executemany("INSERT OR IGNORE INTO context_events VALUES (?, ?, ?)", p.context)
             c.execute("UPDATE position SET seq = ?, stream_time = ?, events = ?, unreadable = ?",
                       (self.seq, self.stream_time, self.events, self.unreadable))

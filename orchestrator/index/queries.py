@@ -150,9 +150,7 @@ def story_positions(conn: sqlite3.Connection, job_id: str) -> list[Position]:
     if not own:
         return []
     last = own[-1].seq
-    related = [r for (r,) in conn.execute(
-        "SELECT DISTINCT b.job_id FROM job_events a JOIN job_events b ON a.seq = b.seq "
-        "WHERE a.job_id = ? AND b.job_id != ?", (job_id, job_id))]
+    related = [r for (r,) in conn.execute("SELECT other FROM job_links WHERE job_id = ?", (job_id,))]
     jobs = [job_id, *related]
     marks = ", ".join("?" * len(jobs))
     nodes = [f"node:{n}" for (n,) in conn.execute(

@@ -9,8 +9,10 @@ committed in batches, and at least every COMMIT_S while events trickle in.
 Requests (orchestrator/index/api.py) are answered meanwhile: each query runs
 in a worker thread on its own read-only connection (WAL), so a slow query
 never holds up the fold, and the fold never blocks a query. `explain`'s
-events are read back from the stream by their stored positions (a direct
-get), so a laptop far from the cluster needs nothing but NATS.
+events are read back by their stored positions: from the archive where it
+holds them (`corral --archive PATH index`: positions retention dropped from
+the stream), else from the stream (a direct get), so a laptop far from the
+cluster needs nothing but NATS.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ from nats.aio.subscription import Subscription
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from events.archive import Manifest, Record, SegmentRefused
 from events.bus import Bus, Envelope, LogGap
 from events.follow import Rereads
+from events.history import History as ArchiveHistory
 from events.subjects import valid_id
 from events.telemetry import gauge
 from orchestrator.core.state import JobStatus
@@ -58,6 +62,8 @@ class History(Protocol):
     def replay(self, from_seq: int = 1) -> AsyncGenerator[list[Envelope], None]: ...
 
     async def last_seq(self) -> int: ...
+
+    async def missing(self, seq: int) -> str | None: ...
 
 
 class BadRequest(ValueError):
@@ -137,7 +143,9 @@ class IndexService:
         self.caught_up.set()
         committer = asyncio.create_task(self._commit_often())
         try:
-            await self._read(lambda at: self.bus.tail(from_seq=at), lambda env: p.apply_batch([env]))
+            # Live from the stream; with an archive, a position purged before it was read comes from there.
+            source = self.history if isinstance(self.history, ArchiveHistory) else self.bus
+            await self._read(lambda at: source.tail(from_seq=at), lambda env: p.apply_batch([env]))
         finally:
             committer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -147,7 +155,8 @@ class IndexService:
         """`fold` each item of `read(next position)`; after a gap, read again from the new next position."""
         p = self.projection
         assert p is not None
-        rereads = Rereads(self.bus)
+        h = self.history
+        rereads = Rereads(h if isinstance(h, Bus | ArchiveHistory) else self.bus)  # a gap is judged by the archive too
         while True:
             try:
                 async with aclosing(read(p.state.seq + 1)) as items:
@@ -261,7 +270,11 @@ class IndexService:
             ev.data = msg.data or b""
             ev.time = stamp_seconds((msg.headers or {}).get("Nats-Time-Stamp", ""))
 
-        await asyncio.gather(*(fetch(ev) for ev in reply.events))
+        archived = await self._archived([ev.seq for ev in reply.events])
+        for ev in reply.events:
+            if (r := archived.get(ev.seq)) is not None:
+                ev.subject, ev.data, ev.time = r.subject, r.data, r.time_ns / 1e9  # as a replay of it gives
+        await asyncio.gather(*(fetch(ev) for ev in reply.events if ev.seq not in archived))
         size, keep = 0, list[api.StoredEvent]()
         for ev in reply.events:  # bounded: a page of huge events ends early, the cursor says where
             size += len(ev.data) * 4 // 3 + len(ev.subject) + 200
@@ -272,6 +285,32 @@ class IndexService:
         reply.events = keep
         return reply
 
+    async def _archived(self, seqs: list[int]) -> dict[int, Record]:
+        """The records of `seqs` the archive holds (none without one), each segment read once.
+
+        The archive first, as History reads: the stream drops only what the archive held, so a
+        position the archive lacks now is still in the stream when it is fetched.
+        """
+        history = self.history
+        if not isinstance(history, ArchiveHistory) or not seqs:
+            return {}
+        archive = history.archive
+
+        def read() -> dict[int, Record]:
+            wanted = set(seqs)
+            lo, hi = min(wanted), max(wanted)
+            out: dict[int, Record] = {}
+            segs: list[Manifest] = [m for m in archive.segments() if m.last_seq >= lo and m.first_seq <= hi]
+            for m in segs:
+                if any(m.first_seq <= s <= m.last_seq for s in wanted):
+                    out.update((r.seq, r) for r in archive.read(m) if r.seq in wanted)
+            return out
+
+        try:
+            return await asyncio.to_thread(read)
+        except SegmentRefused as e:
+            raise BadRequest(f"events of the story cannot be read from the archive: {e}", "unavailable") from None
+
     async def _get(self, seq: int) -> Any:
         try:
             try:
@@ -279,7 +318,7 @@ class IndexService:
             except nats.errors.NoRespondersError:  # a stream made without allow_direct
                 return await self.bus.js.get_msg(self.bus.stream, seq)
         except nats.js.errors.NotFoundError:
-            why = await self.bus.missing(seq) or f"seq {seq} is not in the stream"
+            why = await self.history.missing(seq) or f"seq {seq} is not in the stream"
             raise BadRequest(f"event #{seq} of the story cannot be read: {why}", "unavailable") from None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -23,10 +24,13 @@ import pytest
 from events.bus import Bus
 from events.sdk import Client
 from events.server import NatsServer
-from orchestrator.archiver import Archiver, ArchiverConfig, SnapshotSeq
+from events.snapshots import SNAPSHOT_BUCKET, SnapshotStore
+from orchestrator.archiver import Archiver, ArchiverConfig
 from schemas import JobSpec
 from tests.archive.segcheck import check_prefix, read_archive, read_stream
 from tests.cli.conftest import corral
+from tests.faults.services import agent_proc, stop_all, until
+from tests.index.test_cli import ROOT, _until_indexed
 from tests.integration.harness import agents, scheduler, wait_until
 
 JOBS = 36
@@ -47,10 +51,12 @@ async def _workload(url: str, data: Path) -> list[str]:
                 await client.submit(spec, job_id=job_id, submitted_by=("alice", "bob")[i % 3 % 2])
             await wait_until(sched.follower, lambda s: all(s.jobs[j].status == "completed" for j in ids), 60,
                              "every job completed")
-            seq = SnapshotSeq(bus.js)
+            # The newest snapshot near the log's end: the archiver may then purge up to the oldest one the
+            # store keeps (SnapshotSeq), KEEP snapshots back, well past the workload's first jobs.
+            store = SnapshotStore(bus.js)
             end = await bus.last_seq()
             async with asyncio.timeout(30):
-                while await seq() < end - SNAPSHOT_EVERY:
+                while await store.newest_seq() < end - SNAPSHOT_EVERY:
                     await asyncio.sleep(0.2)
             return ids
     finally:
@@ -163,3 +169,127 @@ def test_corral_up_archives_under_its_data_dir_when_asked(tmp_path: Path) -> Non
     finally:
         server.stop()
     check_prefix(recs, stream)
+
+
+def _corral_proc(*args: str, url: str, log: Path) -> subprocess.Popen[bytes]:
+    """A real `corral` process (no CORRAL_ARCHIVE from the test's environment: only what ARGS say)."""
+    env = {k: v for k, v in os.environ.items() if k != "CORRAL_ARCHIVE"}
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, env={**env, "CORRAL_NATS_URL": url, "PYTHONPATH": str(ROOT),
+                                                               "CORRAL_LOG_LEVEL": "info"})
+
+
+def _ended(proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> tuple[int, str]:
+    """(exit code, log) of a process that must stop by itself: one still running after `timeout` fails."""
+    try:
+        return proc.wait(timeout), log.read_text(errors="replace")
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{proc.args} did not stop by itself; its log:\n{log.read_text()[-3000:]}") from None
+
+
+async def _fresh_agent_works(url: str, data: Path) -> str:
+    """A scheduler (from its snapshot) and a NEW `corral agent` process (a node id the log never named, no
+    archive) on the purged stream: the agent registers and a job that only it can hold (8 GPUs a rank; the
+    workload's nodes had 4) runs on it to completion. Returns the agent's log."""
+    data.mkdir(parents=True)
+    bus = await Bus.connect(url)
+    proc = agent_proc(url, "fresh", data, gpus=8, index=4)
+    try:
+        async with scheduler(bus, snapshot_every=SNAPSHOT_EVERY) as sched:
+            await until(sched.follower, lambda s: "fresh" in s.nodes and s.nodes["fresh"].schedulable, 60,
+                        "the fresh node registered", alive=[proc])
+            await Client(bus, user="alice").submit(JobSpec(name="big", queue="research", ranks=1, gpus_per_rank=8,
+                                                           command=("sleep", "0.05")), job_id="big")
+            await until(sched.follower, lambda s: s.jobs["big"].status == "completed", 60, "job big completed",
+                        alive=[proc])
+            ran = {p.node_id for p in sched.follower.state.jobs["big"].placement}
+            assert ran == {"fresh"}, ran
+    finally:
+        stop_all([proc])
+        await bus.close()
+    return (data / "agent-fresh.log").read_text()
+
+
+@pytest.mark.timeout(300)
+def test_after_the_head_left_the_stream_a_fresh_agent_works_and_the_index_rebuilds(nats_server: NatsServer,
+                                                                                  tmp_path: Path) -> None:
+    """#28 acceptance 2 across the parts: retention purged the stream's head; then (a) a fresh agent starts from
+    the newest snapshot + the stream's tail and runs a job, (b) `corral index --rebuild` without the archive stops
+    naming the missing range, with it rebuilds every job: `usage` equals an independent sum and `explain` of a job
+    whose events left the stream tells the story the log told before; `sim --from-cluster` re-runs every job with
+    the archive and names the gap without, (c) with no usable snapshot and no archive
+    a fresh agent stops naming the range it misses, instead of hanging."""
+    url = nats_server.url
+    ids = asyncio.run(_workload(url, tmp_path / "agents"))
+    oldest = ids[0]
+    stream = asyncio.run(read_stream(url))
+    last_of_oldest = max(seq for seq, subject, _, _ in stream.values() if f".{oldest}." in subject)
+    story = corral("explain", oldest, "--no-index", url=url).stdout
+    story_json = json.loads(corral("explain", oldest, "--no-index", "--json", url=url).stdout)
+    last = max(stream)
+
+    archive = tmp_path / "archive"
+    first = asyncio.run(_archive_and_purge(url, archive, last_of_oldest))
+    assert first > last_of_oldest and len(list(archive.glob("*.seg"))) >= 3
+
+    # (b) The index: without the archive it cannot rebuild, and says which range it misses.
+    log = tmp_path / "index-no-archive.log"
+    rc, text = _ended(_corral_proc("index", "--data-dir", str(tmp_path / "idx0"), "--rebuild", url=url, log=log), log)
+    assert rc != 0 and "the fold needs seq 1 next" in text and f"the stream now starts at seq {first}" in text, text
+    assert "give --archive PATH" in text
+
+    log = tmp_path / "index.log"
+    index = _corral_proc("--archive", str(archive), "index", "--data-dir", str(tmp_path / "idx"), "--rebuild",
+                         url=url, log=log)
+    try:
+        asyncio.run(_until_indexed(url, last, index))
+        # The CLI has no archive: what it answers about the purged head comes from the index.
+        usage = corral("usage", "--json", url=url)
+        assert "reading the whole log" not in usage.stderr, usage.stderr
+        rows = json.loads(usage.stdout)["rows"]
+        expected = independent_usage(stream)
+        assert {r["queue"]: r["gpu_hours"] * 3600 for r in rows} == pytest.approx(expected, rel=1e-9)
+        assert sum(expected.values()) > 0
+        told = corral("explain", oldest, url=url)
+        assert "reading the whole log" not in told.stderr, told.stderr
+        assert told.stdout == story
+        assert json.loads(corral("explain", oldest, "--json", url=url).stdout) == story_json
+        jobs = json.loads(corral("jobs", "--all", "--json", url=url).stdout)["jobs"]
+        assert {j["job_id"] for j in jobs} >= set(ids), "every job of the workload, rebuilt from archive + stream"
+    finally:
+        stop_all([index])
+
+    # `corral sim --from-cluster` re-runs the whole log: with the archive, every job; without, it names the gap.
+    out = tmp_path / "rerun"
+    gap = corral("sim", "--from-cluster", "--out", str(out), "--no-figures", "--json", url=url, check=1)
+    assert "the fold needs seq 1 next" in gap.stderr and "removed" in gap.stderr and "--archive" in gap.stderr
+    assert not (out / "cluster-log.jsonl").exists()
+    rerun = corral(*("--archive", str(archive)), "sim", "--from-cluster", "--out", str(out), "--no-figures",
+                   "--json", url=url)
+    exported = (out / "cluster-log.jsonl").read_bytes().splitlines()
+    assert len(exported) == last and [json.loads(x) for x in exported] == \
+        [json.loads(stream[seq][3]) for seq in range(1, last + 1)], "line N is position N, as the stream held it"
+    assert json.loads(rerun.stdout)["corral"]["completed"] == len(ids), "every job of the log re-run"
+
+    # (a) A fresh agent on the purged stream, from the newest snapshot: no archive anywhere.
+    agent_log = asyncio.run(_fresh_agent_works(url, tmp_path / "fresh"))
+    caught_up = [json.loads(line) for line in agent_log.splitlines() if '"caught_up"' in line]
+    assert caught_up and caught_up[0]["from_snapshot"] >= first - 1, caught_up
+
+    # (c) No usable snapshot (the bucket removed) and no archive: a new agent stops, naming the range.
+    asyncio.run(_drop_snapshots(url))
+    (tmp_path / "orphan").mkdir()
+    proc = agent_proc(url, "orphan", tmp_path / "orphan", index=5)
+    rc, text = _ended(proc, tmp_path / "orphan" / "agent-orphan.log")
+    assert rc != 0 and "the fold needs seq 1 next" in text and "was removed" in text, text
+
+
+async def _drop_snapshots(url: str) -> None:
+    bus = await Bus.connect(url)
+    try:
+        await bus.js.delete_object_store(SNAPSHOT_BUCKET)
+    finally:
+        await bus.close()

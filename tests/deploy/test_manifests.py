@@ -213,6 +213,47 @@ def test_compose_demo_runs_in_worker_containers() -> None:
     assert {f"agent-{n}" for n in EXAMPLE_NODES} <= set(services["demo"]["depends_on"])
 
 
+def _volume_at(mounts: list[str], path: str) -> tuple[str, bool]:
+    """(named volume, read-only) compose mounts at exactly `path`; fails if none or a host path."""
+    found = [m.split(":") for m in mounts if m.split(":")[1] == path]
+    assert len(found) == 1, f"{path} is not mounted once: {mounts}"
+    src, _, *mode = found[0]
+    assert not src.startswith(("/", ".")), f"{path} is on {src}, not a named volume"
+    return src, mode == ["ro"]
+
+
+def test_compose_runs_one_archiver_and_an_index_on_volumes() -> None:
+    """The archiver (one: the archive's only writer) and the index log in as their own users; the archive's
+    path and the index's data dir are named volumes; the index mounts that same archive read-only where its
+    --archive points, so it rebuilds after retention."""
+    compose = _compose()
+    services = compose["services"]
+    archivers = [s for s in services.values() if s.get("command", [None, None])[:2] == ["corral", "archive"]]
+    assert len(archivers) == 1
+    (arch,) = archivers
+    cmd = arch["command"]
+    assert _flag(cmd, "--user") == "archiver" and "archiver" in arch["secrets"]
+    assert _flag(cmd, "--password-file") == "/run/secrets/archiver"
+    assert "--retention" in cmd or "--max-bytes" in cmd, "retention is what the archiver is for"
+    archive_vol, ro = _volume_at(arch["volumes"], _flag(cmd, "--path"))
+    assert not ro
+
+    idx = services["index"]
+    cmd = idx["command"]
+    assert cmd[:2] == ["corral", "index"]
+    assert _flag(cmd, "--user") == "index" and "index" in idx["secrets"]
+    assert _flag(cmd, "--password-file") == "/run/secrets/index"
+    data_vol, ro = _volume_at(idx["volumes"], _flag(cmd, "--data-dir"))
+    assert not ro and data_vol != archive_vol
+    assert _volume_at(idx["volumes"], _flag(cmd, "--archive")) == (archive_vol, True)
+    assert {archive_vol, data_vol} <= set(compose["volumes"])
+    for user in ("archiver", "index"):
+        assert compose["secrets"][user] == {"file": f"secrets/{user}.password"}
+        assert f'user: "{user}"' in (DEPLOY / "nats" / "accounts.conf").read_text()
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert "/var/lib/corral-archive /var/lib/corral-index" in text, "the mount points exist, owned by corral"
+
+
 # -- Kubernetes ----------------------------------------------------------------
 
 K8S = DEPLOY / "k8s"
@@ -265,6 +306,51 @@ def test_agent_runs_only_on_nodes_handed_to_corral_with_host_paths_at_the_same_p
     assert "resources" not in c or "nvidia.com/gpu" not in str(c["resources"]), "corral, not the kubelet, assigns GPUs"
 
 
+def _pod(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the pod spec, its one container) of the Deployment `name`."""
+    spec = _objects()[("Deployment", name)]["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    return spec, c
+
+
+def _claim_at(pod: dict[str, Any], c: dict[str, Any], path: str) -> tuple[str, bool]:
+    """(the PVC mounted at `path`, read-only)."""
+    (m,) = [m for m in c["volumeMounts"] if m["mountPath"] == path]
+    (v,) = [v for v in pod["volumes"] if v["name"] == m["name"]]
+    claim = v["persistentVolumeClaim"]
+    assert ("PersistentVolumeClaim", claim["claimName"]) in _objects(), claim
+    return claim["claimName"], bool(m.get("readOnly") or claim.get("readOnly"))
+
+
+def test_k8s_runs_one_archiver_and_an_index_on_volumes() -> None:
+    """One archiver (Recreate: no two writers during a rollout) with its archive on a PVC, the index with its
+    data dir on another and the archive's claim mounted read-only where --archive points; each logs in as its
+    user with its own Secret, writable by the non-root user (fsGroup)."""
+    objs = _objects()
+    deploy = objs[("Deployment", "corral-archiver")]["spec"]
+    assert deploy["replicas"] == 1 and deploy["strategy"] == {"type": "Recreate"}
+    pod, c = _pod("corral-archiver")
+    cmd = c["command"]
+    assert cmd[:2] == ["corral", "archive"] and _flag(cmd, "--user") == "archiver"
+    archive, ro = _claim_at(pod, c, _flag(cmd, "--path"))
+    assert not ro and pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert "corral-archiver-nats" in secrets
+
+    pod, c = _pod("corral-index")
+    cmd = c["command"]
+    assert cmd[:2] == ["corral", "index"] and _flag(cmd, "--user") == "index"
+    data, ro = _claim_at(pod, c, _flag(cmd, "--data-dir"))
+    assert not ro and data != archive and pod["securityContext"]["fsGroup"] == 10001
+    assert _claim_at(pod, c, _flag(cmd, "--archive")) == (archive, True)
+    assert "ReadWriteMany" in objs[("PersistentVolumeClaim", archive)]["spec"]["accessModes"], \
+        "the archiver writes and the index reads it from two pods"
+    assert "corral-index-nats" in {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    readme = (DEPLOY / "README.md").read_text()
+    for secret in ("corral-archiver-nats", "corral-index-nats"):
+        assert f"create secret generic {secret} " in readme
+
+
 def test_nats_chart_values_cluster_of_three_with_jetstream() -> None:
     """The chart runs 3 JetStream servers on persistent volumes, with corral's accounts merged in."""
     (values,) = _docs(K8S / "nats-values.yaml")
@@ -296,9 +382,9 @@ def _substituted(argv: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(("where", "argv"), _commands(), ids=[w for w, _ in _commands()])
 def test_command_parses_with_the_cli(where: str, argv: list[str]) -> None:
-    """`corral scheduler|agent|admission ...` in compose and k8s is accepted by the real argument parser."""
+    """`corral scheduler|agent|admission|archive|index ...` in compose and k8s is accepted by the real argument parser."""
     cli = pytest.importorskip("orchestrator.cli")
-    assert argv[0] == "corral" and argv[1] in ("scheduler", "agent", "admission", "demo")
+    assert argv[0] == "corral" and argv[1] in ("scheduler", "agent", "admission", "demo", "archive", "index")
     args = _substituted(argv[1:])
     try:
         ns = cli.build_parser().parse_args(args)

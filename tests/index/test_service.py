@@ -12,13 +12,17 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from events.archive import Archive
 from events.bus import Bus, LogGap
+from events.history import History
 from events.logfile import LogFile
+from orchestrator.archiver import Archiver, ArchiverConfig
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused, NoIndex, ask
 from orchestrator.index.service import IndexService, stamp_seconds
 from schemas import JobSpec, JobSubmitted, Unknown
 from schemas.codec import decode
+from tests.archive.workload import snapshot_at_end
 
 
 async def load(bus: Bus, path: Path) -> int:
@@ -193,3 +197,62 @@ async def test_an_answer_includes_what_the_asker_saw_in_the_log(indexed: tuple[I
                                         spec=JobSpec(name="fresh", queue="team-a", ranks=1, gpus_per_rank=1)))
     reply = await ask(bus.nc, api.JOB, api.JobRequest(job_id="now-1", at_least=seq), api.JobReply)
     assert reply.as_of_seq >= seq and reply.job is not None and reply.job.job_id == "now-1"
+
+
+async def _story(bus: Bus, job_id: str) -> list[api.StoredEvent]:
+    request, got = api.EventsRequest(job_id=job_id, limit=5), []
+    while True:
+        reply = await ask(bus.nc, api.EVENTS, request, api.EventsReply)
+        got += reply.events
+        if reply.next_after is None:
+            return got
+        request = msgspec.structs.replace(request, after=reply.next_after)
+
+
+async def test_with_the_archive_it_rebuilds_and_tells_stories_the_stream_dropped(bus: Bus, sim_log: Path,
+                                                                                 tmp_path: Path) -> None:
+    """Retention purged the stream's head: given the archive, the index folds every position (archive, then
+    stream) and `explain`'s events that only the archive holds come back as the stream stored them; a segment
+    that fails its check is named in the refusal, never read."""
+    last = await load(bus, sim_log)
+    victim = next(json.loads(line)["job_id"] for line in sim_log.read_bytes().splitlines()
+                  if json.loads(line)["type"] == "Preempted")
+    stored = {}
+    async for batch in bus.replay():
+        stored.update({env.seq: env for env in batch})
+    await snapshot_at_end(bus)
+    path = tmp_path / "archive"
+    archiver = asyncio.create_task(Archiver(bus, ArchiverConfig(path, segment_events=500, segment_seconds=0.2,
+                                                                max_bytes=1, purge_every_s=0.1)).run())
+    try:
+        while (await bus.js.stream_info(bus.stream)).state.first_seq <= last:  # (pytest-timeout bounds it)
+            assert not archiver.done(), archiver
+            await asyncio.sleep(0.05)
+    finally:
+        archiver.cancel()
+        await asyncio.gather(archiver, return_exceptions=True)
+
+    service = IndexService(bus, tmp_path / "index", history=History(bus, Archive(path)))
+    task = asyncio.create_task(service.run())
+    try:
+        await asyncio.wait_for(service.caught_up.wait(), 60)
+        usage = await ask(bus.nc, api.USAGE, api.UsageRequest(), api.UsageReply)
+        assert usage.as_of_seq == last and usage.events == last
+        jobs = await ask(bus.nc, api.JOBS, api.JobsRequest(limit=1000), api.JobsReply)
+        assert len(jobs.jobs) == 300
+        story = await _story(bus, victim)
+        assert story and any(e.subject.endswith(".Preempted") for e in story)
+        for e in story:
+            assert e.subject == stored[e.seq].subject and e.time == stored[e.seq].stream_time
+            assert decode(e.data) == stored[e.seq].event
+
+        seg = next(path / m.segment for m in Archive(path).segments() if m.first_seq <= story[0].seq <= m.last_seq)
+        blob = bytearray(seg.read_bytes())
+        blob[len(blob) // 2] ^= 0x20
+        seg.write_bytes(bytes(blob))
+        with pytest.raises(IndexRefused) as refused:
+            await _story(bus, victim)
+        assert refused.value.error == "unavailable" and f"segment {seg}: checksum mismatch" in str(refused.value)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
