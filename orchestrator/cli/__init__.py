@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -11,7 +10,6 @@ from typing import Any, NoReturn
 
 from orchestrator.cli import errors
 from orchestrator.cli.errors import CliError
-from orchestrator.logging import configure_logging
 
 Handler = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
@@ -42,9 +40,17 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_global_archive_arg(parser: argparse.ArgumentParser) -> None:
+    """`--archive PATH` (orchestrator/cli/archive.py reads it), here so that parsing needs no archive code."""
+    parser.add_argument("--archive", metavar="PATH", default=os.environ.get("CORRAL_ARCHIVE") or None,
+                        help="the archive directory `corral archive` writes: reads reach the positions the stream "
+                             "no longer holds there (env CORRAL_ARCHIVE)")
+
+
+def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
+    """corral's parser; `lazy`: a command's module is imported only when the command is parsed (what `corral`
+    runs: a start imports one command's code, not all of it), otherwise every command's parser is built now."""
     from orchestrator.cli import commands
-    from orchestrator.cli.archive import add_global_archive_arg
     from orchestrator.cli.connect import add_global_connection_args
 
     parser = Parser(
@@ -55,15 +61,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version)
     add_global_connection_args(parser)
-    add_global_archive_arg(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    commands.register(sub)
+    _add_global_archive_arg(parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, action=commands.LazyCommands)
+    assert isinstance(sub, commands.LazyCommands)
+    if lazy:
+        sub.add_placeholders()
+    else:
+        commands.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    from orchestrator.cli import commands
+
+    parser = build_parser(lazy=True)
+    args = parser.parse_args(argv)  # `--help` and `--version` exit here, having imported nothing more
+    commands.import_structlog_without_rich()  # (if the command's module did not import it already)
+    import asyncio
+
+    from orchestrator.logging import configure_logging
+
     handler: Handler = args.handler
     # Library logs (the bus recovering a read, ...) go to stderr, quiet unless asked: stdout is the
     # command's output, which scripts parse. Services configure their own JSON logs.

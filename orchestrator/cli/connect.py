@@ -13,34 +13,28 @@ environment.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import logging
 import os
-import ssl
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import nats.errors
-import structlog
-
-from events.bus import Bus, BusError, NotReady, PermissionDenied
-from events.security import connect_options
 from orchestrator.cli.errors import DENIED, UNREACHABLE, USAGE, CliError
 
-log = structlog.get_logger("corral.cli")
+if TYPE_CHECKING:
+    import asyncio
+    import logging
+
+    from events.bus import Bus
+
+# nats-py, structlog and the bus are imported when a command connects, not when `corral` starts:
+# `--help`, `--version` and the parsers of every command need none of them.
 
 
-class _NoSslEofNoise(logging.Filter):
+def _no_ssl_eof_noise(record: logging.LogRecord) -> bool:
     """asyncio warns "returning true from eof_received() has no effect when using ssl" whenever a TLS
-    connection closes (nats-py's protocol returns True): noise on a command's one-line stderr."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "eof_received()" not in record.getMessage()
-
-
-logging.getLogger("asyncio").addFilter(_NoSslEofNoise())
+    connection closes (nats-py's protocol returns True): noise on a command's one-line stderr.
+    (A logging filter; added by `connected`, once: the same function is not added twice.)"""
+    return "eof_received()" not in record.getMessage()
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
@@ -55,8 +49,7 @@ def _replicas(text: str) -> int:
     return n
 
 
-@dataclass(frozen=True)
-class _Option:
+class _Option(NamedTuple):
     flag: str
     env: str
     metavar: str
@@ -109,7 +102,6 @@ def add_connection_args(p: argparse.ArgumentParser, *, service: bool = False) ->
         group.add_argument(o.flag, default=argparse.SUPPRESS, metavar=o.metavar, type=o.type, help=_help(o))
 
 
-@dataclass
 class _NatsErrors:
     """What nats-py reported through its error callback (it raises something vaguer, or nothing).
 
@@ -117,16 +109,19 @@ class _NatsErrors:
     would only notice when the append's ack times out, four retries later.
     """
 
-    service: bool = False
-    seen: list[Exception] = field(default_factory=list)
-    command: asyncio.Task[Any] | None = None
-    refused: Exception | None = None
+    def __init__(self, service: bool = False) -> None:  # (not a dataclass: `corral --help` need not import them)
+        self.service = service
+        self.seen: list[Exception] = []
+        self.command: asyncio.Task[Any] | None = None
+        self.refused: Exception | None = None
 
     async def record(self, e: Exception) -> None:
         self.seen.append(e)
         del self.seen[:-20]
         if self.service:  # a service keeps retrying: say why
-            log.warning("nats_error", error=str(e) or type(e).__name__)
+            import structlog
+
+            structlog.get_logger("corral.cli").warning("nats_error", error=str(e) or type(e).__name__)
         if self.command is not None and self.refused is None and self._fatal(e):
             self.refused = e
             self.command.cancel()
@@ -160,6 +155,8 @@ def _who(args: argparse.Namespace) -> str:
 
 def _connect_failure(args: argparse.Namespace, e: BaseException, errs: _NatsErrors) -> CliError:
     """The one line that explains why connecting failed, and its exit code."""
+    import ssl
+
     url = args.nats
     if errs.matching("authorization violation") or "authorization violation" in str(e).lower():
         return CliError(f"NATS at {url} refused {_who(args)}: authorization violation "
@@ -189,6 +186,15 @@ async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeo
     and buckets instead of failing; a cluster still electing its JetStream meta leader
     gets 60 s (services) or 10 s (commands) before UNREACHABLE says so.
     """
+    import asyncio
+    import logging
+
+    import nats.errors
+
+    from events.bus import Bus, BusError, NotReady, PermissionDenied
+    from events.security import connect_options
+
+    logging.getLogger("asyncio").addFilter(_no_ssl_eof_noise)
     try:
         opts = connect_options(
             creds=getattr(args, "creds", None), tls_ca=getattr(args, "tls_ca", None),

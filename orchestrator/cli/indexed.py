@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import cache
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from events.bus import Bus
-from orchestrator.core.state import Job
 from orchestrator.index.api import JobInfo, Reply
-from orchestrator.index.client import NoIndex, R, ask
 
+# The NATS client and the fold's records are imported when a question is asked (a command's
+# parser imports this module for `add_index_arg`).
 if TYPE_CHECKING:
+    from events.bus import Bus
     from events.history import History
+    from orchestrator.core.state import Job
+    from orchestrator.index.client import R
 
 
 def add_index_arg(p: argparse.ArgumentParser) -> None:
@@ -44,6 +47,8 @@ async def asked(bus: Bus | History, subject: str, request: msgspec.Struct, reply
     is not used. A refusal (IndexRefused) goes to the caller: only it knows what "not found" means for
     its command.
     """
+    from orchestrator.index.client import NoIndex, ask
+
     last = await bus.last_seq() if fresh else 0
     if fresh:
         request = msgspec.structs.replace(request, at_least=last)
@@ -66,11 +71,15 @@ def freshness(reply: Reply, last_seq: int | None = None) -> str:
     return f"index as of #{reply.as_of_seq}{behind}"
 
 
-_record = msgspec.msgpack.Decoder(Job)
+@cache
+def _record() -> msgspec.msgpack.Decoder[Job]:
+    from orchestrator.core.state import Job
+
+    return msgspec.msgpack.Decoder(Job)
 
 
 def job_of(info: JobInfo) -> Job:
     """The fold's record of a job as the index keeps it, with the queue it counts against filled in (the
     index resolved it as the fold would; the views print `job.queue` when set)."""
-    job = _record.decode(info.record)
+    job = _record().decode(info.record)
     return job if job.queue else msgspec.structs.replace(job, queue=info.queue)

@@ -13,7 +13,6 @@ import argparse
 from contextlib import aclosing
 from typing import NamedTuple
 
-from events.logfile import LogFile
 from orchestrator.cli.errors import USAGE, CliError
 from orchestrator.cli.state_view import LogSource, envelope_at, log_now, seq_at_time
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
@@ -51,6 +50,8 @@ async def log_clock(source: LogSource) -> LogClock:
     not do: a simulation re-running a cluster's log keeps the cluster's settings event, stamped 0.0, first),
     and a cluster's log then starts at its first event on Unix time.
     """
+    from events.logfile import LogFile
+
     simulated = isinstance(source, LogFile) and await source.last_time() < SIMULATED_BEFORE_S
     return LogClock(await first_time(source, 0.0 if simulated else SIMULATED_BEFORE_S), simulated)
 

@@ -20,24 +20,21 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
 
-import structlog
-
-from events.bus import Bus, Envelope
-from events.follow import Follower, fold_batch
-from events.history import History
-from events.logfile import LogFile
-from events.snapshots import SnapshotStore
-from orchestrator.cli.archive import with_archive
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import NOT_FOUND, CliError
-from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
 
-log = structlog.get_logger("corral.cli")
+# The readers, the fold and the snapshots are imported where they are used: a command's parser (and
+# `--help`) imports this module for `add_log_arg`, and a question the index answers needs none of them.
+if TYPE_CHECKING:
+    from events.bus import Bus, Envelope
+    from events.history import History
+    from events.logfile import LogFile
+    from orchestrator.core.state import ClusterState
 
 #: What a read-only command reads: the NATS stream (with `--archive`, the archive and the stream), or a log file.
-LogSource = Bus | History | LogFile
+LogSource: TypeAlias = "Bus | History | LogFile"
 
 
 def add_log_arg(p: argparse.ArgumentParser) -> None:
@@ -49,6 +46,9 @@ def add_log_arg(p: argparse.ArgumentParser) -> None:
 @asynccontextmanager
 async def log_source(args: argparse.Namespace) -> AsyncIterator[LogSource]:
     """The log the command reads: `--log FILE` if given, else the NATS stream (`connected`)."""
+    from events.logfile import LogFile
+    from orchestrator.cli.archive import with_archive
+
     path = getattr(args, "log", None)
     if path is None:
         async with connected(args) as bus:
@@ -63,16 +63,26 @@ async def log_source(args: argparse.Namespace) -> AsyncIterator[LogSource]:
 
 async def log_now(source: LogSource) -> float:
     """The present for ages and `--at 10m`: the clock for the stream, the last event's time for a file."""
+    from events.logfile import LogFile
+
     return await source.last_time() if isinstance(source, LogFile) else time.time()
 
 
 async def newest_snapshot(bus: Bus | History, *, at_most: int) -> ClusterState | None:
     """The scheduler's newest usable snapshot at a position <= `at_most`; None: fold from the log's start."""
+    from events.snapshots import SnapshotStore
+    from orchestrator.core.state import ClusterState
+
     return await SnapshotStore(bus.js, replicas=bus.replicas).load(ClusterState, at_most=at_most)
 
 
 async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot: bool = True) -> ClusterState:
     """The state folded up to `to_seq` (default: the end of the log now)."""
+    from events.follow import Follower, fold_batch
+    from events.logfile import LogFile
+    from orchestrator.core.evolve import evolve
+    from orchestrator.core.state import ClusterState
+
     end = await bus.last_seq()
     target = end if to_seq is None else max(0, min(to_seq, end))
     if isinstance(bus, LogFile):  # no snapshots beside a file

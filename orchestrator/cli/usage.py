@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from events.logfile import LogFile
 from orchestrator.cli.connect import add_connection_args
 from orchestrator.cli.errors import OK, USAGE, CliError
 from orchestrator.cli.indexed import add_index_arg, asked, freshness, wants_index
@@ -21,9 +20,11 @@ from orchestrator.cli.output import print_json, print_table
 from orchestrator.cli.position import log_clock
 from orchestrator.cli.state_view import LogSource, add_log_arg, log_now, log_source
 from orchestrator.cli.timespec import LogClock
-from orchestrator.core.accounting import Account, GpuTime
-from orchestrator.core.state import ClusterState
 from orchestrator.index import api
+
+if TYPE_CHECKING:  # (imported when the command runs: `corral usage --help` needs neither the log nor the fold)
+    from orchestrator.core.accounting import Account, GpuTime
+    from orchestrator.core.state import ClusterState
 
 _WHEN = ("a duration before the log's end (30d, 12h), one after its first event (+3d), an ISO time, or on a "
          "simulated log a day and time (d3, 'd3 12:00')")
@@ -31,6 +32,8 @@ _WHEN = ("a duration before the log's end (30d, 12h), one after its first event 
 
 async def gpu_time(source: LogSource, meter: GpuTime) -> tuple[ClusterState, int]:
     """Fold the whole log through `meter`; the final state and how many events were read."""
+    from orchestrator.core.state import ClusterState
+
     state = ClusterState()
     events = 0
     async with aclosing(source.replay()) as batches:
@@ -43,6 +46,9 @@ async def gpu_time(source: LogSource, meter: GpuTime) -> tuple[ClusterState, int
 
 
 async def usage(args: argparse.Namespace) -> int:
+    from events.logfile import LogFile
+    from orchestrator.core.accounting import Account, GpuTime
+
     async with log_source(args) as source:
         clock = await log_clock(source)
         now = await log_now(source)

@@ -12,7 +12,6 @@ from typing import Any
 
 import msgspec
 
-from nodeagent.runtime.base import WorkerLabels
 from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
@@ -30,7 +29,6 @@ from orchestrator.core.state import (
     RankState,
 )
 from orchestrator.core.usage import average_gpus, resolve_queue
-from orchestrator.policies import DEFAULT_POLICIES
 
 #: Every job status, in lifecycle order (what `corral jobs --state` accepts).
 STATUSES: tuple[JobStatus, ...] = (
@@ -151,6 +149,8 @@ def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | 
     """
     if job.status in TERMINAL:
         return None
+    from orchestrator.policies import DEFAULT_POLICIES  # (the policies' code: only a live job's estimate needs it)
+
     est = DEFAULT_POLICIES.estimate(state, job, job_queue(state, job))
     if est is None:
         return None
@@ -177,6 +177,8 @@ def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> lis
 def job_detail(state: ClusterState, job: Job, now: float) -> dict[str, Any]:
     """Everything about one job for `corral job --json`: the summary, its spec, ranks, recovery facts and
     the run time expected of it (`job_estimate`)."""
+    from nodeagent.runtime.base import WorkerLabels  # (the agent's name for a worker's log file)
+
     ranks = rank_states(state, job)
     rank_rows = []
     for rp in job.placement:
