@@ -7,6 +7,7 @@ state it then folds to the end must equal a full fold of the log.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
 from collections.abc import Callable
@@ -204,3 +205,33 @@ def test_unusable_says_why_without_a_store() -> None:
         assert says.startswith("its header says seq")  # only the store knows the name's seq
         assert state.seq == header.seq
 
+
+
+async def test_the_scheduler_snapshots_on_a_time_bound_and_restarts_from_its_newest(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Far fewer events than `snapshot_every`, yet a snapshot follows within `snapshot_interval_s`; a
+    restarted scheduler starts from it (`caught_up` says so) and holds what a full fold holds."""
+    import orchestrator.service
+    from tests.integration.harness import scheduler
+
+    capture = LogCapture()
+    monkeypatch.setattr(orchestrator.service, "log", structlog.wrap_logger(
+        None, processors=[capture], wrapper_class=structlog.BoundLogger, cache_logger_on_first_use=False))
+    await bus.append_many(workload(10))
+    store = SnapshotStore(bus.js)
+    async with scheduler(bus, snapshot_every=10**9, snapshot_interval_s=0.5) as first:
+        async with asyncio.timeout(30):
+            while not (await store.seqs() and await store.newest_seq() >= len(workload(10))):
+                await asyncio.sleep(0.2)
+        assert first.state.seq >= await store.newest_seq()
+    newest = await store.newest_seq()  # (its clean stop may have added one)
+    async with scheduler(bus, snapshot_every=10**9, snapshot_interval_s=3600) as second:
+        await second.follower.wait_for_seq(newest)
+        seq, held = second.state.seq, snapshot(second.state)
+    full = Follower(bus, evolve, ClusterState())
+    await full.catch_up(to_seq=seq)
+    assert held == snapshot(full.state)
+    caught_up = [e for e in capture.entries if e["event"] == "caught_up"]
+    assert [e["from_snapshot"] for e in caught_up] == [0, newest], caught_up
+    assert all(e["seq"] >= e["from_snapshot"] and e["seconds"] >= 0 for e in caught_up)

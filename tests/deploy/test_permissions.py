@@ -28,6 +28,8 @@ from nats.js.errors import NotFoundError
 from deploy.nats import permissions
 from deploy.nats.render import accounts, server
 from events.security import connect_options
+from events.snapshots import SnapshotStore
+from orchestrator.core.state import ClusterState
 from tests.deploy.launcher import Server, free_ports, passwords
 
 NODES = ["n1", "n2"]
@@ -77,14 +79,21 @@ async def _kv_delete(c: Ctx, bucket: str, key: str) -> None:
     await kv.delete(key)
 
 
+#: The position of the scheduler's snapshot the server is seeded with.
+SEEDED_SNAPSHOT_SEQ = 42
+
+
 async def _snapshot_put(c: Ctx) -> None:
     obj = await c.js.object_store(permissions.SNAPSHOTS)
     await obj.put(f"snap-{c.token}", b"state")
 
 
 async def _snapshot_get(c: Ctx) -> None:
+    """As every reader starts (events/snapshots.py): list the snapshots, read the newest, check it."""
     obj = await c.js.object_store(permissions.SNAPSHOTS)
     assert (await obj.get("seed")).data == b"seed-state"
+    loaded = await SnapshotStore(c.js).load(ClusterState)
+    assert loaded is not None and loaded.seq == SEEDED_SNAPSHOT_SEQ
 
 
 async def _create_stream(c: Ctx) -> None:
@@ -311,6 +320,7 @@ async def _seed(srv: Server) -> None:
     await js.create_key_value(bucket=permissions.LEADER)
     obj = await js.create_object_store(permissions.SNAPSHOTS)
     await obj.put("seed", b"seed-state")
+    await SnapshotStore(js).save(ClusterState(seq=SEEDED_SNAPSHOT_SEQ))
     await nc.drain()
 
 
