@@ -338,12 +338,12 @@ class Scheduler:
 
     async def run(self) -> None:
         """Run until cancelled; the first fatal error propagates."""
-        await self._restore()
-        lease_kv = await self.bus.kv(LEASE_BUCKET, ttl=self.config.lease_ttl_s)
-        hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
-        self._lease = Lease(lease_kv, self.config.scheduler_id, self.config.lease_ttl_s)
-        self._monitor = HeartbeatMonitor(hb_kv, self.config.heartbeat_timeout_s)
         try:
+            await self._restore()
+            lease_kv = await self.bus.kv(LEASE_BUCKET, ttl=self.config.lease_ttl_s)
+            hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
+            self._lease = Lease(lease_kv, self.config.scheduler_id, self.config.lease_ttl_s)
+            self._monitor = HeartbeatMonitor(hb_kv, self.config.heartbeat_timeout_s)
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.follower.follow())
                 tg.create_task(self._monitor.run())
@@ -352,10 +352,18 @@ class Scheduler:
                 tg.create_task(self._health_loop())
                 tg.create_task(self._snapshot_loop())
         finally:
-            # A clean stop leaves a fresh snapshot (the next start replays less) and frees the lease
-            # at once instead of after its TTL.
-            if self.state.seq > self._snapshot_seq:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._snapshots.save(self.state))
+            await asyncio.shield(self._leave())
+
+    async def _leave(self) -> None:
+        """A stop at any point -- a long catch-up included -- leaves a snapshot of what was folded (the next
+        start replays less) and frees the lease at once instead of after its TTL."""
+        if self.state.seq > self._snapshot_seq:
+            try:
+                size = await self._snapshots.save(self.state)
+            except Exception as e:  # only the next start's replay is longer
+                log.warning("snapshot_failed", seq=self.state.seq, error=repr(e))
+            else:
+                log.info("snapshot_saved", seq=self.state.seq, bytes=size)
+        if self._lease is not None:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._lease.release())
+                await self._lease.release()

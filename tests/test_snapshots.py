@@ -235,3 +235,28 @@ async def test_the_scheduler_snapshots_on_a_time_bound_and_restarts_from_its_new
     caught_up = [e for e in capture.entries if e["event"] == "caught_up"]
     assert [e["from_snapshot"] for e in caught_up] == [0, newest], caught_up
     assert all(e["seq"] >= e["from_snapshot"] and e["seconds"] >= 0 for e in caught_up)
+async def test_a_scheduler_stopped_as_soon_as_it_caught_up_leaves_a_snapshot(bus: Bus) -> None:
+    """A stop at any point after start -- here the moment its catch-up ends, before its lease and heartbeat
+    buckets exist -- leaves a snapshot of what it folded. (SIGTERM right after `/readyz` turned 200 left none:
+    the save sat in a `finally` entered only once the services ran, and every later reader folded from 1.)"""
+    from orchestrator.service import Scheduler, SchedulerConfig
+
+    log = workload(10)
+    await bus.append_many(log)
+    sched = Scheduler(bus, SchedulerConfig(snapshot_every=10**9, snapshot_interval_s=3600))
+    caught_up = asyncio.Event()
+
+    def cut(state: ClusterState, event: AnyEvent, seq: int) -> ClusterState:
+        state = evolve(state, event, seq)
+        if seq == len(log):
+            caught_up.set()
+        return state
+
+    sched.follower.fold = cut  # type: ignore[assignment]
+    task = asyncio.create_task(sched.run())
+    await caught_up.wait()
+    task.cancel()  # lands before run() reaches its services
+    await asyncio.gather(task, return_exceptions=True)
+    store = SnapshotStore(bus.js)
+    assert await store.seqs() == [len(log)]
+    assert snapshot(await store.load(ClusterState) or ClusterState()) == snapshot(fold_to(log, len(log)))
