@@ -127,16 +127,13 @@ async def _serve_metrics(args: argparse.Namespace, bus: Bus) -> MetricsServer | 
     """The archiver's metrics (corral_archive_*, alert CorralArchiveWriteFailing) on --metrics-port (0: off)."""
     if not args.metrics_port:
         return None
-    from events.telemetry import MetricsServer, ServiceRegistry
+    from events.telemetry import ServiceRegistry
     from orchestrator.archiver import watch_archiver
+    from orchestrator.cli.services import serve_metrics
 
     registry = ServiceRegistry([bus])
     watch_archiver(registry)
-    try:
-        return await MetricsServer(registry, host=args.metrics_host, port=args.metrics_port).start()
-    except OSError as e:
-        raise CliError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e.strerror or e}",
-                       FAILURE) from None
+    return await serve_metrics(args, registry)
 
 
 def archiver_config(args: argparse.Namespace, path: Path) -> ArchiverConfig:

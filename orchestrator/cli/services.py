@@ -26,6 +26,8 @@ from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_i
 from schemas import ClusterConfigured, Inventory
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from events.telemetry import MetricsServer
     from nodeagent.runtime.docker_options import DockerOptions
     from orchestrator.archiver import Archiver
@@ -88,12 +90,23 @@ async def run_scheduler(args: argparse.Namespace) -> int:
                 await metrics_server.close()
 
 
+async def serve_metrics(args: argparse.Namespace, registry: CollectorRegistry) -> MetricsServer:
+    """`registry` on --metrics-host:--metrics-port; a port that cannot be had is a clear error."""
+    from events.telemetry import MetricsServer
+
+    try:
+        return await MetricsServer(registry, host=args.metrics_host, port=args.metrics_port).start()
+    except OSError as e:
+        raise CliError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e.strerror or e}",
+                       FAILURE) from None
+
+
 async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None = None,
                         agents: Sequence[Agent] = (), archiver: bool = False) -> MetricsServer | None:
     """Serve Prometheus metrics of the services of this process on --metrics-port (0: off)."""
     if not args.metrics_port:
         return None
-    from events.telemetry import MetricsServer, ServiceRegistry
+    from events.telemetry import ServiceRegistry
     from nodeagent.metrics import watch_agents
     from orchestrator.metrics import watch_scheduler
 
@@ -106,11 +119,7 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
         from orchestrator.archiver import watch_archiver
 
         watch_archiver(registry)
-    try:
-        return await MetricsServer(registry, host=args.metrics_host, port=args.metrics_port).start()
-    except OSError as e:
-        raise CliError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e.strerror or e}",
-                       FAILURE) from None
+    return await serve_metrics(args, registry)
 
 
 def make_runtime(kind: str, state_dir: Path, node_id: str, docker: DockerOptions | None = None) -> Runtime:
@@ -225,16 +234,12 @@ async def start_index_metrics(args: argparse.Namespace, service: Any) -> Metrics
     """Prometheus metrics of `corral index` on --metrics-port (0: off): the readers' counters and its position."""
     if not args.metrics_port:
         return None
-    from events.telemetry import MetricsServer, ServiceRegistry
+    from events.telemetry import ServiceRegistry
     from orchestrator.index.service import watch_index
 
     registry = ServiceRegistry([service.bus])
     watch_index(registry, service)
-    try:
-        return await MetricsServer(registry, host=args.metrics_host, port=args.metrics_port).start()
-    except OSError as e:
-        raise CliError(f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {e.strerror or e}",
-                       FAILURE) from None
+    return await serve_metrics(args, registry)
 
 
 async def run_demo_on_cluster(args: argparse.Namespace) -> int:
