@@ -37,12 +37,6 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * (1024 if "i" in unit else 1000) ** "bkmgt".index(unit[0]))
 
 
-def add_global_archive_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--archive", metavar="PATH", default=os.environ.get("CORRAL_ARCHIVE") or None,
-                        help="the archive directory `corral archive` writes: reads reach the positions the stream "
-                             "no longer holds there (env CORRAL_ARCHIVE)")
-
-
 def with_archive(args: argparse.Namespace, bus: Bus) -> Bus | History:
     """The log a read command reads: the stream, or with `--archive` the archive and the stream as one."""
     path = getattr(args, "archive", None)
