@@ -132,6 +132,7 @@ class Agent:
                                lambda: self.workers).serve(self.bus.nc)
         log.info("agent_started", node_id=self.node_id, incarnation=self.incarnation, gpus=self.inventory.gpu_count)
         try:
+            stop_if_cancelled()  # a SIGTERM one of the start-up's nats waits swallowed: the loops below never saw it
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.follower.follow())
                 tg.create_task(

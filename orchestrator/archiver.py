@@ -184,6 +184,7 @@ class Archiver:
                              "point --path at the archive that holds them")
         log.info("archiver_started", path=str(self.archive.path), archived=self.archived, stream_first=facts.first,
                  stream_last=facts.last)
+        stop_if_cancelled()  # a SIGTERM one of the start-up's nats waits swallowed: the loops below never saw it
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._archive_loop())
             if self.config.retention_s is not None or self.config.max_bytes is not None:

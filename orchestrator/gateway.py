@@ -58,6 +58,7 @@ from events.bus import Bus
 from events.sdk import ADMISSION_CANCEL, ADMISSION_SUBMIT
 from events.security import team_account
 from events.subjects import valid_id
+from events.swallowed_cancel import stop_if_cancelled
 from schemas import CancelRequested, InvalidJobSpec, JobSubmitted, QueueDefined, decode, parse_jobspec
 
 log = structlog.get_logger("corral.admission")
@@ -169,6 +170,7 @@ class Admission:
             await nc.flush()
             log.info("admission_ready", teams={a: sorted(q) for a, q in self.owners.queues.items()})
             self.ready.set()
+            stop_if_cancelled()  # a SIGTERM the flush's wait swallowed
             await asyncio.Event().wait()
         finally:
             for sub in subs:

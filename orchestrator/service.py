@@ -344,6 +344,7 @@ class Scheduler:
             hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
             self._lease = Lease(lease_kv, self.config.scheduler_id, self.config.lease_ttl_s)
             self._monitor = HeartbeatMonitor(hb_kv, self.config.heartbeat_timeout_s)
+            stop_if_cancelled()  # a SIGTERM one of the start-up's nats waits swallowed: the loops below never saw it
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.follower.follow())
                 tg.create_task(self._monitor.run())

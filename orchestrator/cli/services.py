@@ -15,6 +15,7 @@ import structlog
 
 from events.bus import Bus, LogGap
 from events.server import NatsServer, NatsServerError
+from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.discovery import NoGpuError, node_inventory
 from nodeagent.runtime.base import Runtime
@@ -332,6 +333,7 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
     if metrics_server is not None:
         print(f"corral up: Prometheus metrics at {metrics_server.url}", flush=True)
     try:
+        stop_if_cancelled()  # a SIGTERM one of the start-up's nats waits swallowed
         async with asyncio.TaskGroup() as tg:
             services = [tg.create_task(sched.run()), tg.create_task(index_beside(index))] + \
                 [tg.create_task(a.run()) for a in agents]

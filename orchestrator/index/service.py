@@ -41,6 +41,7 @@ from events.bus import Bus, Envelope, LogGap
 from events.follow import Rereads
 from events.history import History as ArchiveHistory
 from events.subjects import valid_id
+from events.swallowed_cancel import stop_if_cancelled
 from events.telemetry import ServiceRegistry, gauge
 from orchestrator.core.state import JobStatus
 from orchestrator.index import api, queries
@@ -121,6 +122,7 @@ class IndexService:
             for subject in api.SUBJECTS:
                 subs.append(await nc.subscribe(subject, queue=self.queue_group, cb=self._on_request))
             await nc.flush()
+            stop_if_cancelled()  # a SIGTERM the flush's wait swallowed
             self.serving.set()
             log.info("index_serving", path=str(self.path), seq=self.projection.seq)
             await self._fold()
@@ -161,6 +163,7 @@ class IndexService:
         h = self.history
         rereads = Rereads(h if isinstance(h, Bus | ArchiveHistory) else self.bus)  # a gap is judged by the archive too
         while True:
+            stop_if_cancelled()
             try:
                 async with aclosing(read(p.state.seq + 1)) as items:
                     async for item in items:
