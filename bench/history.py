@@ -18,6 +18,8 @@ and contents are otherwise unchanged), then times real `corral` processes:
   scheduler is stopped with SIGTERM (a clean stop writes a snapshot), then
   `scheduler` (a restart), `agent` (one of the log's nodes, simulated
   runtime: it starts no work), `jobs` and `nodes` (wall time of the process);
+  the agent's state digest and position from its /metrics are then checked
+  against a fold of every event up to that position (not with --skip-digest);
 - queries, wall time: `usage`, `explain` of the log's oldest job, `job` of
   it, and `jobs --all --by-user U --since D` (U: the log's most frequent
   submitter; D: one day before the log's end; `--since` only where `jobs`
@@ -77,8 +79,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from events.bus import Bus  # noqa: E402
+from events.follow import fold_batch  # noqa: E402
 from events.logfile import LogFile  # noqa: E402
 from events.server import NatsServer  # noqa: E402
+from events.telemetry import digest  # noqa: E402
+from orchestrator.core.evolve import evolve  # noqa: E402
+from orchestrator.core.state import ClusterState, snapshot  # noqa: E402
 from schemas.events import Event, GangRestarted, JobSubmitted, JobWaiting, NodeRegistered, Unknown  # noqa: E402
 
 #: The issue's targets (acceptance 1), checked by --compare.
@@ -369,6 +375,37 @@ async def stream_bytes(url: str) -> dict[str, dict[str, int]]:
         await bus.close()
 
 
+def scrape_fold(svc: Service) -> tuple[int, int] | None:
+    """(corral_log_position, corral_state_digest) from a one-reader service's /metrics, None if it has none."""
+    if svc.metrics_port is None:
+        return None
+    with urllib.request.urlopen(f"http://127.0.0.1:{svc.metrics_port}/metrics", timeout=10.0) as r:
+        text = r.read().decode()
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.partition("{")[0]
+        if base in ("corral_log_position", "corral_state_digest") and base not in found:
+            found[base] = int(float(value))
+    if len(found) < 2:
+        return None
+    return found["corral_log_position"], found["corral_state_digest"]
+
+
+async def full_fold_digest(url: str, upto: int) -> int:
+    """The digest of `evolve` over positions 1..upto read from the stream into a fresh state (no snapshot)."""
+    bus = await Bus.connect(url)
+    try:
+        state = ClusterState()
+        async for batch in bus.replay(1, to_seq=upto, stall_timeout=120.0):
+            state = fold_batch(state, batch, evolve)
+        if state.seq != upto:
+            raise RuntimeError(f"the full fold ended at {state.seq}, not {upto}")
+        return digest(snapshot(state))
+    finally:
+        await bus.close()
+
+
 def generate(jobs: int, out: Path, children: Children, timeout: float) -> Path:
     note(f"generating a {jobs:,}-job log (corral sim --generate {jobs}) ...")
     r = run_cli(children, ["sim", "--generate", str(jobs), "--no-figures", "--json", "--out", str(out)], timeout)
@@ -506,9 +543,19 @@ def measure(log: Path, tmp: Path, children: Children, a: argparse.Namespace, url
                   *(["--labels", labels] if labels else [])]
     svc = start_service(children, "agent", agent_args, metrics=True)
     s, how = wait_ready(svc, ("agent_started",), a.timeout)
+    agent_fold = scrape_fold(svc)
     stop_service(children, svc, a.timeout)
     readers["agent"] = {"s": round(s, 3), "cpu_s": cpu_round(svc.cpu_s), "signal": how,
                         "snapshot_log": svc.snapshot_events()}
+    if agent_fold is not None and not a.skip_digest:
+        # #28 acceptance 4: the agent that started from a snapshot holds what a fold of every event holds.
+        seq, agent_digest = agent_fold
+        t = time.perf_counter()
+        full = asyncio.run(full_fold_digest(url, seq))
+        readers["agent"]["digest"] = {"seq": seq, "agent": agent_digest, "full_fold": full,
+                                      "equal": full == agent_digest, "full_fold_s": round(time.perf_counter() - t, 1)}
+        note(f"  agent digest at seq {seq:,}: {agent_digest} vs a full fold's {full}: "
+             f"{'EQUAL' if full == agent_digest else 'DIFFERENT'}")
     note(f"  {'agent':<14} {s:7.2f} s  (CPU {svc.cpu_s or 0:.2f} s; {how}; node {node.node_id}; snapshot log events: "
          f"{svc.snapshot_events() or 'none'})")
 
@@ -602,6 +649,9 @@ def compare(a_path: Path, b_path: Path) -> dict[str, Any]:
     for name, fig in b.get("queries", {}).items():
         if fig.get("rc", 0) != 0:  # fast but not answered (today: `job` of a job the fold forgot) is not met
             targets[f"query:{name} answered (exit {fig['rc']})"] = False
+    check = b.get("readers", {}).get("agent", {}).get("digest")
+    if isinstance(check, dict):  # acceptance 4: the restarted agent holds what a fold of every event holds
+        targets[f"agent digest at seq {check.get('seq')} equals a full fold's"] = check.get("equal") is True
     if "--since" not in b.get("asked", {}).get("jobs_all_args", ["--since"]):
         print("NOTE: query:jobs_all ran without --since: this corral's `jobs` has no such option")
     for t, met in targets.items():
@@ -627,6 +677,8 @@ def main() -> int:
                     help="runs of the file-fold baseline `corral jobs --log FILE` (0: skip it)")
     ap.add_argument("--skip-jobs-cold", action="store_true",
                     help="do not time `corral jobs` before any snapshot (a whole-log fold: minutes at 500,000 jobs)")
+    ap.add_argument("--skip-digest", action="store_true",
+                    help="do not check the agent's digest against a full fold (minutes at 500,000 jobs)")
     ap.add_argument("--index-args", default="", help="extra arguments for `corral index`, if it exists")
     ap.add_argument("--archive-args", default="", help="extra arguments for `corral archive`, if it exists")
     a = ap.parse_args()

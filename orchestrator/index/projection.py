@@ -14,6 +14,11 @@ Tables (`SCHEMA`):
   what the fold printed while it still kept the job.
 * `reservations`: each time a job held GPUs, from its GangReserved to the
   event that released it (end NULL: still held); a usage window clips them.
+* `usage_days`, `reservation_days`, `finished_days`: the closed reservations'
+  GPU-seconds and starts, and the finished jobs, summed per UTC day and account,
+  and the days each closed reservation overlaps. `usage` sums whole days from
+  the rollups and clips only the reservations of the window's two edge days, so
+  its cost follows the days and accounts in the window, not the jobs in them.
 * `job_events`: (job, position, type, stream time, void reason) of every
   event about a job (the preemptor's too), what `explain` fetches by position.
 * `job_links`: the jobs a job's events name (its preemptor, its victims), both ways.
@@ -32,6 +37,7 @@ nothing an event holds can stop the fold.
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,14 +48,14 @@ import structlog
 
 from events.bus import Envelope, LogGap
 from orchestrator.core.accounting import NO_USER, Accounted, account
-from orchestrator.core.state import ClusterState, Job, restore, snapshot
+from orchestrator.core.state import TERMINAL, ClusterState, Job, restore, snapshot
 from orchestrator.core.usage import resolve_queue
 from schemas import Preempted, PreemptionRequested, Unknown, tag_of
 
 log = structlog.get_logger("corral.index")
 
 #: Bumped when the tables change meaning; an index of another format is rebuilt, never misread.
-FORMAT = 1
+FORMAT = 2
 
 #: The index file under a service's data dir.
 DB_NAME = "index.sqlite"
@@ -104,6 +110,30 @@ CREATE TABLE IF NOT EXISTS reservations (
     PRIMARY KEY (job_id, open_seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS reservations_by_end ON reservations (end);
+CREATE INDEX IF NOT EXISTS reservations_open ON reservations (job_id) WHERE end IS NULL;
+CREATE TABLE IF NOT EXISTS usage_days (
+    day INTEGER NOT NULL,
+    queue TEXT NOT NULL,
+    user TEXT NOT NULL,
+    status TEXT NOT NULL,
+    gpu_us INTEGER NOT NULL,
+    started INTEGER NOT NULL,
+    PRIMARY KEY (day, queue, user, status)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS reservation_days (
+    day INTEGER NOT NULL,
+    job_id TEXT NOT NULL,
+    open_seq INTEGER NOT NULL,
+    PRIMARY KEY (day, job_id, open_seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS finished_days (
+    day INTEGER NOT NULL,
+    queue TEXT NOT NULL,
+    user TEXT NOT NULL,
+    state TEXT NOT NULL,
+    jobs INTEGER NOT NULL,
+    PRIMARY KEY (day, queue, user, state)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS job_events (
     job_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -129,6 +159,9 @@ CREATE TABLE IF NOT EXISTS context_events (
 );
 CREATE INDEX IF NOT EXISTS context_by_key ON context_events (key, seq);
 """
+
+#: The rollups' bucket: a UTC day of the events' own times.
+DAY_S = 86400.0
 
 #: Events folded per transaction.
 COMMIT_EVERY = 5000
@@ -180,7 +213,27 @@ class _Pending:
     nodes: set[tuple[str, str]] = field(default_factory=set)
     links: set[tuple[str, str]] = field(default_factory=set)
     context: list[tuple[int, str, str]] = field(default_factory=list)
+    #: (day, queue, user, status) -> [GPU-microseconds in the day, reservations started in it]: integers, so
+    #: the sums do not depend on where commits split them (a resumed fold writes the same tables).
+    days: dict[tuple[int, str, str, str], list[int]] = field(default_factory=dict)
+    res_days: list[tuple[int, str, int]] = field(default_factory=list)
+    finished: dict[tuple[int, str, str, str], int] = field(default_factory=dict)
     count: int = 0
+
+    def roll(self, job_id: str, open_seq: int, gpus: int, start: float, end: float, key: tuple[str, str, str]) -> None:
+        """A closed reservation into the day rollups: its GPU-seconds split at day bounds, its start counted."""
+        first, last = day_of(start), day_of(end)
+        for day in range(first, last + 1):
+            lo, hi = max(start, day * DAY_S), min(end, (day + 1) * DAY_S)
+            acc = self.days.setdefault((day, *key), [0, 0])
+            acc[0] += round(gpus * max(hi - lo, 0.0) * 1e6)
+            if day == first:
+                acc[1] += 1
+            self.res_days.append((day, job_id, open_seq))
+
+
+def day_of(t: float) -> int:
+    return math.floor(t / DAY_S)
 
 
 class Projection:
@@ -315,6 +368,7 @@ class Projection:
             p.closed.append((done.at, done.status, self._queue(r), job_user(r), r.gpus, job_id, open_seq))
             if r.gpus > 0 and done.at >= r.reserved_at:
                 d.gpu_seconds += r.gpus * (done.at - r.reserved_at)
+                p.roll(job_id, open_seq, r.gpus, r.reserved_at, done.at, (self._queue(r), job_user(r), done.status))
         if job_id in state.active and (not holding or before is None or after.reserved_at != before.reserved_at):
             self._open_res[job_id] = seq
             p.opened.append((job_id, seq, self._queue(after), job_user(after), after.gpus, after.reserved_at))
@@ -325,6 +379,9 @@ class Projection:
             d.preemptions += 1
         if done is not None and done.finished is not None:
             d.ended_at = done.at
+            if after.status in TERMINAL:
+                key = (day_of(done.at), queue, job_user(after), after.status)
+                p.finished[key] = p.finished.get(key, 0) + 1
 
     def _queue(self, job: Job) -> str:
         return job.queue or resolve_queue(self.state, job.spec.queue)
@@ -359,6 +416,12 @@ class Projection:
             c.executemany("INSERT OR IGNORE INTO job_nodes VALUES (?, ?)", sorted(p.nodes))
             c.executemany("INSERT OR IGNORE INTO job_links VALUES (?, ?)", sorted(p.links))
             c.executemany("INSERT OR IGNORE INTO context_events VALUES (?, ?, ?)", p.context)
+            c.executemany("INSERT INTO usage_days VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET "
+                          "gpu_us = gpu_us + excluded.gpu_us, started = started + excluded.started",
+                          [(*k, *v) for k, v in p.days.items()])
+            c.executemany("INSERT OR IGNORE INTO reservation_days VALUES (?, ?, ?)", p.res_days)
+            c.executemany("INSERT INTO finished_days VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET "
+                          "jobs = jobs + excluded.jobs", [(*k, n) for k, n in p.finished.items()])
             c.execute("UPDATE position SET seq = ?, stream_time = ?, events = ?, unreadable = ?",
                       (self.seq, self.stream_time, self.events, self.unreadable))
             if snap:

@@ -9,11 +9,13 @@ hold (`AsOf`): the reader says how fresh the answer is.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from orchestrator.core.accounting import Account
+from orchestrator.core.state import TERMINAL
 from orchestrator.index.api import JobInfo
+from orchestrator.index.projection import DAY_S, day_of
 
 
 class AsOf(NamedTuple):
@@ -30,16 +32,14 @@ def as_of(conn: sqlite3.Connection) -> AsOf:
     return AsOf(0, 0.0, 0, 0) if row is None else AsOf(int(row[0]), float(row[1]), int(row[2]), int(row[3]))
 
 
-#: SQL for the account a reservation is charged to, by `--by`: the same keys as accounting.GpuTime.key.
-_RESERVATION_KEY = {
-    "queue": "r.queue",
-    "user": "r.user",
-    # An open reservation (status NULL) counts under the job's status now, as GpuTime.held_until does.
-    "state": "COALESCE(r.status, (SELECT state FROM jobs WHERE jobs.job_id = r.job_id))",
-}
+#: The rollups' column of each `--by` (usage_days keys a closed reservation by how it ended).
+_ROLLUP_KEY = {"queue": "queue", "user": "user", "state": "status"}
+#: SQL for the account a reservation is charged to: the same keys as accounting.GpuTime.key. A
+#: reservation still held counts under the job's status now, as GpuTime.held_until does.
+_OPEN_KEY = {"queue": "r.queue", "user": "r.user", "state": "(SELECT state FROM jobs WHERE jobs.job_id = r.job_id)"}
+_CLOSED_KEY = {"queue": "r.queue", "user": "r.user", "state": "r.status"}
 _FINISHED_KEY = {"queue": "queue", "user": "user", "state": "state"}
-_FINAL = ("completed", "failed", "cancelled", "rejected")
-
+_FINAL = tuple(sorted(TERMINAL))
 _LOW, _HIGH = -1e300, 1e300
 
 
@@ -47,26 +47,58 @@ def usage(conn: sqlite3.Connection, by: str, since: float | None, until: float |
           end: float) -> dict[str, Account]:
     """GPU-seconds, reservations and finished jobs per account over [since, until], as `corral usage`
     computes them from the log (orchestrator/core/accounting.py): each reservation clipped to the window,
-    one still held counted up to `end`."""
+    one still held counted up to `end`.
+
+    Whole days inside the window come from the day rollups; only the two edge days' reservations and
+    jobs are read one by one, and the reservations still held (at most the cluster's running jobs).
+    """
+    out: dict[str, Account] = {}
+
+    def charge(rows: Iterable[tuple[str, float | None, int | None]]) -> None:
+        for k, seconds, n in rows:
+            if not seconds and not n:  # an edge day's reservation outside the window
+                continue
+            acct = out.setdefault(k, Account())
+            acct.gpu_seconds += float(seconds or 0.0)
+            acct.reservations += int(n or 0)
+
+    def finish(rows: Iterable[tuple[str, str, int]]) -> None:
+        for k, state, n in rows:
+            acct = out.setdefault(k, Account())
+            acct.finished[state] = acct.finished.get(state, 0) + int(n)
+
     lo = _LOW if since is None else since
     hi = _HIGH if until is None else until
-    out: dict[str, Account] = {}
-    key = _RESERVATION_KEY[by]
-    held_to = "COALESCE(r.end, :end)"
-    rows = conn.execute(
-        f"SELECT {key} AS k, SUM(r.gpus * (MIN({held_to}, :hi) - MAX(r.start, :lo))), COUNT(*) "
-        f"FROM reservations r WHERE r.gpus > 0 AND (r.end IS NULL OR r.end >= :lo) AND r.start <= :hi "
-        f"AND MIN({held_to}, :hi) >= MAX(r.start, :lo) GROUP BY k",
-        {"lo": lo, "hi": hi, "end": end})
-    for k, seconds, n in rows:
-        out[k] = Account(gpu_seconds=float(seconds or 0.0), reservations=int(n))
-    fkey = _FINISHED_KEY[by]
-    rows = conn.execute(
-        f"SELECT {fkey}, state, COUNT(*) FROM jobs WHERE ended_at IS NOT NULL AND ended_at >= :lo "
-        f"AND ended_at <= :hi AND state IN {_FINAL!r} GROUP BY {fkey}, state", {"lo": lo, "hi": hi})
-    for k, state, n in rows:
-        acct = out.setdefault(k, Account())
-        acct.finished[state] = int(n)
+    if hi < lo:
+        return out
+    charge(conn.execute(
+        f"SELECT {_OPEN_KEY[by]} AS k, SUM(r.gpus * (MIN(:end, :hi) - MAX(r.start, :lo))), COUNT(*) "
+        f"FROM reservations r WHERE r.end IS NULL AND r.gpus > 0 AND r.start <= :hi "
+        f"AND MIN(:end, :hi) >= MAX(r.start, :lo) GROUP BY k", {"lo": lo, "hi": hi, "end": end}))
+    first = None if since is None else day_of(since)
+    last = None if until is None else day_of(until)
+    whole = " AND ".join(["1", *(["day > :first"] if first is not None else []),
+                          *(["day < :last"] if last is not None else [])])
+    days = {"first": first, "last": last}
+    rkey = _ROLLUP_KEY[by]
+    charge(conn.execute(f"SELECT {rkey}, SUM(gpu_us) / 1e6, SUM(started) FROM usage_days WHERE {whole} "
+                        f"GROUP BY {rkey}", days))
+    finish(conn.execute(f"SELECT {_FINISHED_KEY[by]}, state, SUM(jobs) FROM finished_days WHERE {whole} "
+                        f"GROUP BY {_FINISHED_KEY[by]}, state", days))
+    for day in sorted({d for d in (first, last) if d is not None}):
+        # Clipped to the window and the day (the day's other part is another day's), counted once: in
+        # the day it started if that is inside the window, else in the window's first day if it spans lo.
+        edge = {"lo": lo, "hi": hi, "a": day * DAY_S, "b": (day + 1) * DAY_S, "day": day, "first": first}
+        charge(conn.execute(
+            f"SELECT {_CLOSED_KEY[by]} AS k, SUM(r.gpus * MAX(0.0, MIN(r.end, :hi, :b) - MAX(r.start, :lo, :a))), "
+            f"SUM(CASE WHEN (r.start >= :a AND r.start < :b AND r.start >= :lo AND r.start <= :hi) "
+            f"OR (:day = :first AND r.start < :lo AND r.end >= :lo) THEN 1 ELSE 0 END) "
+            f"FROM reservation_days d JOIN reservations r ON r.job_id = d.job_id AND r.open_seq = d.open_seq "
+            f"WHERE d.day = :day GROUP BY k", edge))
+        finish(conn.execute(
+            f"SELECT {_FINISHED_KEY[by]}, state, COUNT(*) FROM jobs WHERE state IN {_FINAL!r} "
+            f"AND ended_at >= MAX(:lo, :a) AND ended_at < :b AND ended_at <= :hi "
+            f"GROUP BY {_FINISHED_KEY[by]}, state", edge))
     return out
 
 

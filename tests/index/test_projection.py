@@ -28,14 +28,15 @@ from events.logfile import LogFile
 from orchestrator.cli.usage import gpu_time
 from orchestrator.core.accounting import GpuTime
 from orchestrator.index import queries
-from orchestrator.index.projection import IndexFormatError, Projection, connect, record_decoder
+from orchestrator.index.projection import DAY_S, IndexFormatError, Projection, connect, record_decoder
 from schemas import JobCancelled, JobCompleted, JobSpec, JobSubmitted, Unknown
 from schemas.codec import decode, encode
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: The tables that hold answers (fold_state is a cache of the fold: its position may differ after a resume).
-TABLES = ("position", "jobs", "reservations", "job_events", "job_nodes", "context_events")
+TABLES = ("position", "jobs", "reservations", "job_events", "job_nodes", "context_events", "usage_days",
+          "reservation_days", "finished_days")
 
 
 def envelopes(path: Path) -> list[Envelope]:
@@ -92,6 +93,26 @@ def test_usage_from_the_index_equals_the_log_scan(sim_log: Path, folded: Path, b
         assert got[key].gpu_seconds == pytest.approx(acct.gpu_seconds, rel=1e-9), key
         assert got[key].reservations == acct.reservations, key
         assert got[key].finished == acct.finished, key
+
+
+@pytest.mark.parametrize("days", [(2, 5), (3, 3), (4, None), (None, 6), (1.5, 2)])
+def test_usage_over_whole_days_and_their_edges_equals_the_log_scan(sim_log: Path, folded: Path,
+                                                                   days: tuple[float | None, float | None]) -> None:
+    """Windows on and just off day bounds: the rollups (projection.usage_days) give whole days, the edge days
+    are clipped one by one; nothing is counted twice or lost at a bound (the workload spans about 11 days)."""
+    end = envelopes(sim_log)[-1].stream_time
+    assert end > 7 * DAY_S, "the workload spans several days"
+    since, until = (None if d is None else d * DAY_S for d in days)
+    for by in ("queue", "state"):
+        expected = log_scan(sim_log, by, since, until).accounts
+        conn = connect(folded, readonly=True)
+        got = queries.usage(conn, by, since, until, end if until is None else min(end, until))
+        conn.close()
+        assert set(got) == set(expected)
+        for key, acct in expected.items():
+            assert got[key].gpu_seconds == pytest.approx(acct.gpu_seconds, rel=1e-9), key
+            assert got[key].reservations == acct.reservations, key
+            assert got[key].finished == acct.finished, key
 
 
 def independent_job_seconds(path: Path) -> dict[str, float]:
