@@ -121,8 +121,8 @@ class Follower(Generic[S]):
     def _note_unknown(self, env: Envelope) -> None:
         ev = env.event
         if ev.__class__ is Unknown and self.skipped is not None:
-            tag = ev.type  # type: ignore[union-attr]
-            if tag is not None and ev.reason == "unknown_type":  # type: ignore[union-attr]
+            tag = ev.type
+            if tag is not None and ev.reason == "unknown_type":
                 self.skipped.add(tag)
 
     @property

@@ -81,6 +81,10 @@ async def _at_seq(source: LogSource, seq: int) -> At:
     if seq > end:
         raise CliError(f"the log ends at #{end}; --at #{seq} is in the future", USAGE)
     env = await envelope_at(source, seq)
+    if env is None and seq >= 1:
+        from orchestrator.cli.archive import require_from
+
+        await require_from(source, seq, f"--at #{seq}")  # a position the stream dropped: say so, exit 1
     if env is None:
         raise CliError(f"--at #{seq} is before the log's first event" if seq < 1 else
                        f"--at #{seq}: the log holds no event there", USAGE)
