@@ -15,7 +15,6 @@ import msgspec
 
 from events.bus import Bus, Envelope
 from events.subjects import job_filter
-from orchestrator.cli.archive import check_contiguous, require_from
 from orchestrator.cli.connect import add_connection_args
 from orchestrator.cli.errors import NOT_FOUND, OK, CliError
 from orchestrator.cli.indexed import add_index_arg, asked, wants_index
@@ -95,6 +94,8 @@ async def _job_known(bus: LogSource, job_id: str) -> bool:
 
 async def _read_story(bus: LogSource, job_id: str, to_seq: int) -> Story:
     """Fold the log up to `to_seq` (streamed, never held in memory) into the job's story."""
+    from orchestrator.cli.archive import check_contiguous
+
     story = Story(job_id)
     nxt = 1
     async with aclosing(bus.replay(to_seq=to_seq)) as batches:
@@ -151,6 +152,8 @@ async def explain(args: argparse.Namespace) -> int:
             story.state = await load_state(bus)
         if story is None:
             # A story folds the log from its start: from what retention left, a job would seem unknown.
+            from orchestrator.cli.archive import require_from
+
             await require_from(bus, 1, f"explain {job_id} reads the whole log")
             if not await _job_known(bus, job_id):
                 raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
