@@ -94,6 +94,8 @@ READERS: dict[str, tuple[str, ...]] = {
     "tail following from seq 1": ("tail", "--from-seq", "1"),
     "replay --no-snapshot": ("replay", "--no-snapshot", "--json"),
     "replay --at": ("replay", "--at", "#10", "--json"),
+    "replay --at after the start": ("replay", "--at", "+0", "--json"),  # (counts from the first event)
+    "usage since the start": ("usage", "--since", "+0", "--until", "+0.001", "--json"),
 }
 
 
@@ -124,6 +126,8 @@ def test_readers_name_the_missing_range_or_read_the_archive(nats_server: NatsSer
     since = dt.datetime.fromtimestamp(head_time, dt.UTC).isoformat()
     got = corral("tail", "--since", since, "--no-follow", url=url, check=1)
     assert missing in got.stderr and got.stdout == "", got.stderr
+    got = corral("replay", "--at", since, url=url, check=1)
+    assert missing in got.stderr and "before the stream's first event" in got.stderr and got.stdout == "", got.stderr
 
     # Asked only for what the stream holds, or from the snapshot that covers the purged head: full answers.
     kept = corral("tail", "--from-seq", str(HEAD), "--no-follow", "--json", url=url).stdout.splitlines()
