@@ -177,6 +177,11 @@ class LogGap(BusError):
         self.why = why
 
 
+def missing_range(lo: int, hi: int) -> str:
+    """`seq 1..41 are` / `seq 7 is`: the positions a reader lacks, named exactly."""
+    return f"seq {lo} is" if lo >= hi else f"seq {lo}..{hi} are"
+
+
 class AppendRefused(BusError):
     """The server refused an append with an error that retrying at once will not fix.
 
@@ -718,7 +723,8 @@ class Bus:
             info = await self.js.stream_info(self.stream)
             first = int(info.state.first_seq)
             if seq < first:
-                return f"the stream now starts at seq {first}: seq {seq} was removed (stream limits or a purge)"
+                return f"{missing_range(seq, first - 1)} not in the stream: it now starts at seq {first} (removed " \
+                       "by stream limits, retention or a purge)"
             if seq > int(info.state.last_seq):
                 return None
             try:

@@ -112,6 +112,18 @@ class Follower(Generic[S]):
         #: `follow`): what "caught up" means for a service's readiness (/readyz). Taken once: a
         #: busy log never holds still, so "the end now" would keep a service unready forever.
         self.target: int | None = None
+        #: The event types folded as "no change" because this corral does not know them (Unknown with
+        #: reason unknown_type), since the log's start: what a snapshot of `state` records (events/
+        #: snapshots.py). Whoever starts `state` from a snapshot sets it from that snapshot's record
+        #: (None: not known; it then stays None).
+        self.skipped: set[str] | None = set()
+
+    def _note_unknown(self, env: Envelope) -> None:
+        ev = env.event
+        if ev.__class__ is Unknown and self.skipped is not None:
+            tag = ev.type
+            if tag is not None and ev.reason == "unknown_type":
+                self.skipped.add(tag)
 
     @property
     def caught_up(self) -> bool:
@@ -137,6 +149,7 @@ class Follower(Generic[S]):
         if seq != self.state.seq + 1:
             raise LogGap(self.state.seq + 1, seq)
         self.state = self.fold(self.state, env.event, seq)
+        self._note_unknown(env)
         for listener in self._listeners:
             listener(env)
         self.changed.set()
@@ -190,9 +203,14 @@ class Follower(Generic[S]):
             for env in batch:
                 self.apply(env)
             return
+        before = self.state.seq
         try:
             self.state = fold_batch(self.state, batch, self.fold)
         finally:
+            after = self.state.seq
+            for env in batch:  # (a second pass: this loop's cost is one class check per event)
+                if env.event.__class__ is Unknown and before < env.seq <= after:
+                    self._note_unknown(env)
             self.changed.set()
             if self._seq_waiters:
                 self._wake()

@@ -30,7 +30,7 @@ import nats.errors
 import nats.js.errors
 
 from events.archive import Archive, Manifest, Record, SegmentRefused
-from events.bus import Bus, Envelope, LogGap
+from events.bus import Bus, Envelope, LogGap, missing_range
 from events.subjects import matches, normalize_filters
 from schemas import Unknown, decode
 
@@ -220,5 +220,9 @@ class History:
             first, _ = await self._stream_range()
         except (nats.errors.Error, nats.js.errors.Error, TimeoutError):
             return f"{why}; {self._holds(segs)}"
-        return f"seq {seq} is in neither the archive nor the stream ({self._holds(segs)}; {why}; the stream " \
+        if seq >= first:  # deleted from the stream's middle
+            return f"seq {seq} is in neither the archive nor the stream ({self._holds(segs)}; {why})"
+        # Up to what the archive holds next, or the stream's start: the exact range neither holds.
+        hi = min([first - 1] + [m.first_seq - 1 for m in segs if m.first_seq > seq])
+        return f"{missing_range(seq, hi)} in neither the archive nor the stream ({self._holds(segs)}; the stream " \
                f"starts at seq {first})"

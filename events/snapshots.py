@@ -20,6 +20,22 @@ deleted while read), a body that does not decode into the state type, or a
 state whose `seq` is not the header's -- is skipped for an older one, or the
 log, with one log line naming it and why: a slower start, never a wrong state.
 
+What the fold could not read (#30): a reader folds an event type it does not
+know as "no change" (schemas/codec.py: Unknown), so after a rollback an older
+scheduler's snapshot lacks what those events did (a QueueDeleted an older
+release skipped leaves the queue defined). The header records the types its
+fold skipped for that reason (`skipped`), and a reader that decodes any of them
+never uses the snapshot: it takes an older one or the log, and logs why. A
+snapshot whose header has no such record (`skipped` is None: written before
+the record existed, or folded on from such a snapshot) may have skipped any
+type its writer did not know; every corral that wrote format 3 without the
+record decoded exactly UNRECORDED_DECODED, so it is used only by a reader that
+decodes nothing more (`suspect`). Only unknown *types* are recorded: a known
+type with fields that do not decode is skipped by every release alike (events
+only gain fields with defaults and never change a field's type; a change of
+type is a new tag), so recording it would only make snapshots unusable after
+one poison message.
+
 The bus layer knows no state type: callers pass theirs (`load(ClusterState)`),
 and anything with a `seq` that msgspec encodes can be stored. Readers only
 read: `load` and `newest_seq` never create the bucket (an agent may not).
@@ -36,12 +52,17 @@ import io
 import re
 import struct
 import zlib
-from typing import Any, Literal, TypeVar
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 import structlog
 from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
+
+from schemas.codec import UPCASTERS
+from schemas.events import EVENT_TAGS
 
 log = structlog.get_logger("corral.snapshot")
 
@@ -85,6 +106,18 @@ _READ_ALLOWANCE_S = 30.0
 _NAME_RE = re.compile(r"(?P<name>.+)\.(?P<seq>\d{15})")
 _LEGACY_RE = re.compile(r"(?P<name>.+)\.v\d+")
 
+#: The event types (and upcast tags) every corral that wrote format 3 before snapshots recorded their
+#: skipped types decoded (f2e94a3 up to #30): a snapshot without the record may have skipped any other.
+#: Frozen on purpose, never derived from EVENT_TAGS: a type added later is exactly one such a snapshot
+#: may have skipped.
+UNRECORDED_DECODED: frozenset[str] = frozenset({
+    "CancelRequested", "Checkpointed", "ClusterConfigured", "GangReserved", "GangRestarted", "JobCancelled",
+    "JobCompleted", "JobFailed", "JobRejected", "JobRequeued", "JobRunning", "JobSubmitted", "JobWaiting",
+    "NodeCordoned", "NodeFailed", "NodeRecovered", "NodeRegistered", "NodeUncordoned", "Preempted",
+    "PreemptionRequested", "QueueDefined", "QueueDeleted", "SchedulerElected", "WorkerExited", "WorkerStarted",
+    "JobSubmitted.v0",
+})
+
 S = TypeVar("S")
 
 Codec = Literal["msgpack", "msgpack+zlib"]
@@ -103,6 +136,40 @@ class Header(msgspec.Struct, frozen=True, kw_only=True):
     length: int
     sha256: str
     raw_length: int
+    #: Event types the fold up to `seq` skipped because its readers did not know them (sorted). None:
+    #: not recorded (a writer before #30, or a fold that started from such a snapshot): see `suspect`.
+    skipped: list[str] | None = None
+
+
+def decoded_tags() -> frozenset[str]:
+    """The event tags this corral decodes (its event types and the old tags it upcasts)."""
+    return frozenset(EVENT_TAGS) | frozenset(UPCASTERS)
+
+
+def suspect(header: Header, decodes: frozenset[str] | None = None) -> str | None:
+    """Why a reader that decodes `decodes` (default: this corral's tags) must not use this snapshot: its
+    fold skipped events of a type the reader folds (a rollback's snapshot). None: usable."""
+    decodes = decoded_tags() if decodes is None else decodes
+    writer = f"corral {header.corral}"
+    if header.skipped is None:
+        unknown = sorted(decodes - UNRECORDED_DECODED)
+        if unknown:
+            return (f"written by {writer} without a record of the event types its fold skipped; its writer may not "
+                    f"have decoded {', '.join(unknown)}, which this corral folds")
+        return None
+    known = [t for t in header.skipped if t in decodes]
+    if known:
+        return (f"its fold skipped events of type {', '.join(known)} (written by {writer}, which could not decode "
+                "them); this corral folds them")
+    return None
+
+
+@dataclass(frozen=True)
+class Loaded(Generic[S]):
+    """A snapshot's state and its header (what its fold skipped: a writer folding on carries it forward)."""
+
+    state: S
+    header: Header
 
 
 class Unusable(Exception):
@@ -125,8 +192,11 @@ def encode_body(state: Any) -> bytes:
     return msgspec.msgpack.encode(state)
 
 
-def pack(raw: bytes, seq: int) -> bytes:
-    """A snapshot of the msgpack body `raw` of a state at `seq` (compressed if it pays); CPU only, thread-safe."""
+def pack(raw: bytes, seq: int, skipped: Collection[str] | None = ()) -> bytes:
+    """A snapshot of the msgpack body `raw` of a state at `seq` (compressed if it pays); CPU only, thread-safe.
+
+    `skipped`: the event types the fold up to `seq` could not decode (None: not known, module docstring).
+    """
     body, codec = raw, "msgpack"
     if len(raw) > 4096:
         packed = zlib.compress(raw, 1)
@@ -134,13 +204,14 @@ def pack(raw: bytes, seq: int) -> bytes:
             body, codec = packed, "msgpack+zlib"
     header = msgspec.json.encode(Header(format=FORMAT, corral=corral_version(), seq=seq, codec=codec,  # type: ignore[arg-type]
                                         length=len(body), sha256=hashlib.sha256(body).hexdigest(),
-                                        raw_length=len(raw)))
+                                        raw_length=len(raw),
+                                        skipped=None if skipped is None else sorted(set(skipped))))
     return b"".join((_PREFIX.pack(MAGIC, FORMAT, len(header)), header, body))
 
 
-def encode(state: Any) -> bytes:
+def encode(state: Any, skipped: Collection[str] | None = ()) -> bytes:
     """`state` (with a `seq`) as one snapshot."""
-    return pack(encode_body(state), state.seq)
+    return pack(encode_body(state), state.seq, skipped)
 
 
 def read_header(data: bytes | memoryview) -> tuple[Header, memoryview]:
@@ -264,11 +335,16 @@ class SnapshotStore:
         seqs = await self.seqs()
         return seqs[0] if seqs else 0
 
-    async def save(self, state: Any) -> int:
-        """Store a snapshot of `state` at its `seq`, then drop all but the newest KEEP; returns its size in bytes."""
+    async def save(self, state: Any, skipped: Collection[str] | None = ()) -> int:
+        """Store a snapshot of `state` at its `seq`, then drop all but the newest KEEP; returns its size in bytes.
+
+        `skipped`: the event types its fold could not decode, from the log's start (a Follower's
+        `skipped`); None when that is not known (module docstring).
+        """
         seq = int(state.seq)
         raw = encode_body(state)  # now, in the fold's task: the fold goes on changing `state`
-        data = await asyncio.to_thread(pack, raw, seq)  # zlib releases the GIL
+        skipped = None if skipped is None else sorted(set(skipped))  # (a copy: the fold goes on adding)
+        data = await asyncio.to_thread(pack, raw, seq, skipped)  # zlib releases the GIL
         store = await self._bucket(create=True)
         await store.put(object_name(self._name, seq), data)
         try:
@@ -294,6 +370,11 @@ class SnapshotStore:
 
         Each snapshot skipped gets one log line saying why; so does a store that cannot be read.
         """
+        loaded = await self.load_with_header(state_type, at_most)
+        return None if loaded is None else loaded.state
+
+    async def load_with_header(self, state_type: type[S], at_most: int | None = None) -> Loaded[S] | None:
+        """`load`, with the snapshot's header (a writer that folds on records what it skipped, `skipped`)."""
         try:
             store = await self._bucket(create=False)
             if store is None:
@@ -318,7 +399,7 @@ class SnapshotStore:
             log.warning("snapshot_skipped", name=obj, seq=seq, reason=reason, fallback="an older snapshot or the log")
         return None
 
-    async def _read(self, store: Any, obj: str, seq: int, state_type: type[S]) -> S:
+    async def _read(self, store: Any, obj: str, seq: int, state_type: type[S]) -> Loaded[S]:
         info = await store.get_info(obj)
         buf = io.BytesIO()
         # Into a buffer: without one nats-py 2.16 grows the result with `bytes +=` per chunk,
@@ -328,5 +409,7 @@ class SnapshotStore:
         header, body = read_header(buf.getbuffer())
         if header.seq != seq:
             raise Unusable(f"its header says seq {header.seq}, its name {seq}")
+        if (why := suspect(header)) is not None:
+            raise Unusable(why)
         raw = await asyncio.to_thread(unpack, header, body) if header.codec != "msgpack" else body
-        return decode_state(header, raw, state_type)
+        return Loaded(decode_state(header, raw, state_type), header)

@@ -133,9 +133,13 @@ class Scheduler:
     async def _restore(self) -> None:
         """The newest usable snapshot, then the log after it: `caught_up` says where and how long it took."""
         t0 = time.monotonic()
-        snap = await self._snapshots.load(ClusterState)
-        if snap is not None:
-            self.follower.state = snap
+        loaded = await self._snapshots.load_with_header(ClusterState)
+        snap = None if loaded is None else loaded.state
+        if loaded is not None:
+            self.follower.state = snap = loaded.state
+            # What its fold skipped stays recorded in ours (None, not recorded, stays so: events/snapshots.py).
+            skipped = loaded.header.skipped
+            self.follower.skipped = None if skipped is None else set(skipped)
             self._snapshot_seq = snap.seq
             self._snapshot_at = time.monotonic()
             log.info("snapshot_loaded", seq=snap.seq)
@@ -156,7 +160,7 @@ class Scheduler:
             seq = self.state.seq
             if self._snapshot_due():
                 try:
-                    size = await self._snapshots.save(self.state)
+                    size = await self._snapshots.save(self.state, self.follower.skipped)
                 except (BusError, nats.errors.Error, OSError, TimeoutError) as e:
                     # The server is away (restart, partition): a snapshot only shortens the next
                     # start's replay, so try again next round rather than stop scheduling.
@@ -360,7 +364,7 @@ class Scheduler:
         start replays less) and frees the lease at once instead of after its TTL."""
         if self.state.seq > self._snapshot_seq:
             try:
-                size = await self._snapshots.save(self.state)
+                size = await self._snapshots.save(self.state, self.follower.skipped)
             except Exception as e:  # only the next start's replay is longer
                 log.warning("snapshot_failed", seq=self.state.seq, error=repr(e))
             else:

@@ -114,7 +114,11 @@ def _unexpected(e: Exception, args: argparse.Namespace) -> int:
     while isinstance(e, ExceptionGroup) and len(e.exceptions) == 1:
         e = e.exceptions[0]
     if isinstance(e, LogGap):  # a reader that would have to skip events stops instead (#19)
-        print(f"corral: error: {e}", file=sys.stderr)
+        from orchestrator.cli.archive import ARCHIVE_HINT
+
+        # Positions the stream dropped (retention, a purge): the archive holds them (#30).
+        hint = f"; {ARCHIVE_HINT}" if "not in the stream" in e.why and not getattr(args, "archive", None) else ""
+        print(f"corral: error: {e}{hint}", file=sys.stderr)
         return errors.FAILURE
     if isinstance(e, (nats.errors.ConnectionClosedError, nats.errors.NoServersError, nats.errors.TimeoutError,
                       nats.errors.StaleConnectionError, BusError, ConnectionError, TimeoutError)):

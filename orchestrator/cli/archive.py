@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from events.archive import Archive
 from events.bus import Bus, LogGap
 from events.history import History
+from events.logfile import LogFile
 from orchestrator.cli.errors import FAILURE, USAGE, CliError
 from orchestrator.cli.timespec import parse_duration
 
@@ -45,6 +46,32 @@ def with_archive(args: argparse.Namespace, bus: Bus) -> Bus | History:
     if not Path(path).is_dir():
         raise CliError(f"--archive {path}: no such directory", USAGE)
     return History(bus, Archive(path))
+
+
+#: What a reader refused for positions the stream dropped says to do about it.
+ARCHIVE_HINT = "pass --archive PATH (or set CORRAL_ARCHIVE) to read them from the archive"
+
+
+async def require_from(source: Bus | History | LogFile, seq: int, what: str, *, instead: str = "") -> None:
+    """Refuse (CliError, exit 1) a read of the log from `seq` on when the stream no longer holds `seq`.
+
+    A reader whose answer needs the whole history (usage, explain, `tail --no-follow`) never answers
+    from what is left after retention or a purge: it names the range the stream lacks and how to read
+    it. Only for the stream alone: with --archive a read that neither holds raises LogGap naming the
+    range (events/history.py), and a log file holds what it holds.
+    """
+    if not isinstance(source, Bus):
+        return
+    why = await source.missing(seq)
+    if why is not None:
+        raise CliError(f"{what}: {why}; {ARCHIVE_HINT}" + (f", or {instead}" if instead else ""), FAILURE)
+
+
+async def check_contiguous(source: Bus | History | LogFile, expected: int, env_seq: int) -> None:
+    """A whole-log read that delivered `env_seq` where it needed `expected` stops, naming the range (a
+    purge that raced the read): never a silent skip. A log file may start anywhere and skip."""
+    if env_seq != expected and not isinstance(source, LogFile):
+        await _gap(source, expected, env_seq)
 
 
 async def export_log(args: argparse.Namespace, path: Path) -> Path:
@@ -92,7 +119,7 @@ async def export_log(args: argparse.Namespace, path: Path) -> Path:
 async def _gap(source: Bus | History, expected: int, found: int) -> None:
     """A read of the whole log that would skip `expected`..`found - 1` stops, naming them (and the cure)."""
     why = await source.missing(expected) or f"seq {expected}..{found - 1} were not delivered"
-    hint = "" if isinstance(source, History) else "; give --archive PATH to read what the stream dropped"
+    hint = "" if isinstance(source, History) else f"; {ARCHIVE_HINT}"
     raise CliError(f"{LogGap(expected, found, why)}{hint}", FAILURE)
 
 

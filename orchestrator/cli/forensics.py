@@ -94,10 +94,16 @@ async def _job_known(bus: LogSource, job_id: str) -> bool:
 
 async def _read_story(bus: LogSource, job_id: str, to_seq: int) -> Story:
     """Fold the log up to `to_seq` (streamed, never held in memory) into the job's story."""
+    from orchestrator.cli.archive import check_contiguous
+
     story = Story(job_id)
+    nxt = 1
     async with aclosing(bus.replay(to_seq=to_seq)) as batches:
         async for batch in batches:
             for env in batch:
+                if env.seq != nxt:
+                    await check_contiguous(bus, nxt, env.seq)
+                nxt = env.seq + 1
                 story.add(env)
     return story
 
@@ -145,6 +151,10 @@ async def explain(args: argparse.Namespace) -> int:
             # A job not over gets its run-time estimate, learned from every job's history: the fold's.
             story.state = await load_state(bus)
         if story is None:
+            # A story folds the log from its start: from what retention left, a job would seem unknown.
+            from orchestrator.cli.archive import require_from
+
+            await require_from(bus, 1, f"explain {job_id} reads the whole log")
             if not await _job_known(bus, job_id):
                 raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
             at = await resolve_at(bus, args.at, clock)

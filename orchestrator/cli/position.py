@@ -13,7 +13,7 @@ import argparse
 from contextlib import aclosing
 from typing import NamedTuple
 
-from orchestrator.cli.errors import USAGE, CliError
+from orchestrator.cli.errors import FAILURE, USAGE, CliError
 from orchestrator.cli.state_view import LogSource, envelope_at, log_now, seq_at_time
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
 
@@ -50,10 +50,17 @@ async def log_clock(source: LogSource) -> LogClock:
     not do: a simulation re-running a cluster's log keeps the cluster's settings event, stamped 0.0, first),
     and a cluster's log then starts at its first event on Unix time.
     """
+    from events.bus import Bus
     from events.logfile import LogFile
 
     simulated = isinstance(source, LogFile) and await source.last_time() < SIMULATED_BEFORE_S
-    return LogClock(await first_time(source, 0.0 if simulated else SIMULATED_BEFORE_S), simulated)
+    start = await first_time(source, 0.0 if simulated else SIMULATED_BEFORE_S)
+    trimmed = None
+    if isinstance(source, Bus) and (why := await source.missing(1)) is not None:
+        from orchestrator.cli.archive import ARCHIVE_HINT
+
+        trimmed = f"{why}; {ARCHIVE_HINT}"  # the first event left the stream: `start` is a later one
+    return LogClock(start, simulated, trimmed)
 
 
 async def resolve_at(source: LogSource, text: str | None, clock: LogClock | None = None) -> At:
@@ -71,6 +78,8 @@ async def resolve_at(source: LogSource, text: str | None, clock: LogClock | None
     when = clock.parse(t, await log_now(source))
     if clock.start is None:
         raise CliError(f"--at {text}: the log is empty", USAGE)
+    if when < clock.start and clock.trimmed is not None:
+        raise CliError(f"--at {text} is before the stream's first event: {clock.trimmed}", FAILURE)
     if when < clock.start:
         raise CliError(f"--at {text} is before the log's first event, at {clock.instant(clock.start)}", USAGE)
     return At(await seq_at_time(source, when), when)
@@ -81,6 +90,10 @@ async def _at_seq(source: LogSource, seq: int) -> At:
     if seq > end:
         raise CliError(f"the log ends at #{end}; --at #{seq} is in the future", USAGE)
     env = await envelope_at(source, seq)
+    if env is None and seq >= 1:
+        from orchestrator.cli.archive import require_from
+
+        await require_from(source, seq, f"--at #{seq}")  # a position the stream dropped: say so, exit 1
     if env is None:
         raise CliError(f"--at #{seq} is before the log's first event" if seq < 1 else
                        f"--at #{seq}: the log holds no event there", USAGE)

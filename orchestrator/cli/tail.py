@@ -29,9 +29,9 @@ from events.bus import Bus, Envelope, LogGap
 from events.follow import Rereads
 from events.history import History
 from events.subjects import ALL, ROOT, normalize_filters, type_filters
-from orchestrator.cli.archive import with_archive
+from orchestrator.cli.archive import ARCHIVE_HINT, require_from, with_archive
 from orchestrator.cli.connect import add_connection_args, connected
-from orchestrator.cli.errors import OK, USAGE, CliError
+from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.cli.listing import checked_id
 from orchestrator.cli.render import line, unreadable
 from orchestrator.cli.state_view import load_state
@@ -180,7 +180,8 @@ async def _events(bus: Bus | History, subjects: list[str], *, from_seq: int | No
     """
     whole = subjects == [ALL]
     rereads = Rereads(bus)
-    last: int | None = None
+    # From a position, the first event read must be that one too (a purge racing the read): not skipped.
+    last: int | None = from_seq - 1 if whole and from_seq is not None else None
     while True:
         try:
             async with aclosing(_read(bus, subjects, from_seq=from_seq if last is None else last + 1,
@@ -228,8 +229,11 @@ async def tail(args: argparse.Namespace) -> int:
     since = parse_instant(args.since, time.time()) if args.since is not None else None
     subjects = flt.subjects()
     out = sys.stdout
+    # Without a start it follows from now; with --no-follow it prints the log from seq 1.
+    from_seq = args.from_seq if args.from_seq is not None else 1 if args.no_follow and since is None else None
     async with connected(args) as stream:
         bus = with_archive(args, stream)
+        await _history_held(bus, from_seq, since, args.since)
         if flt.queues:
             state = await load_state(bus)
             flt.defined_queues = frozenset(state.queues)
@@ -238,7 +242,7 @@ async def tail(args: argparse.Namespace) -> int:
                 jid: frozenset({j.spec.queue, j.queue or resolve_queue(state, j.spec.queue)})
                 for jid, j in state.jobs.items()
             }
-        async with aclosing(_events(bus, subjects, from_seq=args.from_seq, since=since,
+        async with aclosing(_events(bus, subjects, from_seq=from_seq, since=since,
                                     follow=not args.no_follow)) as events:
             async for env in events:
                 flt.learn(env)
@@ -246,6 +250,29 @@ async def tail(args: argparse.Namespace) -> int:
                     out.write((json_line(env) if args.json else line(env)) + "\n")
                     out.flush()
     return OK
+
+
+async def _history_held(bus: Bus | History, from_seq: int | None, since: float | None, since_text: str | None) -> None:
+    """Refuse (exit 1) to print the log from a start the stream no longer holds: never a silent partial history.
+
+    From a position: the stream must hold it (`require_from`; `--from-seq N` at the stream's first
+    position reads only what it holds). From a time: the stream's head must not have been removed
+    after that time, since the removed positions may hold events of the window.
+    """
+    if from_seq is not None:
+        where = "the log" if from_seq == 1 else f"the log from seq {from_seq}"
+        await require_from(bus, from_seq, f"tail prints {where}",
+                           instead="--from-seq at the stream's first position to print only what it holds")
+        return
+    if since is None or not isinstance(bus, Bus) or (why := await bus.missing(1)) is None:
+        return
+    async with aclosing(bus.replay(batch=1)) as batches:
+        async for batch in batches:
+            if batch and batch[0].stream_time > since:
+                raise CliError(f"tail --since {since_text}: {why}, and they may hold events since then; "
+                               f"{ARCHIVE_HINT}, or --from-seq {batch[0].seq} to print only what the stream holds",
+                               FAILURE)
+            return
 
 
 def _positive(text: str) -> int:

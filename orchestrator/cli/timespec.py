@@ -14,7 +14,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 
-from orchestrator.cli.errors import USAGE, CliError
+from orchestrator.cli.errors import FAILURE, USAGE, CliError
 from orchestrator.cli.output import human_duration
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -47,6 +47,9 @@ class LogClock:
 
     start: float | None = None
     simulated: bool = False
+    #: Why `start` is not the log's first event (its head left the stream, #30): what counts from the
+    #: start, or lies before it, is refused (exit 1) saying so instead of counting from a later event.
+    trimmed: str | None = None
 
     def instant(self, ts: float) -> str:
         """A moment as `parse` reads it back: `d3 21:57:45.831` on a simulated clock, else local ISO."""
@@ -86,6 +89,8 @@ class LogClock:
         return _iso(t, text)
 
     def _after_start(self, span: str, text: str) -> float:
+        if self.trimmed is not None:
+            raise CliError(f"{text} counts from the log's first event: {self.trimmed}", FAILURE)
         if self.start is None:
             raise CliError(f"bad time {text!r}: no log start to count from here", USAGE)
         if _SECONDS.fullmatch(span):

@@ -31,15 +31,23 @@ _WHEN = ("a duration before the log's end (30d, 12h), one after its first event 
 
 
 async def gpu_time(source: LogSource, meter: GpuTime) -> tuple[ClusterState, int]:
-    """Fold the whole log through `meter`; the final state and how many events were read."""
+    """Fold the whole log through `meter`; the final state and how many events were read.
+
+    From the stream alone, a head that retention or a purge removed is refused, naming the range
+    (`require_from`): a total over part of the log is not the usage asked for.
+    """
+    from orchestrator.cli.archive import check_contiguous, require_from
     from orchestrator.core.state import ClusterState
 
+    await require_from(source, 1, "usage counts the whole log")
     state = ClusterState()
     events = 0
     async with aclosing(source.replay()) as batches:
         async for batch in batches:
             for env in batch:
                 if env.seq > state.seq:  # (a log file may repeat or skip positions: fold what it holds)
+                    if env.seq != state.seq + 1:
+                        await check_contiguous(source, state.seq + 1, env.seq)
                     state = meter.fold(state, env.event, env.seq)
                     events += 1
     return state, events

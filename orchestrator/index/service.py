@@ -3,7 +3,10 @@
 One loop folds: catch up from the stored position (any source with Bus's
 `replay`, such as an archive-then-stream history), then tail the stream live.
 It never skips: a gap it cannot read past stops it (LogGap, exit non-zero),
-as every reader of the log does (events/follow.py). What is folded is
+as every reader of the log does (events/follow.py). It folds from seq 1, so
+every answer covers the whole log up to `as_of_seq`: on a stream whose head
+retention removed, without the archive, it stops naming the range rather
+than answer from what is left (#30). What is folded is
 committed in batches, and at least every COMMIT_S while events trickle in.
 
 Requests (orchestrator/index/api.py) are answered meanwhile: each query runs
