@@ -197,8 +197,13 @@ def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | 
     if est is None:
         return None
     end = estimated_end(est, job, now) if job.status in _ENDS_BY_ESTIMATE else None
+    # Its queue's median is other jobs' run time: say so, and that this one has outrun it once it has.
+    text = est.describe()
+    if est.source == "queue":
+        text += f" (no completed run of {job.spec.name!r} of its own yet)"
+    outrun = end is None and est.source == "queue" and job.status in _ENDS_BY_ESTIMATE
     return {"seconds": est.seconds, "source": est.source, "samples": est.samples, "about": est.about,
-            "text": est.describe(), "expected_end": end}
+            "text": text, "expected_end": end, "outrun": outrun}
 
 
 def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> list[tuple[str, str]]:
@@ -209,7 +214,9 @@ def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> lis
         return [("estimate", f"none yet: no completed run of {job.spec.name!r} or in its queue")]
     out = [("estimate", estimate["text"])]
     end = estimate["expected_end"]
-    if end is not None:
+    if estimate["outrun"]:
+        out.append(("ends", "not known: it has run longer than its queue's median, which is no guide to it"))
+    elif end is not None:
         clock = LogClock(simulated=now < SIMULATED_BEFORE_S)
         late = "now: it has run past its estimate" if end <= now else f"in {human_duration(end - now)}, by the estimate"
         out.append(("ends", f"{clock.instant(end)} ({late})"))
