@@ -82,9 +82,11 @@ async def check_fits(bus: Bus, spec: JobSpec) -> None:
     snapshot. A spec with `allow_future_nodes` passes: it waits for nodes to join."""
     from orchestrator.core.reject import never_fits
 
-    reasons = never_fits(await load_state(bus), spec)
+    state = await load_state(bus)
+    reasons = never_fits(state, spec)
     if reasons:
-        raise CliError(f"job {spec.name!r} can never run on this cluster: {'; '.join(reasons)} "
+        nodes = f"{len(state.nodes)} registered node{'' if len(state.nodes) == 1 else 's'}"
+        raise CliError(f"job {spec.name!r} can never run on this cluster ({nodes}): {'; '.join(reasons)} "
                        "(--allow-future-nodes queues it anyway, to wait for nodes that will join)", USAGE)
 
 

@@ -29,7 +29,7 @@ def test_impossible_jobs_are_refused_with_the_reason(cluster: Up, tmp_path: Path
     for name, (fields, reason) in cases.items():
         proc = corral("submit", _spec(tmp_path, name, **fields), "--id", name, url=url, check=None)
         err = assert_one_line_error(proc, 2)
-        assert "can never run on this cluster" in err and reason in err, err
+        assert "can never run on this cluster (2 registered nodes): " in err and reason in err, err
         assert "--allow-future-nodes" in err
     submitted = {env.event.job_id for env in log_of(url) if type(env.event).__name__ == "JobSubmitted"}
     assert not submitted & set(cases), "a refused job reached the log"
