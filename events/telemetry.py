@@ -173,6 +173,28 @@ class ServiceRegistry(CollectorRegistry):
         self.register(_BuildInfo())
         self.register(_CatchUp(self._readers))
 
+    def collect(self) -> Iterable[Metric]:
+        """Every family once, however many services of this process describe it.
+
+        Several services share a process (`corral up`: the scheduler and every agent each report where their
+        fold is, `corral_log_position` and `corral_state_digest`): their samples join one family with one
+        HELP and TYPE, as the exposition format requires (Prometheus' strict parser, `promtool check
+        metrics`, rejects a family twice). Their series stay apart by their labels (an agent's `node`).
+        """
+        merged: dict[str, Metric] = {}
+        for metric in super().collect():
+            first = merged.get(metric.name)
+            if first is None:
+                merged[metric.name] = metric
+                continue
+            if first.type != metric.type:  # (a name given two types is a bug: keep the first, say so)
+                log.error("metric_type_conflict", name=metric.name, types=[first.type, metric.type])
+                continue
+            joined = Metric(first.name, first.documentation, first.type, first.unit)
+            joined.samples = [*first.samples, *metric.samples]  # new lists: a collector's own are never changed
+            merged[metric.name] = joined
+        return list(merged.values())
+
     def require(self, service: str, check: Callable[[], str]) -> None:
         """Ready only while `check()` is empty (else it says why, naming no service: this adds the name)."""
         self._checks.append((service, check))

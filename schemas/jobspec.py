@@ -64,6 +64,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     preemptible: bool = True
     #: /dev/shm of each container (MiB) where the agent gives containers private IPC; None: the agent's.
     shm_size_mb: int | None = None
+    #: Queue it even if no registered node could ever hold it: it waits for nodes to join instead of
+    #: being rejected (`corral submit --allow-future-nodes`).
+    allow_future_nodes: bool = False
 
     @property
     def total_gpus(self) -> int:
@@ -220,6 +223,8 @@ def jobspec_problems(obj: Any) -> list[Problem]:
         out.append(Problem("restart_policy", f"must be never, rank or gang, got {_show(obj['restart_policy'])}"))
     if "preemptible" in obj and not isinstance(obj["preemptible"], bool):
         out.append(Problem("preemptible", "must be true or false"))
+    if "allow_future_nodes" in obj and not isinstance(obj["allow_future_nodes"], bool):
+        out.append(Problem("allow_future_nodes", "must be true or false"))
     if "command" in obj:
         c = obj["command"]
         if isinstance(c, str):

@@ -41,7 +41,6 @@ NOT_RUN = {
 }
 # Parts of commands that run differently here, and why: (as written, as run).
 REWRITTEN = {
-    "replay --at 2m": ("replay --at +1", "the test's cluster is seconds old: two minutes ago is before its first event"),
     "sim gen --jobs 2000": ("sim gen --jobs 200", "2,000 jobs under five policies take ~40 s on two cores"),
     "--jobs 1000 --out small.csv": ("--jobs 200 --out small.csv", "1,000 jobs at four loads under five policies "
                                                                  "take minutes on two cores"),
@@ -49,7 +48,8 @@ REWRITTEN = {
     "--load 0.5,0.8,1.0,1.2 --policy all": ("--load 0.5,1.2 --policy corral,fifo --no-figures", "the same"),
 }
 # Commands that follow the log until Ctrl-C: the options that make them print once and exit.
-ONCE = {"tail": ["--no-follow"], "top": ["--once", "--no-screen"]}
+# (`top` without a terminal prints one frame by itself: run as written.)
+ONCE = {"tail": ["--no-follow"]}
 # Lines that set up a shell and need no check.
 SHELL_SETUP = {"export PATH=$PWD/.venv/bin:$PATH": "puts the venv's corral first on PATH (this test runs it so)"}
 JOB_ID_PLACEHOLDER = "j-3f2a9c1b0d"  # "prints the job id, e.g. j-3f2a9c1b0d": the id that submit printed
@@ -225,3 +225,29 @@ def test_every_doc_command_runs(tmp_path: Path) -> None:
         assert ran > 25, ran
     finally:
         assert up.stop() == 0
+
+
+# --- what the README promises of itself (#31) --------------------------------------------------------
+
+
+def test_every_link_of_the_readme_stays_in_the_repository() -> None:
+    """A link or a path to a doc outside the checkout (`../shared/DESIGN.md`) is dead for everyone else."""
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r"`(\.\./[^`\s]+)`", text)
+    assert targets, "no links found"
+    for target in targets:
+        if re.match(r"^[a-z]+://", target) or target.startswith("#"):
+            continue
+        path = (ROOT / target.split("#")[0]).resolve()
+        assert path.is_relative_to(ROOT), f"README links outside the repository: {target}"
+        assert path.exists(), f"README links a missing file: {target}"
+
+
+def test_every_exit_code_is_in_the_readmes_table() -> None:
+    from orchestrator.cli import errors
+
+    codes = {v for k, v in vars(errors).items() if k.isupper() and isinstance(v, int)}
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    documented = {int(m) for m in re.findall(r"^\| (\d+) \|", table, re.M)}
+    assert codes == documented, f"exit codes of orchestrator/cli/errors.py vs the README's table: {codes} vs {documented}"

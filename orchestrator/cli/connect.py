@@ -39,6 +39,18 @@ def _no_ssl_eof_noise(record: logging.LogRecord) -> bool:
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
+class DefaultUrl(str):
+    """The URL a command uses when nobody named one (no --nats, no CORRAL_NATS_URL): whatever listens there may
+    be another program's NATS server, so a command checks that it holds a corral cluster before reading it."""
+
+    __slots__ = ()
+
+
+def _nats_url(text: str) -> str:
+    """--nats's type: the text as given (the default keeps its DefaultUrl type through argparse)."""
+    return text
+
+
 def _replicas(text: str) -> int:
     try:
         n = int(text)
@@ -61,7 +73,7 @@ class _Option(NamedTuple):
 OPTIONS = (
     _Option("--nats", "CORRAL_NATS_URL", "URL",
             "NATS server URL; several, comma-separated, for a cluster (default: the embedded server of `corral up`, "
-            f"{DEFAULT_NATS_URL})"),
+            f"{DEFAULT_NATS_URL}, read only if it holds a corral cluster)", type=_nats_url),
     _Option("--creds", "CORRAL_NATS_CREDS", "FILE",
             "NATS .creds file (JWT + nkey, decentralized auth); instead of --user/--password-file"),
     _Option("--user", "CORRAL_NATS_USER", "NAME",
@@ -89,7 +101,7 @@ def add_global_connection_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("connection (also accepted after the command name)")
     for o in OPTIONS:
         # A string default goes through `type` too, so a bad variable is a usage error like a bad flag.
-        default = os.environ.get(o.env) or {"--nats": DEFAULT_NATS_URL, "--replicas": "1"}.get(o.flag)
+        default = os.environ.get(o.env) or {"--nats": DefaultUrl(DEFAULT_NATS_URL), "--replicas": "1"}.get(o.flag)
         group.add_argument(o.flag, default=default, metavar=o.metavar, type=o.type, help=_help(o))
 
 
@@ -209,6 +221,8 @@ async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeo
         # One try, then an error: a command should fail in seconds, not retry.
         opts.update(connect_timeout=timeout, allow_reconnect=False, connect_attempts=1)
     servers = [u.strip() for u in args.nats.split(",") if u.strip()]
+    if not forever and isinstance(args.nats, DefaultUrl):
+        await _check_holds_corral(args.nats, {k: v for k, v in opts.items() if k not in ("error_cb", "connect_attempts")})
     try:
         bus = await Bus.connect(servers if len(servers) > 1 else args.nats, name=name,
                                 replicas=getattr(args, "replicas", 1) or 1, wait_for_creator=wait_for_creator,
@@ -238,6 +252,45 @@ async def connected(args: argparse.Namespace, *, name: str = "corral-cli", timeo
     finally:
         errs.command = None
         await bus.close()
+
+
+async def _check_holds_corral(url: str, opts: dict[str, Any]) -> None:
+    """Raise CliError (UNREACHABLE) naming the server at the default `url` unless it holds a corral cluster: the
+    CORRAL stream, capturing `corral.>`. Looked at, never written: another program's server gets no stream.
+
+    A server that cannot be reached is left to the connection that follows (its error says so).
+    """
+    import nats
+    import nats.errors
+    import nats.js.errors
+
+    from events.subjects import ALL
+
+    try:
+        nc = await nats.connect(url, name="corral-cli-check", error_cb=_quiet, max_reconnect_attempts=1, **opts)
+    except (nats.errors.Error, OSError, TimeoutError):
+        return
+    try:
+        server = nc._server_info  # (what the server said of itself in its INFO)
+        what = f"{server.get('server_name') or server.get('server_id', '?')} (nats-server {server.get('version', '?')})"
+        try:
+            info = await nc.jetstream(timeout=2.0).stream_info("CORRAL")
+            missing = "" if ALL in (info.config.subjects or []) else \
+                f"its stream CORRAL captures {', '.join(info.config.subjects or []) or 'nothing'}, not {ALL}"
+        except nats.js.errors.NotFoundError:
+            missing = "it has no CORRAL stream"
+        except (nats.errors.Error, TimeoutError) as e:
+            missing = f"it answers no JetStream request ({type(e).__name__})"
+    finally:
+        await nc.close()
+    if missing:
+        raise CliError(f"the default NATS URL {url} (no --nats, no CORRAL_NATS_URL) reached {what}, which holds no "
+                       f"corral cluster: {missing}; not reading it. Start `corral up`, or point --nats or "
+                       "CORRAL_NATS_URL at your cluster", UNREACHABLE)
+
+
+async def _quiet(e: Exception) -> None:
+    """nats-py's error callback for the look at the default URL: the command's own connection reports errors."""
 
 
 #: Why a create is refused: it was missing, and only the scheduler's user creates it (deploy/nats/permissions.py).

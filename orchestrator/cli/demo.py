@@ -75,28 +75,28 @@ class Workload(NamedTuple):
     urgent: dict[str, Any]
 
 
-async def _submit_small_workload(client: Client, gpus_per_node: int, image: str | None) -> Workload:
+async def _submit_small_workload(client: Client, gpus_per_node: int, image: str | None, run: str = "") -> Workload:
     """Two nodes or more, any GPU count: one two-node gang, preempted by production and resumed."""
     await client.define_queue("prod", weight=2.0, guaranteed_gpus=gpus_per_node)
     await client.define_queue("research", weight=1.0, guaranteed_gpus=0)
     ids = [await client.submit(_job("ddp-2node", "research", 2, gpus_per_node, 1500, image, priority=0),
-                               job_id="demo-ddp-2node")]
-    return Workload(ids, "demo-urgent-eval", _job("urgent-eval", "prod", 1, gpus_per_node, 300, image, priority=100))
+                               job_id=f"demo-ddp-2node{run}")]
+    return Workload(ids, f"demo-urgent-eval{run}", _job("urgent-eval", "prod", 1, gpus_per_node, 300, image, priority=100))
 
 
-async def _submit_workload(client: Client) -> tuple[list[str], str]:
+async def _submit_workload(client: Client, run: str = "") -> tuple[list[str], str]:
     await client.define_queue("prod", weight=2.0, guaranteed_gpus=16)
     await client.define_queue("research", weight=1.0, guaranteed_gpus=8)
     ids = [
         await client.submit(_job("bert-pretrain", "research", 2, 8, 3000, priority=5, preemptible=False,
-                                 topology={"level": "leaf", "mode": "require"}), job_id="demo-bert-2x8"),
+                                 topology={"level": "leaf", "mode": "require"}), job_id=f"demo-bert-2x8{run}"),
         await client.submit(_job("llama-finetune", "research", 1, 8, 2500, priority=5, preemptible=False,
-                                 topology={"level": "node", "mode": "require"}), job_id="demo-llama-nvlink"),
+                                 topology={"level": "node", "mode": "require"}), job_id=f"demo-llama-nvlink{run}"),
     ]
     for i in range(8):
         ids.append(await client.submit(_job(f"sweep-{i}", "research", 1, 1, 3000, priority=0),
-                                       job_id=f"demo-sweep-{i}"))
-    return ids, "demo-urgent-eval"
+                                       job_id=f"demo-sweep-{i}{run}"))
+    return ids, f"demo-urgent-eval{run}"
 
 
 class Story:
@@ -146,6 +146,38 @@ def _final_reason(ev: object) -> str:
     return ""
 
 
+async def _fresh_start(bus: Bus, client: Client) -> tuple[int, str]:
+    """(the log position the demo narrates after, the suffix of this run's job ids).
+
+    A data dir of an earlier run already holds that run's log: the demo must not replay it as if it were
+    this run (it would end at once, every job final). Its jobs get ids of their own (`demo-...-2` on the second run), the
+    narration starts after the log's end, and jobs an earlier demo left unfinished are cancelled so they do
+    not hold the GPUs this run needs. Said in one line, so nobody mistakes it for a replay.
+    """
+    from orchestrator.cli.state_view import load_state
+    from orchestrator.core.state import TERMINAL
+
+    start = await bus.last_seq()
+    if start == 0:
+        return 0, ""
+    state = await load_state(bus, to_seq=start)
+    n = 1
+    while any(f"demo-{name}{'' if n == 1 else f'-{n}'}" in state.jobs
+              for name in ("urgent-eval", "ddp-2node", "bert-2x8")):
+        n += 1
+    run = "" if n == 1 else f"-{n}"
+    left = sorted(j.job_id for j in state.jobs.values() if j.submitted_by == "demo" and j.status not in TERMINAL)
+    if not run and not left:
+        return 0, ""  # no demo ran here before: narrate the whole log, the cluster's start included
+    print(f"demo: the log already holds an earlier demo run ({start} events): this is "
+          f"a new run{f' (job ids end in {run})' if run else ''}, narrated from #{start + 1}"
+          + (f"; cancelling {len(left)} unfinished demo job(s) of an earlier run: {', '.join(left)}" if left else ""),
+          flush=True)
+    for job_id in left:
+        await client.cancel(job_id, reason="a new demo run")
+    return start, run
+
+
 #: Production submits this long after the cluster fills, so the workers it preempts have started and
 #: installed their checkpoint-signal handler (signalled before that, a worker dies without a checkpoint).
 URGENT_AFTER_S = 2.0
@@ -158,12 +190,13 @@ async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[in
     cancelled, or unfinished when `duration` ran out).
     """
     client = Client(bus, user="demo")
+    start, run = await _fresh_start(bus, client)
     print(f"demo: submitting the workload (watch it too: corral --nats {url} tail)", flush=True)
     if small is None:
-        ids, urgent = await _submit_workload(client)
+        ids, urgent = await _submit_workload(client, run)
         urgent_spec = _job("urgent-eval", "prod", 1, 2, 600, priority=100)
     else:
-        w = await _submit_small_workload(client, *small)
+        w = await _submit_small_workload(client, *small, run=run)
         ids, urgent, urgent_spec = w.ids, w.urgent_id, w.urgent
     pending = set(ids) | {urgent}
     urgent_sent = False
@@ -178,7 +211,7 @@ async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[in
 
     async def narrate() -> None:
         nonlocal urgent_sent, urgent_task
-        async with aclosing(bus.tail(from_seq=1)) as events:
+        async with aclosing(bus.tail(from_seq=start + 1)) as events:
             async for env in events:
                 ev = env.event
                 tag = tag_of(ev)

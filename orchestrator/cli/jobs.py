@@ -76,10 +76,27 @@ async def check_queue(bus: Bus, spec: JobSpec) -> None:
                    "(`corral queues` lists them; `corral queue set` or `queue apply` defines one)", USAGE)
 
 
+async def check_fits(bus: Bus, spec: JobSpec) -> None:
+    """Refuse (exit 2, with every reason) a job no set of the registered nodes could ever hold: the rule the
+    scheduler rejects by (orchestrator/core/reject.py: `never_fits`), on the state folded from the newest
+    snapshot. A spec with `allow_future_nodes` passes: it waits for nodes to join."""
+    from orchestrator.core.reject import never_fits
+
+    state = await load_state(bus)
+    reasons = never_fits(state, spec)
+    if reasons:
+        nodes = f"{len(state.nodes)} registered node{'' if len(state.nodes) == 1 else 's'}"
+        raise CliError(f"job {spec.name!r} can never run on this cluster ({nodes}): {'; '.join(reasons)} "
+                       "(--allow-future-nodes queues it anyway, to wait for nodes that will join)", USAGE)
+
+
 async def submit(args: argparse.Namespace) -> int:
     spec = load_jobspec(args.file)
+    if args.allow_future_nodes:
+        spec = msgspec.structs.replace(spec, allow_future_nodes=True)
     async with connected(args) as bus:
         await check_queue(bus, spec)
+        await check_fits(bus, spec)
         client = _client(bus, args)
         with _refusals():
             job_id = await client.submit(spec, job_id=args.id)
@@ -129,6 +146,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--wait", action="store_true", help="wait until the job is final; exit 0 only if it completed")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: give up after S seconds")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--allow-future-nodes", action="store_true",
+                   help="queue it even if no registered node could ever hold it (GPU count, model, memory, "
+                        "topology): it waits for nodes to join instead of being refused (exit 2)")
     _via_admission(p)
     p.set_defaults(handler=submit)
 

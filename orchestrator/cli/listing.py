@@ -8,6 +8,7 @@ import time
 import msgspec
 
 from events.subjects import InvalidId, check_id
+from orchestrator.cli import jobcolumns
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.indexed import add_index_arg, asked, job_of, wants_index
@@ -15,14 +16,12 @@ from orchestrator.cli.output import print_json, print_table
 from orchestrator.cli.position import add_at_arg, log_clock, resolve_at
 from orchestrator.cli.state_view import LogSource, add_log_arg, load_state, log_now, log_source
 from orchestrator.cli.views import (
-    JOBS_HEADERS,
     NODES_HEADERS,
     QUEUES_HEADERS,
     STATUSES,
     job_detail,
     job_lines,
     job_summary,
-    jobs_rows,
     node_summary,
     nodes_rows,
     queue_summaries,
@@ -84,8 +83,10 @@ async def since_of(args: argparse.Namespace, source: LogSource) -> float | None:
 
 async def jobs(args: argparse.Namespace) -> int:
     statuses = parse_states(args.state)
-    if args.all and statuses:
-        raise CliError("give --all or --state, not both (--state final lists finished jobs only)", USAGE)
+    # History (finished jobs) gets sacct's columns: when each job ran, how long, how it ended.
+    history = args.all or bool(statuses & TERMINAL)
+    args.columns = jobcolumns.parse_format(args.format) if args.format is not None else \
+        jobcolumns.columns(jobcolumns.HISTORY if history else jobcolumns.DEFAULT)
     if not statuses and not args.all:
         statuses = UNFINISHED
     if args.queue is not None:
@@ -112,10 +113,14 @@ async def jobs(args: argparse.Namespace) -> int:
 
 
 def print_jobs(args: argparse.Namespace, state: ClusterState, selected: list[Job], now: float, seq: int) -> None:
+    cols: list[jobcolumns.Column] = args.columns
     if args.json:
-        print_json({"seq": seq, "jobs": [job_summary(state, j) for j in selected]})
+        found = [job_summary(state, j) for j in selected]
+        if args.format is not None:
+            found = [jobcolumns.json_fields(d, j, now, cols) for d, j in zip(found, selected, strict=True)]
+        print_json({"seq": seq, "jobs": found})
     else:
-        print_table(JOBS_HEADERS, jobs_rows(state, selected, now), empty="(no jobs)")
+        print_table([c.header for c in cols], jobcolumns.rows(state, selected, now, cols), empty="(no jobs)")
 
 
 async def jobs_from_index(args: argparse.Namespace, statuses: frozenset[str]) -> tuple[int, list[Job]] | None:
@@ -209,7 +214,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "or --since the index service (`corral index`) lists every job the log holds.")
     common(p)
     p.add_argument("--all", "-a", action="store_true", help="finished jobs too (completed, failed, cancelled, "
-                   "rejected)")
+                   "rejected), with sacct's columns: submit, start, end, elapsed, exit code; with --state, every "
+                   "job in those states")
     p.add_argument("--queue", "-q", metavar="Q", help="only jobs of queue Q (named in the spec or charged)")
     p.add_argument("--state", "-s", metavar="S[,S]", help=f"only jobs in these states: {', '.join(STATUSES)}, "
                    "or active (holding GPUs), final")
@@ -218,6 +224,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "user or $USER of whoever submitted; `corral job` shows it)")
     p.add_argument("--since", metavar="WHEN", help="only jobs submitted at or after WHEN: a duration before the "
                    "log's end (30d, 12h), one after its first event (+3d), an ISO time")
+    p.add_argument("--format", "-o", metavar="COL[,COL]", help="the columns to print, like sacct's --format "
+                   f"(with --json: the fields): {', '.join(c.name for c in jobcolumns.COLUMNS)}")
     add_index_arg(p)
     p.set_defaults(handler=jobs)
 

@@ -227,6 +227,9 @@ async def tail(args: argparse.Namespace) -> int:
     if args.since is not None and args.from_seq is not None:
         raise CliError("give --since or --from-seq, not both", USAGE)
     since = parse_instant(args.since, time.time()) if args.since is not None else None
+    from_seq = args.from_seq
+    if flt.jobs and not flt.nodes and not flt.queues and since is None and from_seq is None:
+        from_seq = 1  # a job's own events: its history first, then what happens (like `kubectl logs -f`)
     subjects = flt.subjects()
     out = sys.stdout
     # Without a start it follows from now; with --no-follow it prints the log from seq 1.
@@ -288,14 +291,16 @@ def _positive(text: str) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "tail", help="follow the log, one line per event",
-        description="Print events as they are appended (from now, unless --since/--from-seq). Entity filters "
+        description="Print events as they are appended (from now, unless --since/--from-seq; with only --job "
+                    "filters, the jobs' history first, then what happens, as `kubectl logs -f` does). Entity filters "
                     "(--job, --node, --queue) are OR'ed, --type narrows them. --node also shows the job events "
                     "naming the node (reservations, worker starts/exits); --queue shows the queue's definition "
                     "and every event of its jobs (matched client-side: a job's queue is only in its "
                     "JobSubmitted). Repeat an option or separate values with commas.",
     )
     add_connection_args(p)
-    p.add_argument("--job", action="append", metavar="J", help="events of job J")
+    p.add_argument("--job", action="append", metavar="J", help="events of job J (from its first, unless "
+                   "--node, --queue, --since or --from-seq say otherwise)")
     p.add_argument("--node", action="append", metavar="N", help="events of node N")
     p.add_argument("--queue", action="append", metavar="Q", help="events of queue Q and its jobs")
     p.add_argument("--type", action="append", metavar="T,...", help="only these event types, e.g. JobWaiting")

@@ -183,7 +183,9 @@ async def top(args: argparse.Namespace) -> int:
     async with connected(args) as bus:
         state = await load_state(bus)
         recent: deque[Envelope] = deque(await _recent(bus, state.seq, args.events), maxlen=args.events)
-        if args.once:
+        # Piped or redirected (`corral top | less`, a cron job, CI): one frame, as --once. A live view there
+        # would draw nothing anyone sees and never end.
+        if args.once or not console.is_terminal:
             console.print(frame(state, recent, time.time()))
             return OK
         follower = Follower(bus, evolve, state)
@@ -209,7 +211,8 @@ async def top(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("top", help="live view: GPU grid, queues, pending jobs, recent events",
-                       description="A live terminal view folded from the log's tail. Ctrl-C quits.")
+                       description="A live terminal view folded from the log's tail. Ctrl-C quits. Without a "
+                                   "terminal (output piped or redirected) it prints one frame, as --once.")
     add_connection_args(p)
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--events", type=int, default=8, metavar="N", help="recent events shown (default %(default)s)")

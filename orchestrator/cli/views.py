@@ -77,7 +77,7 @@ def job_age(job: Job, now: float) -> float:
     reads 0.0, never newer than one reached), not by a time being non-zero.
     """
     if job.status in TERMINAL:
-        return job.finished_at - max(job.submitted_at, job.reserved_at, job.running_at)
+        return now - job.finished_at  # (how long it has been over: its run time is `job_elapsed`)
     if job.status == "running":
         return now - job.running_at
     if job.status in HOLDING:
@@ -88,6 +88,42 @@ def job_age(job: Job, now: float) -> float:
 def ran(job: Job) -> bool:
     """Whether the current attempt reached running (its `running_at` is a time, even 0.0)."""
     return job.status == "running" or job.running_at != 0.0 or job.started >= job.spec.ranks
+
+
+def job_started_at(job: Job) -> float | None:
+    """When its last attempt got its GPUs (sacct's Start: GPU-hours are charged from there); None: it holds
+    none and finished holding none (waiting, or rejected or cancelled before it was placed)."""
+    placed = job.status in HOLDING or (job.status in TERMINAL and bool(job.placement)) or ran(job)
+    return job.reserved_at if placed else None
+
+
+def job_elapsed(job: Job, now: float) -> float | None:
+    """How long its last attempt has held its GPUs (sacct's Elapsed): start to end, or to `now` while it
+    holds them; None: not placed. Not its age: a job that waited an hour and ran a minute took a minute."""
+    start = job_started_at(job)
+    if start is None:
+        return None
+    return max(0.0, (job.finished_at if job.status in TERMINAL else now) - start)
+
+
+_EXIT_IN_FAILURE = re.compile(r"\(exit (-?\d+)\)")
+
+
+def job_exit_code(job: Job) -> int | None:
+    """A finished job's exit code (sacct's ExitCode): the code of its first rank that exited non-zero,
+    else 0 when its ranks exited with codes; None while it is not over or when no rank reported one."""
+    if job.status not in TERMINAL:
+        return None
+    codes = [(rs.exited_at, rank, rs.exit_code) for rank, rs in job.final_ranks
+             if rs.status != "started" and rs.exit_code is not None]
+    bad = sorted(c for c in codes if c[2] != 0)
+    if bad:
+        return bad[0][2]
+    # The fold keeps the first FINAL_RANKS_KEPT ranks; the first failure is in `failure` whichever rank it was.
+    m = _EXIT_IN_FAILURE.search(job.failure)
+    if m is not None:
+        return int(m.group(1))
+    return 0 if codes else None
 
 
 def select_jobs(state: ClusterState, *, queue: str | None = None, statuses: frozenset[str] = frozenset(),
@@ -126,6 +162,12 @@ def job_summary(state: ClusterState, job: Job) -> dict[str, Any]:
         "placement": _builtins(job.placement),
         "waiting": _builtins(job.waiting) if job.status == "pending" and job.waiting else None,
         "end_reason": job.end_reason or None,
+        # sacct's history fields (`corral jobs --all`): the last attempt's start (placed), the end, the time between.
+        "started_at": job_started_at(job),
+        "ended_at": job.finished_at if job.status in TERMINAL else None,
+        # (a job still holding GPUs has its start: its elapsed would change with the clock, unlike the rest)
+        "elapsed_s": job_elapsed(job, job.finished_at) if job.status in TERMINAL else None,
+        "exit_code": job_exit_code(job),
     }
 
 
@@ -155,8 +197,13 @@ def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | 
     if est is None:
         return None
     end = estimated_end(est, job, now) if job.status in _ENDS_BY_ESTIMATE else None
+    # Its queue's median is other jobs' run time: say so, and that this one has outrun it once it has.
+    text = est.describe()
+    if est.source == "queue":
+        text += f" (no completed run of {job.spec.name!r} of its own yet)"
+    outrun = end is None and est.source == "queue" and job.status in _ENDS_BY_ESTIMATE
     return {"seconds": est.seconds, "source": est.source, "samples": est.samples, "about": est.about,
-            "text": est.describe(), "expected_end": end}
+            "text": text, "expected_end": end, "outrun": outrun}
 
 
 def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> list[tuple[str, str]]:
@@ -167,7 +214,9 @@ def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> lis
         return [("estimate", f"none yet: no completed run of {job.spec.name!r} or in its queue")]
     out = [("estimate", estimate["text"])]
     end = estimate["expected_end"]
-    if end is not None:
+    if estimate["outrun"]:
+        out.append(("ends", "not known: it has run longer than its queue's median, which is no guide to it"))
+    elif end is not None:
         clock = LogClock(simulated=now < SIMULATED_BEFORE_S)
         late = "now: it has run past its estimate" if end <= now else f"in {human_duration(end - now)}, by the estimate"
         out.append(("ends", f"{clock.instant(end)} ({late})"))
@@ -218,17 +267,6 @@ def readable(text: str, now: float) -> str:
     """`text` with the scheduler's `t=SECONDS` (a reservation's expected start) on the clock `now` is on:
     a simulation's, which starts at 0 (`d9 07:48:15.000`), else Unix time. For people; --json keeps it raw."""
     return LogClock(simulated=now < SIMULATED_BEFORE_S).moments(text)
-
-
-def jobs_rows(state: ClusterState, jobs: list[Job], now: float) -> list[list[Any]]:
-    return [
-        [j.job_id, j.spec.name, j.submitted_by or "-", job_queue(state, j), j.status, j.attempt, job_shape(j), j.spec.priority,
-         human_duration(job_age(j, now)), readable(job_note(j), now)]
-        for j in jobs
-    ]
-
-
-JOBS_HEADERS = ("JOB", "NAME", "USER", "QUEUE", "STATE", "ATTEMPT", "GPUS", "PRIO", "AGE", "WHERE / WHY")
 
 
 def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:

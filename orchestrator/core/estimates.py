@@ -91,8 +91,17 @@ def _median(xs: tuple[float, ...]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
-def estimated_end(estimate: Estimate, job: Job, now: float) -> float:
-    """When a gang holding GPUs (or placed at `now`) is expected to end by `estimate`: never before `now`."""
+def estimated_end(estimate: Estimate, job: Job, now: float) -> float | None:
+    """When a gang holding GPUs (or placed at `now`) is expected to end by `estimate`: never before `now`.
+
+    None: a gang with no run of its own that has already held its GPUs longer than its queue's median. That
+    median is other jobs' run time, and this one has shown it is not like them: "ends now", told again every
+    cycle, would promise the jobs waiting behind it a start at once, forever. (A job's own history overrun
+    still says "now": the same job usually ended by then.)
+    """
     if job.status not in HOLDING:
         return now + estimate.seconds
-    return max(now, job.reserved_at + estimate.seconds - (job.attained_s / job.gpus if job.gpus > 0 else 0.0))
+    end = job.reserved_at + estimate.seconds - (job.attained_s / job.gpus if job.gpus > 0 else 0.0)
+    if end < now and estimate.source == "queue":
+        return None
+    return max(now, end)

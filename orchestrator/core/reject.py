@@ -8,11 +8,17 @@ forgotten), so a job that could fit once could fit forever.
 
 from __future__ import annotations
 
+import math
+
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.facts import ClusterFacts
+from orchestrator.core.memo import Memo
 from orchestrator.core.plan import Plan
-from orchestrator.core.state import Job
+from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.topology import build_topology
+from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import JobRejected
+from schemas.jobspec import JobSpec
 
 
 def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
@@ -35,3 +41,16 @@ def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
                             epoch=c.epoch)
             )
     return out
+
+
+def never_fits(state: ClusterState, spec: JobSpec, *, policies: Policies = DEFAULT_POLICIES) -> tuple[str, ...]:
+    """Every reason a job of `spec` could never run on the nodes `state` has registered; empty if it might.
+
+    The rule of stage 3 (`reject_unfit`: the same `policies.reject`), asked before the job is in the log, so
+    that `corral submit` refuses what the scheduler would reject. The verdict is on the registered nodes as
+    if the cluster had settled (a submitter who expects more nodes sets `spec.allow_future_nodes`, which the
+    rule honours); a cluster without any node judges no capacity: there is nothing to judge it on.
+    """
+    topo = build_topology(state.nodes.values(), state.config.topology_levels, Memo())
+    facts = ClusterFacts(state, topo, math.inf, Memo())
+    return policies.reject(Job(job_id="", spec=spec, submitted_at=0.0), facts)

@@ -210,7 +210,10 @@ def _estimated_start(adm: AdmitContext, hold: Hold) -> str:
             est = c.policies.estimate(state, job, job.queue or resolve_queue(state, job.spec.queue))
             if est is None:
                 return "when running jobs end"
-            end = estimated_end(est, job, now)
+            told = estimated_end(est, job, now)
+            if told is None:  # a queue's median this gang outran: no estimate
+                return "when running jobs end"
+            end = told
             if end >= start:
                 source = f" (job {jid} ends then by its learned run time: {est.describe()})"
         elif end >= start:

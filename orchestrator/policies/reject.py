@@ -1,7 +1,7 @@
 """Admission: specs that can never run on this cluster are rejected, with the numbers.
 
 "Never" means: not even with every registered GPU free (failed and cordoned
-nodes included, they may come back). A job asking for an unknown queue runs
+nodes included, they may come back), unless the spec says `allow_future_nodes`. A job asking for an unknown queue runs
 in the default queue when there is one, and anywhere when no queue is defined
 at all. A cluster that is empty or still growing (a node joined in the last
 SETTLE_S seconds) rejects nothing on capacity: nodes may still come.
@@ -36,7 +36,7 @@ def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
         return tuple(f"invalid spec: {p}" for p in problems)
     topo = spec.topology
     shape = (spec.queue, spec.ranks, spec.gpus_per_rank, spec.gpu_model, spec.min_gpu_memory_mib,
-             topo.level if topo else None, topo.mode if topo else None)
+             topo.level if topo else None, topo.mode if topo else None, spec.allow_future_nodes)
     found = facts.memo.get(shape)
     if found is None:
         found = facts.memo[shape] = _unfit(spec, facts)
@@ -60,7 +60,8 @@ def _unfit(spec: JobSpec, facts: ClusterFacts) -> tuple[str, ...]:
         level_known = False
         known = ", ".join([*facts.topo.levels, NODE])
         out.append(f"unknown topology level {spec.topology.level!r}; this cluster has: {known}")
-    if facts.capacity_settled and spec.gpus_per_rank > 0:
+    # A job whose submitter said more nodes are coming waits for them (reason "capacity") instead.
+    if facts.capacity_settled and spec.gpus_per_rank > 0 and not spec.allow_future_nodes:
         req = request_for("", spec)
         if not level_known:
             req = req._replace(level=None, required=False)

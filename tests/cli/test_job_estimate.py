@@ -43,8 +43,8 @@ def _submit(job_id: str, name: str, user: str, at: float, queue: str = "q") -> J
                         spec=JobSpec(name=name, queue=queue))
 
 
-def _start(job_id: str, at: float) -> list[Event]:
-    ranks = (RankPlacement(rank=0, node_id="n1", gpus=(0,)),)
+def _start(job_id: str, at: float, gpu: int = 0) -> list[Event]:
+    ranks = (RankPlacement(rank=0, node_id="n1", gpus=(gpu,)),)
     return [GangReserved(event_id=f"g-{job_id}", occurred_at=at, job_id=job_id, attempt=1, epoch=1, ranks=ranks),
             WorkerStarted(event_id=f"w-{job_id}", occurred_at=at, job_id=job_id, attempt=1, rank=0, node_id="n1"),
             JobRunning(event_id=f"r-{job_id}", occurred_at=at, job_id=job_id, attempt=1)]
@@ -70,6 +70,8 @@ def _history() -> list[Event]:
         _submit("waiting", "train", "alice", NOW),
         _submit("new-name", "sweep", "alice", NOW),
         _submit("lonely", "train", "alice", NOW, queue="r"),
+        # #31: no run of its own, running longer than its queue's median (550 s).
+        _submit("outran", "sweep", "alice", NOW - 1000), *_start("outran", NOW - 1000, gpu=1),
         JobWaiting(event_id="w", occurred_at=NOW + 120, job_id="waiting", code="capacity",
                    message="needs 1 GPU, 0 free", epoch=1),
     ]
@@ -109,8 +111,11 @@ def test_job_shows_the_estimate_its_source_and_a_running_jobs_end(log: Path, cap
     assert "ends" not in waiting  # not placed: no end to expect yet
 
     by_queue = _fields(corral(capsys, "job", "--log", str(log), "new-name"))
-    assert by_queue["estimate"] == "~550 s, median of 4 runs of queue q"
+    assert by_queue["estimate"] == "~550 s, median of 4 runs of queue q (no completed run of 'sweep' of its own yet)"
     assert _fields(corral(capsys, "job", "--log", str(log), "lonely"))["estimate"].startswith("none yet")
+    # Running 1,120 s with no run of its own: its queue's 550 s says nothing of when it ends.
+    outran = _fields(corral(capsys, "job", "--log", str(log), "outran"))
+    assert outran["ends"] == "not known: it has run longer than its queue's median, which is no guide to it"
     assert "estimate" not in _fields(corral(capsys, "job", "--log", str(log), "d1"))  # finished
 
 
@@ -118,11 +123,13 @@ def test_job_json_has_the_estimate(log: Path, capsys: pytest.CaptureFixture[str]
     running = json.loads(corral(capsys, "job", "--log", str(log), "running", "--json"))["estimate"]
     assert running == {"seconds": 600.0, "source": "job", "samples": 3, "about": "name 'train' of alice in queue q",
                        "text": "~600 s, median of 3 runs of name 'train' of alice in queue q",
-                       "expected_end": NOW + 600}
+                       "expected_end": NOW + 600, "outrun": False}
     waiting = json.loads(corral(capsys, "job", "--log", str(log), "waiting", "--json"))["estimate"]
     assert (waiting["seconds"], waiting["source"], waiting["expected_end"]) == (600.0, "job", None)
     by_queue = json.loads(corral(capsys, "job", "--log", str(log), "new-name", "--json"))["estimate"]
     assert (by_queue["seconds"], by_queue["source"], by_queue["samples"]) == (550.0, "queue", 4)
+    outran = json.loads(corral(capsys, "job", "--log", str(log), "outran", "--json"))["estimate"]
+    assert (outran["source"], outran["expected_end"], outran["outrun"]) == ("queue", None, True)
     for job_id in ("lonely", "d1"):
         assert json.loads(corral(capsys, "job", "--log", str(log), job_id, "--json"))["estimate"] is None
 

@@ -169,3 +169,49 @@ def test_k8s_probes_and_metrics_ports_are_served(cluster: Up, metrics_port: int)
             assert get["port"] == "metrics", (manifest, probe)
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}{get['path']}", timeout=10) as r:
                 assert r.status == 200, (manifest, probe)
+
+
+def _families_twice(body: str) -> list[str]:
+    """An independent strict reading of the text format: the families whose HELP or TYPE comes more than once,
+    or whose samples are not all together after their TYPE line (what `promtool check metrics` rejects)."""
+    seen: dict[str, int] = {}
+    bad: list[str] = []
+    family = ""
+    closed: set[str] = set()
+    for line in body.splitlines():
+        if line.startswith("# TYPE "):
+            if family:
+                closed.add(family)
+            family = line.split()[2]
+            seen[family] = seen.get(family, 0) + 1
+            if seen[family] > 1:
+                bad.append(family)
+        elif line.startswith("# HELP ") or not line.strip():
+            continue
+        elif not line.startswith("#"):
+            name = re.split(r"[{ ]", line, maxsplit=1)[0]
+            if not name.startswith(family) or name in closed:
+                bad.append(name)
+    return bad
+
+
+def test_every_family_is_exposed_once_under_corral_up(cluster: Up, metrics_port: int) -> None:
+    """#31: the scheduler and both agents of `corral up` each report their fold's position and digest: one
+    family each (one HELP, one TYPE), the agents' series told apart by `node`."""
+    import os
+    import shutil
+    import subprocess
+
+    import pytest
+
+    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    assert _families_twice(body) == [], body
+    positions = [ln for ln in body.splitlines() if ln.startswith("corral_log_position")]
+    assert len(positions) == 3 and sum('node="node-' in ln for ln in positions) == 2, positions
+    promtool = shutil.which("promtool")
+    if promtool is None:  # Debian's `prometheus` package; .ci/run installs it
+        if os.environ.get("CI"):
+            raise AssertionError("promtool is missing in CI (apt-get install prometheus)")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    check = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -14,7 +14,7 @@ import time
 from events.subjects import matches
 from orchestrator.cli.tail import TailFilter, _overlap
 from schemas import EVENT_TAGS, GangReserved, WorkerExited, WorkerStarted
-from tests.cli.conftest import CORRAL, ROOT, Preemption, Up, corral, job, log_of, state_of, submit
+from tests.cli.conftest import CORRAL, ROOT, Preemption, Up, corral, job, log_of, state_of, submit, wait_state
 
 
 def tail(url: str, *args: str) -> list[dict]:
@@ -133,3 +133,30 @@ def test_filter_subjects_never_overlap_and_cover_what_is_wanted() -> None:
                 wanted_job = kind == "job" and ((flt.jobs and ident in flt.jobs) or flt.queues)
                 if wanted_job and (not flt.types or tag in flt.types):
                     assert matches(subjects, subject), (flt, subject)
+
+
+def test_tail_job_prints_its_history_then_follows(cluster: Up) -> None:
+    """#31: like `kubectl logs -f`: a running job's events so far, then the ones that come."""
+    url = cluster.url
+    submit(url, {"tail-hist": job("hist", steps=300)})
+    wait_state(url, lambda s: s.jobs["tail-hist"].status == "running", 40, "tail-hist to run")
+    env = {**os.environ, "CORRAL_NATS_URL": url, "CORRAL_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([*CORRAL, "tail", "--job", "tail-hist"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout or ()], daemon=True).start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 40
+        while not any("JobCompleted" in ln for ln in seen):
+            try:
+                seen.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"tail printed {seen}") from None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    expected = [e.seq for e in log_of(url) if getattr(e.event, "job_id", None) == "tail-hist"]
+    assert [int(ln.split()[1].lstrip("#")) for ln in seen] == expected[:len(seen)]
+    assert "JobSubmitted" in seen[0] and "JobRunning" in "".join(seen)

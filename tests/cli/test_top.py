@@ -8,6 +8,7 @@ import pty
 import select
 import signal
 import struct
+import subprocess
 import sys
 import time
 
@@ -180,3 +181,12 @@ def test_top_live_in_a_terminal_quits_on_ctrl_c(cluster: Up) -> None:
         except (ProcessLookupError, ChildProcessError):
             pass
         os.close(fd)
+
+
+def test_top_without_a_terminal_prints_one_frame_and_exits(cluster: Up) -> None:
+    """#31: `corral top | less`, `corral top > frame.txt`: one frame (as --once), not a live view nobody sees."""
+    env = {**os.environ, "CORRAL_NATS_URL": cluster.url, "CORRAL_LOG_LEVEL": "warning"}
+    proc = subprocess.run([*CORRAL, "top"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "corral top" in proc.stdout and "node-1" in proc.stdout and "recent events" in proc.stdout
+    assert proc.stdout.count("corral top") == 1 and "\x1b" not in proc.stdout

@@ -164,3 +164,21 @@ def test_without_history_the_plan_still_says_when_running_jobs_end() -> None:
     _submit(s, "big", "big", gpus_per_rank=8)
     waits = {e.job_id: e for e in of_type(s.decide(), JobWaiting)}
     assert waits["big"].message.endswith("expected to start when running jobs end")
+
+
+def test_a_gang_that_outran_its_queues_median_promises_no_start_to_those_behind_it() -> None:
+    """#31: a 120 s job with no run of its own, in a queue whose 6 runs took ~0 s: the job waiting behind it
+    must not be told it starts at about its own submit time (the queue's median says nothing about it)."""
+    s = Sim()
+    s.node("n0")
+    for i in range(6):  # queue history: six runs of another name, ~0 s each
+        _submit(s, f"quick{i}", "quick", gpus_per_rank=8)
+        _run(s, f"quick{i}", 0.2)
+    _submit(s, "long", "long", gpus_per_rank=8)
+    s.run()
+    assert s.job("long").status == "running"
+    s.tick(30)
+    _submit(s, "next", "next", gpus_per_rank=8)
+    waits = {e.job_id: e for e in of_type(s.decide(), JobWaiting)}
+    assert waits["next"].message.endswith("expected to start when running jobs end"), waits["next"].message
+    assert f"t={s.now:.0f}" not in waits["next"].message

@@ -187,3 +187,44 @@ def test_without_an_index_the_commands_say_so_and_read_the_log(nats_server: Nats
     assert "reading the whole log instead" in err and json.loads(out)["status"] == "completed"
     out, err = corral(capsys, "jobs", "--all", "--json")
     assert "no index service answers corral-index.jobs" in err and len(json.loads(out)["jobs"]) > 50
+
+
+def test_jobs_all_has_sacct_columns_from_the_index(url: str, cluster: tuple[str, Path],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """#31: `--all --state failed` (no longer refused), start/end/elapsed/exit/reason per job, `--format`
+    choosing the columns and the `--json` fields; checked against the raw events, read independently."""
+    import time
+
+    raw = [json.loads(line) for line in cluster[1].read_bytes().splitlines()]
+    placed = {e["job_id"]: e["occurred_at"] for e in raw if e["type"] == "GangReserved"}  # (the last one wins)
+    failed = {e["job_id"]: e["occurred_at"] for e in raw if e["type"] == "JobFailed"}
+    order = [e["job_id"] for e in raw if e["type"] == "JobSubmitted" and e["job_id"] in failed]
+    out, err = corral(capsys, "jobs", "--all", "--state", "failed", "--json")
+    assert err == ""
+    listed = json.loads(out)["jobs"]
+    assert [j["job_id"] for j in listed] == order and len(order) > 1000
+    for j in listed:
+        start, end = placed[j["job_id"]], failed[j["job_id"]]
+        assert (j["status"], j["started_at"], j["ended_at"], j["end_reason"]) == ("failed", start, end, "x")
+        assert j["elapsed_s"] == pytest.approx(end - start) and j["exit_code"] is None  # (no worker reported)
+    out, _ = corral(capsys, "jobs", "--all", "--state", "failed", "--json", "--no-index")
+    kept = json.loads(out)["jobs"]
+    assert kept and kept == listed[-len(kept):]
+    before = time.time()
+    out, _ = corral(capsys, "jobs", "--all", "--state", "failed", "--format", "job,age", "--json")
+    after = time.time()
+    for j in json.loads(out)["jobs"]:  # over since its end, not its submit-to-finish time
+        assert before - failed[j["job_id"]] <= j["age_s"] <= after - failed[j["job_id"]]
+    out, _ = corral(capsys, "jobs", "-a", "-s", "failed", "--format", "JobID,State,Elapsed,ExitCode,reason", "--json")
+    assert list(json.loads(out)["jobs"][0]) == ["job_id", "status", "elapsed_s", "exit_code", "end_reason"]
+    table, _ = corral(capsys, "jobs", "--all", "--state", "failed", "--format", "job,start,end,elapsed,exitcode")
+    header, first, *_ = table.splitlines()
+    assert header.split() == ["JOB", "START", "END", "ELAPSED", "EXIT"]
+    job_id, start, end, *_ = first.split()
+    assert (job_id, start, end) == (order[0], dt.datetime.fromtimestamp(placed[order[0]]).strftime("%Y-%m-%dT%H:%M:%S"),
+                                    dt.datetime.fromtimestamp(failed[order[0]]).strftime("%Y-%m-%dT%H:%M:%S"))
+    history = corral(capsys, "jobs", "--all")[0].splitlines()[0].split()
+    assert history[:13] == ["JOB", "NAME", "USER", "QUEUE", "STATE", "ATTEMPT", "GPUS", "SUBMIT", "START", "END",
+                            "ELAPSED", "EXIT", "WHERE"]
+    _, err = corral(capsys, "jobs", "--all", "--format", "job,nosuch", code=2)
+    assert "unknown column 'nosuch' in --format; known: job, name" in err

@@ -96,11 +96,13 @@ def corral_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:  # type
 
 
 def test_a_job_at_time_zero_has_an_age_and_times(sim: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Rejected at t=0 is as old as rejected at t=20 (0 s), not 'since the log's end'; 0.0 stays in --json."""
-    code, out, _ = corral(capsys, "jobs", "--log", str(sim), "--all")
+    """A job finished at t=0 is over since t=0 (its AGE counts from its end, not from its submission), b ran
+    from t=0 (a start, not "never"); 0.0 stays in --json."""
+    code, out, _ = corral(capsys, "jobs", "--log", str(sim), "--all", "--format", "job,age,elapsed,start")
     assert code == 0
-    age = {line.split()[0]: line.split()[8] for line in out.splitlines()[1:]}
-    assert age == {"a": "0s", "b": "3d21h", "c": "0s", "late": "0s"}, out
+    cells = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
+    assert cells == {"a": ["5d00h", "-", "-"], "b": ["26h02m", "3d21h", "d0", "00:00:00.000"],
+                     "c": ["4d23h", "-", "-"], "late": ["0s", "-", "-"]}, out
     jobs = {j["job_id"]: j for j in corral_json(capsys, "jobs", "--log", str(sim), "--all")["jobs"]}
     assert jobs["a"]["finished_at"] == 0.0 and jobs["b"]["running_at"] == 0.0
     assert jobs["late"]["finished_at"] is None and jobs["late"]["running_at"] is None
