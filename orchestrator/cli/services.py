@@ -115,6 +115,7 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
     registry = ServiceRegistry([*([scheduler.bus] if scheduler is not None else []), *(a.bus for a in agents)])
     if scheduler is not None:
         watch_scheduler(registry, scheduler.follower, scheduler.heartbeat_ages)
+        registry.require("scheduler", scheduler.cannot_lead)  # /readyz: 503 while it cannot lead (says why)
     watch_agents(registry, agents)
     if archiver:
         from orchestrator.archiver import watch_archiver
