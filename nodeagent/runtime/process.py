@@ -288,14 +288,15 @@ class ProcessRuntime:
         except ProcessLookupError:
             pass
         if sig == signals.SIGKILL and w is not None:
-            self._kill_everything(w)
+            await asyncio.to_thread(self._kill_everything, w)
 
     async def stop(self, handle: WorkerHandle, grace_s: float) -> ExitInfo:
         info = await stop_with_grace(self, handle, grace_s)
         w = self._worker(handle)
         if w is not None:
-            # Stragglers the worker forked, in its group or out of it, still hold GPUs: end them too.
-            self._kill_everything(w)
+            # Stragglers the worker forked, in its group or out of it, still hold GPUs: end them too
+            # (in a thread: without /proc children files, finding them reads every /proc/<pid>/stat).
+            await asyncio.to_thread(self._kill_everything, w)
         return info
 
     def _kill_everything(self, w: _Worker) -> None:

@@ -276,6 +276,16 @@ def _reap_rest(deadline_s: float = 5.0) -> None:
             time.sleep(0.01)
 
 
+def _remove_cgroup(cgroup: str | None) -> None:
+    """The worker's cgroup, then the runtime's if no other worker uses it: both empty once everything ended."""
+    if cgroup is not None:
+        for empty in (cgroup, os.path.dirname(cgroup)):
+            try:
+                os.rmdir(empty)
+            except OSError:
+                break
+
+
 def _parse(argv: list[str]) -> tuple[str, str, dict[str, str], list[str]] | None:
     if len(argv) < 4 or "--" not in argv[2:]:
         return None
@@ -315,6 +325,7 @@ def main(argv: list[str]) -> int:
                                      start_new_session=True, preexec_fn=into_cgroup if cgroup is not None else None)
         except (OSError, subprocess.SubprocessError) as e:
             log.write(f"corral: cannot start {cmd[0]!r}: {e}\n".encode())
+            _remove_cgroup(cgroup)
             _write(os.path.join(wdir, "exit.json"), {"exit_code": 127, "signal": None, "error": str(e)})
             return 127
         finally:
@@ -343,12 +354,7 @@ def main(argv: list[str]) -> int:
         copier.join(10.0)  # every writer is gone: the pipe drains to EOF
     finally:
         log.close()
-    if cgroup is not None:
-        for empty in (cgroup, os.path.dirname(cgroup)):  # the worker's, then the runtime's if no other worker uses it
-            try:
-                os.rmdir(empty)
-            except OSError:
-                break
+    _remove_cgroup(cgroup)
     rc = child.returncode
     sig = -rc if rc < 0 else None
     _write(os.path.join(wdir, "exit.json"), {"exit_code": None if sig else rc, "signal": sig})
