@@ -28,7 +28,7 @@ from events.follow import Follower
 from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
-from nodeagent.checkpoint import checkpoint_dir, newest_manifest
+from nodeagent.checkpoint import checkpoint_dir, checkpoint_failure, newest_manifest, step_of
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
 from nodeagent.rank_env import ignored_spec_env, rank_env
@@ -59,6 +59,8 @@ class Tracked:
     ending: str | None = None
     signaled_at: float = 0.0
     checkpoint_step: int = -1
+    #: `checkpoint_step` when the checkpoint signal was sent: a newer one is the preemption's checkpoint.
+    step_at_signal: int = -1
     waiter: asyncio.Task[None] | None = None
     stopper: asyncio.Task[ExitInfo] | None = None
     #: Its process has ended and its exit is in the log: it holds no GPU, though it stays tracked until removed
@@ -401,6 +403,7 @@ class Agent:
             if tr.ending is None:
                 tr.ending = "preempted"
                 tr.signaled_at = now
+                tr.step_at_signal = tr.checkpoint_step
                 sig = getattr(signals, tr.signal_name, signals.SIGUSR1)
                 log.info("checkpoint_signal", job_id=key[0], rank=key[2], signal=tr.signal_name)
                 await self.runtime.signal(tr.handle, int(sig))
@@ -549,8 +552,17 @@ class Agent:
             finally:
                 self.workers.pop(key, None)
             return
+        failed, lost = "", -1
         if tr.ending == "preempted":
             await self._report_checkpoint(key, tr)  # the worker may have written it just before exiting
+            job = self.follower.state.jobs.get(key[0])
+            base = tr.checkpoint_step if tr.checkpoint_step >= 0 else step_of(job.resume_from if job else None)
+            failed, lost = checkpoint_failure(saved_since_signal=tr.checkpoint_step > tr.step_at_signal,
+                                              exit_code=info.exit_code, signal=info.signal, log_tail=info.log_tail,
+                                              base_step=base or 0)
+            if failed:
+                log.warning("checkpoint_failed", job_id=key[0], attempt=key[1], rank=key[2], why=failed,
+                            steps_lost=lost)
         reason = tr.ending or info.reason
         restart = (
             tr.ending is None
@@ -562,7 +574,8 @@ class Agent:
         if restart:
             self._restarting.add(key)
         try:
-            seq = await self._report_exit(key, tr.spec.restarts, info, reason, will_restart=restart)
+            seq = await self._report_exit(key, tr.spec.restarts, info, reason, will_restart=restart,
+                                          checkpoint_error=failed, steps_lost=lost)
             # Its end is in the log now: a worker of another job may start on its GPUs (the log never shows
             # two live workers on one GPU), without waiting for the removal and our report's fold.
             self._release_gpus(tr)
@@ -592,7 +605,8 @@ class Agent:
             self._restarting.discard(key)
 
     async def _report_exit(
-        self, key: WorkerKey, restarts: int, info: ExitInfo, reason: str, *, will_restart: bool
+        self, key: WorkerKey, restarts: int, info: ExitInfo, reason: str, *, will_restart: bool,
+        checkpoint_error: str = "", steps_lost: int = -1,
     ) -> int:
         job_id, attempt, rank = key
         log.info(
@@ -619,6 +633,8 @@ class Agent:
                 log_tail=info.log_tail[-4000:],
                 restarts=restarts,
                 will_restart=will_restart,
+                checkpoint_error=checkpoint_error,
+                steps_lost=steps_lost,
             )
         )
 

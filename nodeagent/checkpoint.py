@@ -8,6 +8,11 @@ manifest's path is what a preempted job later gets as CORRAL_RESUME_FROM.
 The manifest, not the state file, is the commit point: a state file without
 a manifest is an interrupted write and is ignored.
 
+A checkpoint asked for by preemption may fail (a full disk, a worker that
+exits non-zero while saving, or the grace running out): `checkpoint_failure`
+says why for the WorkerExited report, and counts the steps lost when the
+worker said how far it got, by a `CORRAL_STEP=N` line in its output.
+
 A checkpoint belongs to one attempt (DESIGN.md, "Safety by construction"): a
 worker of an earlier attempt may outlive its agent and keep writing. So each
 attempt gets its own directory (`checkpoint_dir`), and a manifest that names
@@ -17,13 +22,17 @@ its attempt (CORRAL_ATTEMPT) is reported only for that attempt.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
 
 MANIFEST_GLOB = "manifest*.json"
+#: The line a worker prints to say how far it got (the last one in its output tail counts).
+PROGRESS = re.compile(r"^CORRAL_STEP=(\d+)\s*$", re.M)
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -109,3 +118,45 @@ async def watch_manifests(
             last = m.step
             yield m
         await asyncio.sleep(interval_s)
+
+
+def reached_step(log_tail: str) -> int | None:
+    """The step a worker last said it reached (`CORRAL_STEP=N` in its output), None if it never said."""
+    found = PROGRESS.findall(log_tail)
+    return int(found[-1]) if found else None
+
+
+def step_of(path: str | None) -> int | None:
+    """The step of a checkpoint a worker resumes from (a manifest, or a state file with "step"), None if unknown."""
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    step = data.get("step") if isinstance(data, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def checkpoint_failure(*, saved_since_signal: bool, exit_code: int | None, signal: int | None, log_tail: str,
+                       base_step: int) -> tuple[str, int]:
+    """(why a preempted worker saved no checkpoint, steps lost or -1); ("", -1) when it saved one.
+
+    `base_step`: the step its job will resume from (its attempt's newest checkpoint, else the one
+    the attempt resumed from, else 0).
+    """
+    if saved_since_signal:
+        return "", -1
+    if signal is not None:
+        why = f"killed by signal {signal} before it saved a checkpoint (grace period over)"
+    elif exit_code is None:
+        why = "lost (no exit status) before it saved a checkpoint"
+    elif exit_code == 0:
+        why = "exited 0 without saving a checkpoint"
+    else:
+        why = f"exited {exit_code} while checkpointing"
+    last = [ln.strip() for ln in log_tail.splitlines() if ln.strip() and not PROGRESS.match(ln.strip())]
+    if last and signal is None:
+        why += f": {last[-1][:300]}"
+    reached = reached_step(log_tail)
+    return why, (max(0, reached - base_step) if reached is not None else -1)

@@ -10,6 +10,11 @@ the highest restart number found either way.
 The server answers only on its own node's subject (NATS permissions let an
 agent subscribe to nothing else), one chunk per request, at most
 LOG_CHUNK_MAX bytes: a large log is read in several requests.
+
+A worker's log is capped and rotated by the process runtime's shim (64 MiB x 4
+files by default): offsets stay those of everything the worker wrote, and a
+request before the oldest byte still kept is answered from there (the chunk's
+`offset` is past the one asked for: the CLI says how much was dropped).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from nats.aio.msg import Msg
 
 from events.subjects import log_subject, valid_id
 from nodeagent.runtime.base import WorkerHandle, WorkerLabels
-from nodeagent.runtime.process import read_file_range
+from nodeagent.runtime.process import read_log_range
 from schemas.logs import LOG_CHUNK_MAX, LogChunk, LogRequest, decode_log_request, encode_log
 
 log = structlog.get_logger("corral.agent")
@@ -88,16 +93,16 @@ class LogServer:
         running = tracked is not None and tracked.handle.labels.restarts == restarts and not tracked.exited
         path = files.get(restarts)
         if path is not None:
-            data, size = read_file_range(path, req.offset, limit)
+            data, size, at = read_log_range(path, req.offset, limit)
             where = str(path)
         elif tracked is not None and tracked.handle.labels.restarts == restarts and hasattr(self.runtime, "read_log"):
             data, size = await self.runtime.read_log(tracked.handle, req.offset, limit)
+            at = min(max(req.offset, 0), size)
             where = f"{type(self.runtime).__name__}:{tracked.handle.worker_id}"
         else:
             return LogChunk(error=f"no log of {req.job_id} attempt {req.attempt} rank {req.rank} restart {restarts} "
                                   f"on {self.node_id} (its runtime keeps none once the worker is removed)")
-        offset = min(max(req.offset, 0), size)
-        return LogChunk(path=where, restarts=restarts, offset=offset, next=offset + len(data), size=size,
+        return LogChunk(path=where, restarts=restarts, offset=at, next=at + len(data), size=size,
                         running=running, data=data)
 
     def _generations(self, req: LogRequest) -> dict[int, Path]:

@@ -12,7 +12,9 @@ Pure standard library and no corral import, so it runs in any image with a Pytho
   + rename, so the agent never reads a manifest that points at half a file
   (the attempt, CORRAL_ATTEMPT, lets it tell this attempt's checkpoints from
   those of an orphaned earlier one);
-- then exit 0 (preemption) or keep going (--on-checkpoint continue).
+- then exit 0 (preemption) or keep going (--on-checkpoint continue);
+- a signalled checkpoint that cannot be saved (a full disk) exits 1 after a
+  `CORRAL_STEP=N` line: the agent records the failure and the steps lost.
 
 The "model" is a running sum of step numbers: after any number of
 checkpoint/resume cycles it must equal sum(range(steps)), which tests check.
@@ -122,7 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(args.step_ms / 1000)
         periodic = args.checkpoint_every > 0 and step % args.checkpoint_every == 0
         if requested or periodic:
-            checkpoint(ckpt_dir, rank, step, value, attempt_of(env))
+            try:
+                checkpoint(ckpt_dir, rank, step, value, attempt_of(env))
+            except OSError as e:  # a full disk, say: the agent records the failure and the steps lost
+                log(f"checkpoint at step {step} failed: {e!r}")
+                log(f"CORRAL_STEP={step}")  # how far it got: the agent counts the steps lost from it
+                if requested:
+                    return 1
+                continue
             if requested and args.on_checkpoint == "exit":
                 log(f"exiting after checkpoint at step {step}")
                 return 0

@@ -48,7 +48,12 @@ QUEUE_WAIT = Histogram("corral_queue_wait_seconds", "Time a job waited in line b
 QUEUE_GPU_SECONDS = Counter("corral_queue_gpu_seconds", "GPU-seconds of reservations that ended, by the queue "
                             "charged", ["queue"], registry=None)
 
-SCHEDULER_METRICS = (DECIDE_SECONDS, PREEMPTIONS, RESTARTS, JOBS_FINISHED, QUEUE_WAIT, QUEUE_GPU_SECONDS)
+#: Elections the scheduler's fold refused (an epoch that does not follow the newest: forged or corrupt).
+ELECTIONS_REFUSED = Counter("corral_elections_refused", "SchedulerElected events the fold refused as void (their "
+                            "epoch does not follow the newest election: forged or corrupt)", registry=None)
+
+SCHEDULER_METRICS = (DECIDE_SECONDS, PREEMPTIONS, RESTARTS, JOBS_FINISHED, QUEUE_WAIT, QUEUE_GPU_SECONDS,
+                     ELECTIONS_REFUSED)
 
 
 def count_outcomes(follower: Follower[ClusterState]) -> None:

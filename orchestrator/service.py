@@ -18,6 +18,15 @@ trust them: it judges only while its lease is provably current by its own
 monotonic clock (`Lease.current`), and after a stall it catches up with the
 log, checks that it still leads and holds the lease, and gives every node a
 full heartbeat timeout from then before it judges again.
+
+An election the fold refuses (an epoch that does not follow the newest one:
+a forged or corrupt `SchedulerElected`, say epoch 2^64-1 appended by anyone
+who may write the log) changes nothing, so scheduling goes on; it is named
+loudly all the same: an `election_refused` error line and the
+`corral_elections_refused` counter. A scheduler that cannot lead -- its own
+election was refused by the server, or its fold lacks the log's newest
+election -- says why in `cannot_lead`, which /readyz reports (503) until an
+election is folded again.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState, Config
 from orchestrator.health import HeartbeatMonitor
 from orchestrator.leader import LEASE_BUCKET, Lease
-from schemas import ClusterConfigured, Event, NodeFailed, SchedulerElected, decode
+from schemas import AnyEvent, ClusterConfigured, Event, NodeFailed, SchedulerElected, Unknown, decode
 from schemas.heartbeat import HEARTBEAT_BUCKET
 
 log = structlog.get_logger("corral.scheduler")
@@ -80,7 +89,7 @@ class Scheduler:
     def __init__(self, bus: Bus, config: SchedulerConfig | None = None) -> None:
         self.bus = bus
         self.config = config or SchedulerConfig()
-        self.follower = Follower(bus, evolve, ClusterState())
+        self.follower = Follower(bus, self._fold, ClusterState())
         self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded
@@ -100,6 +109,30 @@ class Scheduler:
         #: What decide keeps between cycles, for this scheduler's life (a new state object, say
         #: from a snapshot, only misses it once: see core/memo.py).
         self.memo = Memo()
+        #: Why this scheduler cannot lead now ("" when it can, or has not tried): see `cannot_lead`.
+        self._cannot_lead = ""
+
+    def _fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int) -> ClusterState:
+        """`evolve`, naming every election the fold refuses (module docstring); folds exactly as `evolve` does."""
+        if type(event) is not SchedulerElected:
+            return evolve(state, event, seq)
+        voids = state.voids
+        state = evolve(state, event, seq)
+        if state.voids > voids:
+            metrics.ELECTIONS_REFUSED.inc()
+            log.error("election_refused", seq=state.seq, epoch=event.epoch, scheduler_id=event.scheduler_id,
+                      event_id=event.event_id, newest_epoch=state.epoch, leader=state.scheduler_id,
+                      why="its epoch does not follow the newest election (forged or corrupt?): void, "
+                          "scheduling goes on under the newest valid one")
+        elif self._cannot_lead:
+            log.info("can_lead_again", epoch=state.epoch, leader=state.scheduler_id)
+            self._cannot_lead = ""
+        return state
+
+    def cannot_lead(self) -> str:
+        """Why this scheduler cannot lead ("" if it can): its own election failed in a way waiting for a
+        lease does not cure. A readiness check (/readyz); cleared when the fold next accepts an election."""
+        return self._cannot_lead
 
     @property
     def state(self) -> ClusterState:
@@ -205,6 +238,8 @@ class Scheduler:
                 # we alone would not see, so stand by.
                 log.error("standing_by", reason="the fold is behind the log's newest election", seq=last,
                           epoch=newest, folded_epoch=self.state.epoch)
+                self._cannot_lead = (f"cannot lead: the fold (epoch {self.state.epoch}) lacks the log's newest "
+                                     f"election (epoch {newest}, seq {last})")
                 await self._stand_by()
                 return
             # A fresh id per try: the compare-and-set makes an epoch unique, and an id someone
@@ -223,6 +258,7 @@ class Scheduler:
         except (BusError, nats.errors.Error, TimeoutError) as e:
             # Not elected until the log says so: give the lease back and campaign again later.
             log.error("append_failed", what="election", error=str(e) or repr(e))
+            self._cannot_lead = f"cannot lead: its election could not be stored: {str(e) or repr(e)}"
             await self._stand_by()
             return
         self.epoch = epoch

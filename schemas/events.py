@@ -103,6 +103,12 @@ class WorkerExited(Event, tag="WorkerExited", frozen=True):
     restarts: int = 0
     #: The agent will restart this rank itself (restart policy `rank`).
     will_restart: bool = False
+    #: A preempted worker that saved no checkpoint after the checkpoint signal: why ("" when it saved one,
+    #: or was not asked to), e.g. "exited 1 while checkpointing: OSError: [Errno 28] No space left on device".
+    checkpoint_error: str = ""
+    #: With `checkpoint_error`: the steps since the checkpoint it will resume from, where the worker said
+    #: how far it got (a `CORRAL_STEP=N` line in its output); -1 when not known.
+    steps_lost: int = -1
 
 
 class JobRunning(Event, tag="JobRunning", frozen=True):

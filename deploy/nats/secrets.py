@@ -11,18 +11,49 @@ writes (directory 0700, files 0600, never committed: deploy/.gitignore):
   provisioned with).
 
 Existing files are kept (rotating a password is a deliberate act: delete the
-file, rerun, restart the server and that user's service).
+file, rerun, restart the server and that user's service); a kept password that
+nats-server would refuse is named on stderr.
+
+Why letters and digits only, a letter first: nats-server parses an environment
+variable's value as a config value, not as a string. A value starting with `-`
+or a digit is lexed as a number or an ISO 8601 date ("Expected a digit", "All
+ISO8601 dates must be in full Zulu form"), `true`/`no`/`on` become booleans,
+and `#`, `;`, `,`, `}` or `]` end the value early. A letter first makes it an
+unquoted string; letters and digits cannot end it. 32 characters from 62 give
+about 190 bits.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import secrets
+import string
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from deploy.nats.render import DEPLOY, EXAMPLE_NODES, EXAMPLE_TEAMS, password_env, users
+
+#: Length of a generated password (a letter, then letters and digits).
+PASSWORD_LENGTH = 32
+_LETTERS = string.ascii_letters
+_ALNUM = string.ascii_letters + string.digits
+#: The values nats-server reads from the environment as the very string they are (see the module doc).
+_NATS_STRING = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+_NATS_KEYWORDS = frozenset({"true", "false", "yes", "no", "on", "off"})
+
+
+def new_password(length: int = PASSWORD_LENGTH) -> str:
+    """A random password nats-server parses as a string: a letter, then letters and digits."""
+    return secrets.choice(_LETTERS) + "".join(secrets.choice(_ALNUM) for _ in range(length - 1))
+
+
+def nats_reads_as_string(value: str) -> bool:
+    """Whether nats-server reads this environment value back as the same string (not a number,
+    date, boolean, or a value cut short)."""
+    return _NATS_STRING.fullmatch(value) is not None and value.lower() not in _NATS_KEYWORDS
 
 
 def write_secrets(out: Path, nodes: Sequence[str], teams: Sequence[str] = ()) -> dict[str, str]:
@@ -34,8 +65,13 @@ def write_secrets(out: Path, nodes: Sequence[str], teams: Sequence[str] = ()) ->
     for user in names:
         path = out / f"{user}.password"
         if not path.exists():
-            _write_private(path, secrets.token_urlsafe(24) + "\n")
-        env[password_env(user)] = path.read_text().splitlines()[0]
+            _write_private(path, new_password() + "\n")
+        password = path.read_text().splitlines()[0]
+        if not nats_reads_as_string(password):
+            print(f"warning: {path} is kept, but nats-server may refuse it or read it as something else than "
+                  "this string (it parses environment values as config values): delete the file and rerun "
+                  "to make a new one", file=sys.stderr)
+        env[password_env(user)] = password
     _write_private(out / "nats-users.env", "".join(f"{k}={v}\n" for k, v in env.items()))
     return env
 

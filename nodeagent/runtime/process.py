@@ -8,11 +8,25 @@ Each worker lives in `state_dir/<labels.name>/`:
 Start ticks from /proc/<pid>/stat guard against pid reuse: a recycled pid
 never matches, so a new runtime object (after an agent restart) neither
 signals a stranger nor mistakes one for its worker.
+
+Killing reaches every descendant, also one that left the worker's process
+group (`setsid`): the shim keeps them in its process tree (it is a child
+subreaper) and, where a cgroup v2 is writable, in a cgroup of their own
+(runtime/shim.py). `kill_scope` says which this runtime uses; `child.json`
+says which holds each worker. Signals other than SIGKILL (the checkpoint
+signal, SIGTERM) go to the worker's process group, as before.
+
+A worker's output is capped: the shim rotates its log at `log_max_bytes`
+and keeps `log_files` files (default 64 MiB x 4 = 256 MiB per worker), the
+older ones as segments named by their first byte's offset; `read_log_range`
+reads them as one stream whose head may be gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import structlog
 
 from nodeagent.runtime.base import (
     ExitInfo,
@@ -33,12 +49,57 @@ from nodeagent.runtime.base import (
     WorkerStartError,
     stop_with_grace,
 )
-from nodeagent.runtime.shim import proc_start_ticks
+from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES, kill_cgroup, kill_tree, proc_start_ticks, segments
+
+_log = structlog.get_logger("corral.agent")
 
 SHIM = Path(__file__).with_name("shim.py")
 #: How long start() waits for the shim to report the worker's pid.
 START_TIMEOUT_S = 15.0
 _TAIL_BYTES = 64 * 1024
+
+
+def _cgroup2_mount() -> Path | None:
+    """Where the unified (v2) cgroup hierarchy is mounted, if it is."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                pre, _, post = line.partition(" - ")
+                if post.split()[:1] == ["cgroup2"]:
+                    return Path(pre.split()[4])
+    except OSError:
+        pass
+    return None
+
+
+def cgroup_base(name: str) -> Path | None:
+    """A cgroup v2 directory under this process's own cgroup where worker cgroups can be made, or None.
+
+    Usable only if it can be created and its `cgroup.procs` written (a root agent, or a delegated
+    subtree); anything else (v1 only, read-only /sys/fs/cgroup, no delegation) -> None.
+    """
+    mount = _cgroup2_mount()
+    if mount is None:
+        return None
+    try:
+        with open("/proc/self/cgroup") as f:
+            own = next((line[3:].strip() for line in f if line.startswith("0::")), None)
+    except OSError:
+        return None
+    if own is None:
+        return None
+    base = mount / own.lstrip("/") / name
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        probe = base / f"probe-{os.getpid()}"
+        probe.mkdir(exist_ok=True)
+        ok = os.access(probe / "cgroup.procs", os.W_OK)
+        probe.rmdir()
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        base.rmdir()  # made again by the first worker's start; the shim removes both once empty
+    return base if ok else None
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -103,16 +164,30 @@ class ProcessRuntime:
     """Runs each worker under the shim in its own process group; state survives agent restarts."""
 
     def __init__(
-        self, state_dir: str | Path, *, node_id: str | None = None, inherit_env: bool = True, poll_s: float = 0.05
+        self, state_dir: str | Path, *, node_id: str | None = None, inherit_env: bool = True, poll_s: float = 0.05,
+        cgroups: bool = True, log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
     ) -> None:
         """`node_id` scopes adopt() (simulated nodes share a machine); `inherit_env` puts the
-        agent's environment (PATH, HOME, a venv) under each worker's own env."""
+        agent's environment (PATH, HOME, a venv) under each worker's own env; `cgroups`: put each
+        worker in a cgroup v2 where one is writable (False: the process tree only); `log_max_bytes` x
+        `log_files`: the most of a worker's output kept on disk (module docstring)."""
+        if log_max_bytes < 1 or log_files < 2:
+            raise ValueError(f"worker logs need at least 1 byte x 2 files, not {log_max_bytes} x {log_files}")
+        self.log_max_bytes = log_max_bytes
+        self.log_files = log_files
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = node_id
         self.inherit_env = inherit_env
         self.poll_s = poll_s
         self._workers: dict[str, _Worker] = {}
+        # Named after the state dir: the same across agent restarts (adopted workers), distinct per runtime.
+        tag = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
+        self.cgroups = cgroup_base(f"corral-{tag}") if cgroups else None
+        #: What a kill reaches (module docstring): told once, so an operator knows which holds.
+        self.kill_scope = (f"cgroup v2 under {self.cgroups}" if self.cgroups is not None
+                           else "process tree (the shim is a subreaper)")
+        _log.info("process_runtime", kill_scope=self.kill_scope, log_limit=f"{log_max_bytes} bytes x {log_files} files")
 
     def _worker(self, handle: WorkerHandle) -> _Worker | None:
         """The worker, from memory or its state dir (a handle rebuilt after a restart); None if removed."""
@@ -141,6 +216,9 @@ class ProcessRuntime:
         log = Path(spec.log_dir) / f"{wid}.log" if spec.log_dir else wdir / "log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_bytes(b"")
+        for _, stale in segments(str(log)):  # a previous run's under the same name (its state dir was removed)
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
         if spec.checkpoint_dir:
             Path(spec.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         meta: dict[str, Any] = {
@@ -150,9 +228,16 @@ class ProcessRuntime:
             "log": str(log),
             "created_at": time.time(),
         }  # fmt: skip
+        cgroup: list[str] = []
+        if self.cgroups is not None:
+            with contextlib.suppress(OSError):
+                (self.cgroups / wid).mkdir(parents=True, exist_ok=True)
+                cgroup = ["--cgroup", str(self.cgroups / wid)]
+                meta["cgroup"] = cgroup[1]
         _write_json(wdir / "meta.json", meta)  # before the spawn: an agent dying right after still finds it
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", str(SHIM), str(wdir), str(log), "--", *spec.command,
+            sys.executable, "-I", "-S", str(SHIM), str(wdir), str(log), *cgroup,
+            "--log-max", str(self.log_max_bytes), "--log-files", str(self.log_files), "--", *spec.command,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
@@ -202,18 +287,29 @@ class ProcessRuntime:
             os.killpg(child["pid"], sig)
         except ProcessLookupError:
             pass
+        if sig == signals.SIGKILL and w is not None:
+            await asyncio.to_thread(self._kill_everything, w)
 
     async def stop(self, handle: WorkerHandle, grace_s: float) -> ExitInfo:
         info = await stop_with_grace(self, handle, grace_s)
         w = self._worker(handle)
-        child = w.child() if w is not None else None
-        if child is not None:
-            # Stragglers the worker forked into its group still hold GPUs: end them too.
-            try:
-                os.killpg(child["pid"], signals.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if w is not None:
+            # Stragglers the worker forked, in its group or out of it, still hold GPUs: end them too
+            # (in a thread: without /proc children files, finding them reads every /proc/<pid>/stat).
+            await asyncio.to_thread(self._kill_everything, w)
         return info
+
+    def _kill_everything(self, w: _Worker) -> None:
+        """SIGKILL the worker's group, every descendant of its shim, and its cgroup (module docstring)."""
+        child = w.child() or {}
+        with contextlib.suppress(ProcessLookupError, PermissionError, KeyError, TypeError):
+            os.killpg(child["pid"], signals.SIGKILL)
+        meta = w.meta() or {}
+        if isinstance(meta.get("cgroup"), str):
+            kill_cgroup(meta["cgroup"])
+        shim = meta.get("shim_pid")
+        if isinstance(shim, int) and _alive(shim, meta.get("shim_start_ticks")):
+            kill_tree(shim)
 
     async def adopt(self) -> list[FoundWorker]:
         found: list[FoundWorker] = []
@@ -240,7 +336,10 @@ class ProcessRuntime:
 
     async def read_log(self, handle: WorkerHandle, offset: int, limit: int) -> tuple[bytes, int]:
         w = self._worker(handle)
-        return read_file_range(w.log, offset, limit) if w is not None else (b"", 0)
+        if w is None:
+            return b"", 0
+        data, size, _ = read_log_range(w.log, offset, limit)
+        return data, size
 
     async def remove(self, handle: WorkerHandle) -> None:
         w = self._worker(handle)
@@ -250,22 +349,73 @@ class ProcessRuntime:
             raise WorkerExists(f"worker {handle.worker_id} is still running")
         if w.shim is not None and w.shim.returncode is None:
             await w.shim.wait()
+        cgroup = (w.meta() or {}).get("cgroup")
+        if isinstance(cgroup, str):
+            with contextlib.suppress(OSError):
+                os.rmdir(cgroup)  # empty once everything in it ended
+                os.rmdir(os.path.dirname(cgroup))  # the runtime's own, once it holds no worker (start remakes it)
         # A log kept in its own log_dir outlives the worker: it is what an operator reads afterwards.
         shutil.rmtree(w.dir, ignore_errors=True)
         self._workers.pop(handle.worker_id, None)
 
 
 def _tail(log: Path, lines: int = 50) -> str:
-    """The last `lines` lines of a log (reading at most its last 64 KiB)."""
+    """The last `lines` lines of a log (reading at most its last 64 KiB, across a rotation)."""
     if lines <= 0:
         return ""
-    try:
-        with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - _TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return ""
+    _, size, _ = read_log_range(log, 0, 0)
+    data = b""
+    at = max(0, size - _TAIL_BYTES)
+    while at < size:
+        chunk, size, got_at = read_log_range(log, at, size - at)
+        if not chunk:
+            break
+        if got_at > at and data:  # the head moved while reading: start again from what is there
+            data = b""
+        data += chunk
+        at = got_at + len(chunk)
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def read_log_range(path: Path, offset: int, limit: int) -> tuple[bytes, int, int]:
+    """At most `limit` bytes of a rotated log (shim.py) from `offset`: (data, the stream's size now, where
+    the data starts). The stream is the kept segments, then `path`; `offset` before the oldest kept byte
+    reads from there (the returned start says how much was dropped). (b"", 0, 0) if nothing can be read.
+
+    A rotation between listing the files and reading them is seen (the newest segment changed) and read again.
+    """
+    for _ in range(5):
+        segs = segments(str(path))
+        pieces: list[tuple[int, str]] = []
+        start = 0
+        try:
+            for seg_start, seg in segs:
+                pieces.append((seg_start, seg))
+                start = seg_start + os.path.getsize(seg)
+            pieces.append((start, str(path)))
+            with open(path, "rb") as f:
+                current = f.seek(0, os.SEEK_END)
+                size = start + current
+                at = min(max(offset, pieces[0][0]), size)
+                data = b""
+                for i, (piece_start, piece) in enumerate(pieces):
+                    end = pieces[i + 1][0] if i + 1 < len(pieces) else size
+                    if piece_start <= at < end or (at == size and i == len(pieces) - 1):
+                        if piece == str(path):
+                            f.seek(at - piece_start)
+                            data = f.read(max(0, min(limit, end - at)))
+                        else:
+                            with open(piece, "rb") as g:
+                                g.seek(at - piece_start)
+                                data = g.read(max(0, min(limit, end - at)))
+                        break
+        except FileNotFoundError:
+            continue  # rotated (or a segment deleted) meanwhile
+        except OSError:
+            return b"", 0, 0
+        if segments(str(path))[-1:] == segs[-1:]:
+            return data, size, at
+    return b"", 0, 0
 
 
 def read_file_range(path: Path, offset: int, limit: int) -> tuple[bytes, int]:

@@ -94,6 +94,9 @@ async def _print_all(bus: Bus, node: str, req: LogRequest, args: argparse.Namesp
                 await asyncio.sleep(FOLLOW_POLL_S)
                 continue
             raise CliError(chunk.error, NOT_FOUND)
+        if chunk.offset > req.offset:  # the agent's log limit rotated the head away (nodeagent/logs.py)
+            print(f"corral logs: bytes {req.offset}-{chunk.offset - 1} of {req.job_id} rank {req.rank} were "
+                  "dropped by the node's log size limit; printing what is kept", file=sys.stderr, flush=True)
         if args.json:
             print_json({"node_id": node, "path": chunk.path, "attempt": req.attempt, "rank": req.rank,
                         "restarts": chunk.restarts, "offset": chunk.offset, "size": chunk.size,

@@ -76,7 +76,9 @@ def essentials(event: AnyEvent | Unknown) -> str:
         case WorkerExited():
             how = f"exit={event.exit_code}" if event.signal is None else f"signal={event.signal}"
             again = " (restarting)" if event.will_restart else ""
-            return f"attempt={event.attempt} rank={event.rank} {event.reason} {how}{again}"
+            failed = f" checkpoint_failed={event.checkpoint_error!r} steps_lost={event.steps_lost}" if (
+                event.checkpoint_error) else ""
+            return f"attempt={event.attempt} rank={event.rank} {event.reason} {how}{again}{failed}"
         case JobRunning() | JobCompleted():
             return f"attempt={event.attempt}"
         case PreemptionRequested():

@@ -20,6 +20,7 @@ from nodeagent.agent import Agent, AgentConfig
 from nodeagent.discovery import NoGpuError, node_inventory
 from nodeagent.runtime.base import Runtime
 from nodeagent.runtime.process import ProcessRuntime
+from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.logging import configure_logging
@@ -115,6 +116,7 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
     registry = ServiceRegistry([*([scheduler.bus] if scheduler is not None else []), *(a.bus for a in agents)])
     if scheduler is not None:
         watch_scheduler(registry, scheduler.follower, scheduler.heartbeat_ages)
+        registry.require("scheduler", scheduler.cannot_lead)  # /readyz: 503 while it cannot lead (says why)
     watch_agents(registry, agents)
     if archiver:
         from orchestrator.archiver import watch_archiver
@@ -123,9 +125,14 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
     return await serve_metrics(args, registry)
 
 
-def make_runtime(kind: str, state_dir: Path, node_id: str, docker: DockerOptions | None = None) -> Runtime:
+def make_runtime(kind: str, state_dir: Path, node_id: str, docker: DockerOptions | None = None,
+                 log_limit: tuple[int, int] | None = None) -> Runtime:
+    """`log_limit`: (bytes per file, files) of each worker's log (process runtime; None: its defaults)."""
     if kind == "process":
-        return ProcessRuntime(state_dir / "workers", node_id=node_id)
+        if log_limit is None:
+            return ProcessRuntime(state_dir / "workers", node_id=node_id)
+        return ProcessRuntime(state_dir / "workers", node_id=node_id, log_max_bytes=log_limit[0],
+                              log_files=log_limit[1])
     if kind == "simulated":
         from nodeagent.runtime.simulated import SimulatedRuntime
 
@@ -175,7 +182,10 @@ async def run_agent(args: argparse.Namespace) -> int:
                          heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
     try:
         docker = docker_options(args, inventory) if args.runtime == "docker" else None
-        runtime = make_runtime(args.runtime, data_dir, args.node_id, docker)
+        if args.worker_log_max_mb <= 0 or args.worker_log_files < 2:
+            raise CliError("--worker-log-max-mb is more than 0 and --worker-log-files 2 or more", USAGE)
+        runtime = make_runtime(args.runtime, data_dir, args.node_id, docker,
+                               (max(1, int(args.worker_log_max_mb * 2**20)), args.worker_log_files))
     except ModuleNotFoundError as e:  # the Docker SDK is an extra, imported only by the docker runtime
         if (e.name or "").partition(".")[0] != "docker":
             raise
@@ -441,6 +451,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--data-dir", default=".corral/agent", help="worker state and logs (default %(default)s)")
     p.add_argument("--checkpoint-root", help="shared checkpoint storage (default DATA_DIR/checkpoints)")
     p.add_argument("--heartbeat", type=float, default=1.0, metavar="S", help="heartbeat interval")
+    p.add_argument("--worker-log-max-mb", type=float, default=LOG_MAX_BYTES / 2**20, metavar="MB",
+                   help="process runtime: rotate a worker's output log at this size (default %(default)g MiB)")
+    p.add_argument("--worker-log-files", type=int, default=LOG_FILES, metavar="N",
+                   help="process runtime: log files kept per worker, the current one included (default "
+                        "%(default)s); a worker's output on disk never exceeds MB x N")
     d = p.add_argument_group("Docker runtime", "what worker containers get (nodeagent/runtime/docker_options.py)")
     d.add_argument("--docker-network", choices=("auto", "host", "bridge"), default="auto",
                    help="host: the node's network (rank 0 listens on MASTER_ADDR = --address); bridge: a private "

@@ -75,7 +75,11 @@ def _who(state: ClusterState, job_id: str) -> str:
 def _exit(e: WorkerExited) -> str:
     how = f"exit code {e.exit_code}" if e.signal is None else f"signal {e.signal}"
     again = ", will restart" if e.will_restart else ""
-    return f"rank {e.rank} exited on {e.node_id}: {e.reason} ({how}{again})"
+    failed = ""
+    if e.checkpoint_error:
+        lost = f"{e.steps_lost} steps lost" if e.steps_lost >= 0 else "steps lost unknown"
+        failed = f"; checkpoint failed: {e.checkpoint_error} ({lost})"
+    return f"rank {e.rank} exited on {e.node_id}: {e.reason} ({how}{again}){failed}"
 
 
 def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) -> str | None:
