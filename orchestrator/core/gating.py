@@ -213,6 +213,16 @@ def released(state: ClusterState, e: JobReleased) -> None:
     enter(state, job)
 
 
+def end_ungates(state: ClusterState, job_id: str) -> bool:
+    """Whether the end of `job_id` (not folded yet) moves other jobs: ones that depend on it, or its array's
+    elements waiting for a slot. (The simulator settles another round for them.)"""
+    if job_id in state.dependents:
+        return True
+    job = state.jobs.get(job_id)
+    arr = job.spec.gating.array if job is not None else None
+    return arr is not None and arr.array_id in state.array_waiting
+
+
 # --- what readers tell -------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from orchestrator.core.evolve import evolve
 from orchestrator.core.evolve_jobs import reservation_problem
 from orchestrator.core.gating import NEVER_SATISFIED, gate_reason
 from orchestrator.core.state import HOLDING, TERMINAL, ClusterState, restore, snapshot
+from orchestrator.policies import Policies
+from orchestrator.sim.baselines import policies_for
 from schemas.events import (
     AnyEvent,
     GangReserved,
@@ -235,9 +238,9 @@ class Checker:
 class GatedSim(Sim):
     """The harness, checking every event against the Checker before it is folded."""
 
-    def __init__(self) -> None:
+    def __init__(self, policies: Policies) -> None:
         self.chk = Checker()
-        super().__init__()
+        super().__init__(policies=policies)
 
     def emit(self, event: AnyEvent) -> None:
         self.chk.before(self, event)
@@ -252,10 +255,11 @@ def _pick(ids: list[str], i: int) -> str:
     return ids[i % len(ids)] if ids else "none"
 
 
-@settings(max_examples=150, deadline=None)
-@given(_OPS)
-def test_gates_are_never_passed(ops: list[tuple[Any, ...]]) -> None:
-    s = GatedSim()
+@pytest.mark.parametrize("policy", ["corral", "las"])  # las: its own line order (Policies.job_key)
+@settings(max_examples=100, deadline=None)
+@given(ops=_OPS)
+def test_gates_are_never_passed(policy: str, ops: list[tuple[Any, ...]]) -> None:
+    s = GatedSim(policies_for(policy))
     s.node("n0", gpus=8)
     s.node("n1", gpus=8)
     chk = s.chk
