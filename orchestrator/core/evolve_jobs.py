@@ -173,8 +173,8 @@ def job_waiting(state: ClusterState, e: JobWaiting) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=False):
         return
     job = state.jobs.get(e.job_id)
-    if job is None or job.status != "pending":
-        return
+    if job is None or job.status != "pending" or e.job_id in state.gated:
+        return  # (a gated job is told no reason: one decided before its hold landed changes nothing)
     if job.earmark and e.code != "preempting":
         # The scheduler no longer waits on a preemption for it: release what it held.
         clear_earmark(state, job)
@@ -219,6 +219,9 @@ def preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
     if preemptor is None or preemptor.status != "pending":
         void(state, e.event_id, f"preemptor {e.preemptor_job_id} is not pending")
         return  # it was cancelled or placed meanwhile: the victim keeps running
+    if e.preemptor_job_id in state.gated:
+        void(state, e.event_id, f"preemptor {e.preemptor_job_id} is gated: {gating.gate_reason(state, preemptor)}")
+        return  # held (or waiting on others) since: no GPUs are earmarked for a job that may not start
     state.jobs[e.job_id] = replace(
         job, status="preempting", preemptor=e.preemptor_job_id, preempt_at=e.occurred_at, preempt_grace_s=e.grace_s
     )

@@ -31,6 +31,7 @@ from schemas.events import (
     JobReleased,
     JobSubmitted,
     JobWaiting,
+    PreemptionRequested,
 )
 from schemas.jobspec import ArrayElement, Gates, JobSpec
 from tests.core.harness import Sim, of_type
@@ -97,6 +98,31 @@ def test_a_placement_decided_before_the_hold_landed_is_void() -> None:
     s.emit(stale[0])
     assert s.state.voids == voids + 1 and "gated: held" in s.state.last_void
     assert s.job("a").status == "pending"
+
+
+def test_decisions_for_a_job_held_since_change_nothing() -> None:
+    """A preemption for it and a backfill reservation told to it, decided before its hold landed."""
+    s = Sim(min_runtime_s=0.0)
+    s.node("n0", gpus=8)
+    s.submit("lo", gpus_per_rank=8, time_limit_s=3600.0)
+    s.run()
+    s.submit("hi", gpus_per_rank=8, priority=100)
+    s.submit("big", gpus_per_rank=8)
+    decided = decide(s.state, s.now, epoch=s.epoch)
+    assert {type(e).__name__ for e in decided} >= {"PreemptionRequested"}, decided
+    _hold(s, "hi")
+    for e in decided:
+        s.emit(e)  # type: ignore[arg-type]
+    assert s.job("lo").status == "running" and not s.state.earmarks and not s.job("hi").earmark
+    assert "preemptor hi is gated: held" in s.state.last_void
+    # Without "hi", "big" is the backfill head: its reservation, decided before its hold, is not kept.
+    decided = [e for e in decide(s.state, s.now, epoch=s.epoch) if isinstance(e, JobWaiting)]
+    assert [e.code for e in decided if e.job_id == "big"] == ["backfill_head"], decided
+    _hold(s, "big")
+    for e in decided:
+        s.emit(e)
+    w = s.job("big").waiting
+    assert "big" not in s.state.holders and w is not None and w.code == "capacity" and not w.hold_ranks
 
 
 def test_after_ok_starts_once_the_job_completed() -> None:
@@ -203,6 +229,8 @@ _OPS = st.lists(
         st.just(("decide",)),
         st.just(("agents",)),
         st.tuples(st.just("tick"), st.integers(1, 120)),
+        st.tuples(st.just("stale"), st.integers(0, 60)),
+        st.tuples(st.just("prio"), st.integers(1, 8)),
     ),
     max_size=60,
 )
@@ -304,6 +332,18 @@ def test_gates_are_never_passed(policy: str, ops: list[tuple[Any, ...]]) -> None
             play_agents(s)
         elif kind == "tick":
             s.tick(op[1])
+        elif kind == "stale":
+            # Decided, then a hold lands before the decisions: they must not pass the hold.
+            decided = decide(s.state, s.now, epoch=s.epoch, policies=s.policies)
+            named = [getattr(e, "preemptor_job_id", None) or e.job_id  # type: ignore[attr-defined]
+                     for e in decided if isinstance(e, (GangReserved, JobWaiting, PreemptionRequested))]
+            _hold(s, _pick(named or ids, op[1]))
+            for e in decided:
+                s.emit(e)  # type: ignore[arg-type]
+        elif kind == "prio":
+            # A high-priority gang that may preempt the running ones (its earmark must not outlive a hold).
+            n += 1
+            s.submit(f"p{n}", gpus_per_rank=op[1], priority=100, restart_policy="never")
         chk.after(s)
         check_invariants(s.state)
         _check_gate_indexes(s)
@@ -328,6 +368,9 @@ def _check_gate_indexes(s: Sim) -> None:
         if job.held or job.blocked_on or job.doomed:
             assert jid in st_.gated, f"{jid} blocked but in its line"
     assert set(st_.doomed) <= set(st_.gated)
+    assert not set(st_.holders) & set(st_.gated), "a gated job holds a backfill reservation"
+    marked = {j for marks in st_.earmarks.values() for j in marks if j}
+    assert not marked & set(st_.gated), "GPUs earmarked for a gated job"
     for arr, slots in st_.array_slots.items():
         for jid in slots:
             job = st_.jobs[jid]
