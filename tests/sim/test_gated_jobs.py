@@ -69,3 +69,16 @@ def test_gates_in_the_simulator_and_its_rerun(policy: str, tmp_path: Path) -> No
     with rerun.open("wb") as f:
         simulate(logged.scenario, "fifo-backfill", SimConfig(strict=True), log=f)
     _check(list(read_log(rerun)))
+
+
+def test_a_job_submitted_held_waits_in_the_simulation_but_not_in_a_rerun(tmp_path: Path) -> None:
+    """Nothing releases it in a simulation; a re-run of the log replays submissions, not users' holds."""
+    scenario = Scenario(tuple(setup_events(CLUSTER)), (_job("held", 0.0, 50.0, Gates(hold=True)), _job("free", 0.0, 50.0)))
+    path = tmp_path / "events.jsonl"
+    with path.open("wb") as f:
+        result = simulate(scenario, "corral", SimConfig(strict=True), log=f)
+    assert result.state.jobs["held"].status == "pending" and result.state.jobs["free"].status == "completed"
+    logged = from_log(path)
+    assert {j.job_id: j.spec.gating.hold for j in logged.scenario.jobs} == {"held": False, "free": False}
+    rerun = simulate(logged.scenario, "corral", SimConfig(strict=True))
+    assert rerun.state.jobs["held"].status == "completed"
