@@ -36,7 +36,6 @@ from orchestrator.sim.cluster import EPOCH, ClusterSpec, setup_events
 from orchestrator.sim.engine import Scenario
 from orchestrator.sim.specs import DURATION_ENV, SimJob
 from orchestrator.sim.trace import Outage, TraceError
-from schemas.jobspec import JobSpec
 from schemas.events import (
     AnyEvent,
     ClusterConfigured,
@@ -51,6 +50,7 @@ from schemas.events import (
     SchedulerElected,
     Unknown,
 )
+from schemas.jobspec import JobSpec
 
 read_log = read_events
 
