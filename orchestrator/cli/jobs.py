@@ -86,9 +86,12 @@ async def submit(args: argparse.Namespace) -> int:
     except ArraySpecError as e:
         raise CliError(str(e), USAGE) from None
     base = checked_id(args.id, "job id") if args.id else new_job_id()
+    if array is not None:  # ID_INDEX must be an id too (128 characters at most)
+        checked_id(f"{base}_{array.indexes[-1]}", f"job id of the array's last element ({base}_{array.indexes[-1]})")
+    ok_ids, any_ids = _id_list(args.after_ok), _id_list(args.after_any)  # (bad ids refused before connecting)
     async with connected(args) as bus:
         await check_queue(bus, spec)
-        spec = await _gated(bus, spec, args)
+        spec = await _gated(bus, spec, ok_ids, any_ids, hold=args.hold)
         client = _client(bus, args)
         with _refusals():
             if array is None:
@@ -126,10 +129,9 @@ def _id_list(values: list[str] | None) -> list[str]:
     return [checked_id(v.strip(), "job id") for vs in values or () for v in vs.split(",") if v.strip()]
 
 
-async def _gated(bus: Bus, spec: JobSpec, args: argparse.Namespace) -> JobSpec:
+async def _gated(bus: Bus, spec: JobSpec, ok_ids: list[str], any_ids: list[str], *, hold: bool) -> JobSpec:
     """`spec` with the gates of the command line added (an array id named as a dependency means all its elements)."""
-    ok_ids, any_ids = _id_list(args.after_ok), _id_list(args.after_any)
-    if not (ok_ids or any_ids or args.hold):
+    if not (ok_ids or any_ids or hold):
         return spec
     g = spec.gating
     after_ok: tuple[str, ...] = ()
@@ -141,7 +143,7 @@ async def _gated(bus: Bus, spec: JobSpec, args: argparse.Namespace) -> JobSpec:
             if jid not in state.jobs:
                 print(f"corral: warning: no job {jid} in the log: a job that depends on it is cancelled "
                       "(dependency never satisfied)", file=sys.stderr)
-    gates = replace(g, after_ok=(*g.after_ok, *after_ok), after_any=(*g.after_any, *after_any), hold=g.hold or args.hold)
+    gates = replace(g, after_ok=(*g.after_ok, *after_ok), after_any=(*g.after_any, *after_any), hold=g.hold or hold)
     return replace(spec, gates=gates)
 
 

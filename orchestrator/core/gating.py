@@ -111,8 +111,10 @@ def enter(state: ClusterState, job: Job) -> None:
             if len(slots) >= arr.limit:
                 _gate(state, job)
                 waiting = state.array_waiting.setdefault(arr.array_id, [])
-                if (job.submit_seq, jid) not in waiting:
-                    insort(waiting, (job.submit_seq, jid))
+                key = (job.submit_seq, jid)
+                i = bisect_left(waiting, key)
+                if i == len(waiting) or waiting[i] != key:
+                    waiting.insert(i, key)
                 return
             slots[jid] = None
     state.gated.pop(jid, None)
