@@ -34,6 +34,8 @@ from events.bus import Bus, Envelope
 from events.subjects import check_id, job_filter
 from schemas import (
     CancelRequested,
+    JobHeld,
+    JobReleased,
     JobSpec,
     JobSubmitted,
     NodeCordoned,
@@ -128,6 +130,40 @@ class Client:
             CancelRequested(event_id=f"cancel:{job_id}", occurred_at=time.time(), job_id=job_id, reason=reason,
                             requested_by=requested_by or self.user)
         )
+
+    async def submit_many(self, jobs: Iterable[tuple[str, JobSpec]], submitted_by: str = "") -> list[str]:
+        """`submit` of several (job id, validated spec), appended in order in one pipeline (a job array's
+        elements); their ids. Safe to retry as a whole: each event id is the job's."""
+        jobs = [(check_id(jid, "job id"), spec) for jid, spec in jobs]
+        if self.via_admission:
+            return [await self.submit(spec, job_id=jid) for jid, spec in jobs]
+        now = time.time()
+        await self.bus.append_many(
+            JobSubmitted(event_id=f"submit:{jid}", occurred_at=now, job_id=jid, spec=spec,
+                         submitted_by=submitted_by or self.user) for jid, spec in jobs)
+        return [jid for jid, _ in jobs]
+
+    async def cancel_many(self, job_ids: Iterable[str], reason: str = "") -> list[int]:
+        """`cancel` of several jobs, in one pipeline; their sequences."""
+        ids = [check_id(j, "job id") for j in job_ids]
+        if self.via_admission:
+            return [await self.cancel(j, reason=reason) for j in ids]
+        now = time.time()
+        return await self.bus.append_many(
+            CancelRequested(event_id=f"cancel:{j}", occurred_at=now, job_id=j, reason=reason, requested_by=self.user)
+            for j in ids)
+
+    async def hold(self, job_id: str, reason: str = "") -> int:
+        """Append JobHeld: the pending job does not start until `release` (no change for one not pending)."""
+        check_id(job_id, "job id")
+        return await self.bus.append(JobHeld(event_id=f"hold:{job_id}:{secrets.token_hex(6)}", occurred_at=time.time(),
+                                             job_id=job_id, requested_by=self.user, reason=reason))
+
+    async def release(self, job_id: str) -> int:
+        """Append JobReleased: a held job may start again."""
+        check_id(job_id, "job id")
+        return await self.bus.append(JobReleased(event_id=f"release:{job_id}:{secrets.token_hex(6)}",
+                                                 occurred_at=time.time(), job_id=job_id, requested_by=self.user))
 
     async def _ask(self, prefix: str, job_id: str, body: dict[str, Any]) -> int:
         """One request to the admission service; the sequence of the event it appended."""

@@ -144,4 +144,8 @@ def rank_env(
         env["CORRAL_CHECKPOINT_DIR"] = ckpt
     if resume_from:
         env["CORRAL_RESUME_FROM"] = resume_from
+    array = spec.gating.array
+    if array is not None:  # an element of a job array (`corral submit --array`), as Slurm's SLURM_ARRAY_*
+        env["CORRAL_ARRAY_INDEX"] = str(array.index)
+        env["CORRAL_ARRAY_JOB_ID"] = array.array_id
     return env

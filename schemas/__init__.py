@@ -4,15 +4,27 @@ from schemas.codec import CODEC, Codec, decode, encode
 from schemas.events import *  # noqa: F403
 from schemas.events import EVENT_TAGS, EVENT_TYPES, AnyEvent, Event, Unknown, entity_of, tag_of
 from schemas.inventory import Gpu, Inventory, link_score
-from schemas.jobspec import InvalidJobSpec, JobSpec, Mount, Problem, Topology, jobspec_problems, parse_jobspec
+from schemas.jobspec import (
+    ArrayElement,
+    Gates,
+    InvalidJobSpec,
+    JobSpec,
+    Mount,
+    Problem,
+    Topology,
+    jobspec_problems,
+    parse_jobspec,
+)
 
 __all__ = [
     "CODEC",
     "EVENT_TAGS",
     "EVENT_TYPES",
     "AnyEvent",
+    "ArrayElement",
     "Codec",
     "Event",
+    "Gates",
     "Gpu",
     "InvalidJobSpec",
     "Inventory",

@@ -193,6 +193,22 @@ class JobCancelled(Event, tag="JobCancelled", frozen=True):
     epoch: int = 0
 
 
+class JobHeld(Event, tag="JobHeld", frozen=True):
+    """A user keeps a pending job from starting until JobReleased (`corral hold`); no change for a
+    job not pending. A reader older than this event skips it (Unknown), as it skips any new tag."""
+
+    job_id: str
+    requested_by: str = ""
+    reason: str = ""
+
+
+class JobReleased(Event, tag="JobReleased", frozen=True):
+    """A held job may start again (`corral release`), once its dependencies and array allow."""
+
+    job_id: str
+    requested_by: str = ""
+
+
 # --- node --------------------------------------------------------------------
 
 
@@ -296,6 +312,8 @@ AnyEvent = (
     | QueueDeleted
     | SchedulerElected
     | ClusterConfigured
+    | JobHeld
+    | JobReleased
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from schemas.specinput import SpecError, load_json, load_yaml, spec_text
 from schemas.specinput import shown as _show
@@ -42,6 +43,37 @@ class Mount(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     read_only: bool = True
 
 
+class ArrayElement(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One element of a job array (`corral submit --array 0-99%8`): a job of its own, `index` in its
+    CORRAL_ARRAY_INDEX, at most `limit` elements of `array_id` holding GPUs at once (0: no limit)."""
+
+    array_id: str
+    index: int
+    limit: int = 0
+    #: The indexes as asked ("0-99"), for `explain`.
+    indexes: str = ""
+
+
+class Gates(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
+    """What must happen before a job may start, beyond room for it (orchestrator/core/gating.py)."""
+
+    #: Start only once each of these jobs completed; a failed, cancelled or unknown one ends this job.
+    after_ok: tuple[str, ...] = ()
+    #: Start only once each of these jobs ended, however it ended.
+    after_any: tuple[str, ...] = ()
+    array: ArrayElement | None = None
+    #: Submitted held (`corral submit --hold`): it waits for `corral release`.
+    hold: bool = False
+
+
+#: A spec without gates (what `JobSpec.gating` returns for one that has none).
+NO_GATES = Gates()
+#: Most jobs one job may wait for.
+MAX_DEPENDENCIES = 1_000
+#: Largest index of a job array.
+MAX_ARRAY_INDEX = 1_000_000
+
+
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     name: str
     queue: str = "default"
@@ -67,10 +99,17 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Queue it even if no registered node could ever hold it: it waits for nodes to join instead of
     #: being rejected (`corral submit --allow-future-nodes`).
     allow_future_nodes: bool = False
+    #: Dependencies, array element, submitted held. UNSET (not written at all) for a job without any, so
+    #: a log without them is byte-for-byte what it was before gates existed.
+    gates: Gates | UnsetType = UNSET
 
     @property
     def total_gpus(self) -> int:
         return self.ranks * self.gpus_per_rank
+
+    @property
+    def gating(self) -> Gates:
+        return NO_GATES if isinstance(self.gates, UnsetType) else self.gates
 
 
 class Problem(msgspec.Struct, frozen=True):
@@ -180,6 +219,47 @@ def _mount_problems(mounts: Any, out: list[Problem]) -> None:
                 out.append(Problem(f"{p}.{_key(k)}", "unknown field; expected source, target, read_only"))
 
 
+def _id_list_problems(v: Any, path: str, out: list[Problem]) -> None:
+    if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and 0 < len(x) <= MAX_NAME_LEN for x in v):
+        out.append(Problem(path, "must be a list of job ids"))
+    elif len(v) > MAX_DEPENDENCIES:
+        out.append(Problem(path, f"must name at most {MAX_DEPENDENCIES} jobs, got {len(v)}"))
+
+
+def _gates_problems(g: Any, out: list[Problem]) -> None:
+    if not isinstance(g, dict):
+        out.append(Problem("gates", "must be a mapping like {after_ok: [j-1], after_any: [], hold: false}"))
+        return
+    known = ("after_ok", "after_any", "array", "hold")
+    for k in g:
+        if k not in known:
+            out.append(Problem(f"gates.{_key(k)}", f"unknown field; expected {', '.join(known)}"))
+    for k in ("after_ok", "after_any"):
+        if k in g:
+            _id_list_problems(g[k], f"gates.{k}", out)
+    if "hold" in g and not isinstance(g["hold"], bool):
+        out.append(Problem("gates.hold", "must be true or false"))
+    a = g.get("array")
+    if a is None:
+        return
+    if not isinstance(a, dict):
+        out.append(Problem("gates.array", "must be a mapping {array_id, index, limit, indexes}"))
+        return
+    for k in a:
+        if k not in ("array_id", "index", "limit", "indexes"):
+            out.append(Problem(f"gates.array.{_key(k)}", "unknown field; expected array_id, index, limit, indexes"))
+    if not isinstance(a.get("array_id"), str) or not 0 < len(a["array_id"]) <= MAX_NAME_LEN:
+        out.append(Problem("gates.array.array_id", "must be the array's job id"))
+    inner: list[Problem] = []
+    if "index" not in a:
+        inner.append(Problem("index", "is required"))
+    _check_int(a, "index", 0, MAX_ARRAY_INDEX, inner)
+    _check_int(a, "limit", 0, MAX_ARRAY_INDEX + 1, inner)
+    if "indexes" in a and not isinstance(a["indexes"], str):
+        inner.append(Problem("indexes", "must be a string such as 0-99"))
+    out.extend(Problem(f"gates.array.{p.path}", p.message) for p in inner)
+
+
 def jobspec_problems(obj: Any) -> list[Problem]:
     """Every problem in a raw (decoded YAML/JSON) job spec; empty means valid."""
     if not isinstance(obj, dict):
@@ -246,6 +326,8 @@ def jobspec_problems(obj: Any) -> list[Problem]:
     if "mounts" in obj:
         _mount_problems(obj["mounts"], out)
     _topology_problems(obj.get("topology"), out)
+    if "gates" in obj:
+        _gates_problems(obj["gates"], out)
     _text_problems(obj, "", out)
     return out
 

@@ -80,7 +80,7 @@ INDEX_ASKERS = ("client", "admin", "ops")
 #: scheduler may publish any tag (new decisions need no config change); the
 #: others only theirs. A test checks that every tag in schemas has an owner.
 APPENDS: dict[str, tuple[str, ...]] = {
-    "client": ("JobSubmitted", "CancelRequested"),
+    "client": ("JobSubmitted", "CancelRequested", "JobHeld", "JobReleased"),
     "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned"),
     "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed"),
     "scheduler": (
@@ -89,6 +89,9 @@ APPENDS: dict[str, tuple[str, ...]] = {
         "SchedulerElected", "ClusterConfigured",
     ),
 }  # fmt: skip
+
+#: What the admission service appends for the teams: submits and cancels (no holds: a team has no `hold`).
+ADMISSION_APPENDS = ("corral.job.*.JobSubmitted", "corral.job.*.CancelRequested")
 
 #: Mirrors events.subjects.ID_RE: a node id must be one subject token and one KV key.
 NODE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -198,7 +201,7 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
         # It appends for the teams; answering their requests needs allow_responses, which here
         # lets it answer only what it received: corral-submit/cancel requests and its own inbox.
         return {
-            "publish": {"allow": _without_covered([*_append("client", "job"), *READ_API])},
+            "publish": {"allow": _without_covered([*ADMISSION_APPENDS, *READ_API])},
             "subscribe": {"allow": [*ADMISSION_REQUESTS, f"{inbox_prefix(user)}.>"]},
             "allow_responses": True,
         }

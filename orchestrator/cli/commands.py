@@ -26,7 +26,8 @@ COMMANDS: dict[str, dict[str, str]] = {
         "up": "embedded cluster: NATS + scheduler + simulated nodes in one command",
     },
     "archive": {"archive": "run the archiver: the log into compressed segment files, and stream retention"},
-    "jobs": {"submit": "submit a job spec (YAML or JSON file, - for stdin)", "cancel": "cancel a job"},
+    "jobs": {"submit": "submit a job spec (YAML or JSON file, - for stdin)", "cancel": "cancel jobs",
+             "hold": "keep pending jobs from starting until `corral release`", "release": "let held jobs start again"},
     "listing": {
         "jobs": "list jobs not finished (--all: finished ones too)",
         "job": "one job in detail",

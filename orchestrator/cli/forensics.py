@@ -25,6 +25,7 @@ from orchestrator.cli.state_view import LogSource, add_log_arg, envelope_at, loa
 from orchestrator.cli.timeline import Entry, Run, Story, pending_by_reason, runs, story_summary
 from orchestrator.cli.timespec import LogClock
 from orchestrator.cli.views import cluster_summary, estimate_lines, gpu_map, job_estimate, queues_rows
+from orchestrator.core.gating import gate_reason, has_gates
 from orchestrator.core.state import TERMINAL
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused
@@ -147,6 +148,10 @@ async def explain(args: argparse.Namespace) -> int:
     async with log_source(args) as bus:
         clock = await log_clock(bus)
         story = await _indexed_story(bus, job_id) if wants_index(args) and isinstance(bus, Bus) else None
+        if story is not None and story.job is not None and has_gates(story.job.spec.gating):
+            # Its gates turn on other jobs' events (those it depends on, its array's other elements), which are
+            # no context the index keeps: the whole log tells its story.
+            story = None
         if story is not None and story.job is not None and story.job.status not in TERMINAL:
             # A job not over gets its run-time estimate, learned from every job's history: the fold's.
             story.state = await load_state(bus)
@@ -167,12 +172,16 @@ async def explain(args: argparse.Namespace) -> int:
     # A job's first reason names its estimate only if it queued behind others; say it for any job not over,
     # as of the log's newest event (the story's "now").
     estimate = job_estimate(story.state, job, story.end) if job is not None else None
+    # Held, waiting for the jobs it depends on, or for a slot of its array (core/gating.py).
+    gate = gate_reason(story.state, story.state.jobs[job_id]) if job_id in story.state.gated else None
     if args.json:
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
-                    "summary": summary, "pending_s": pending, "estimate": estimate,
+                    "summary": summary, "pending_s": pending, "estimate": estimate, "gate": gate,
                     "timeline": [e.to_dict() for e in entries]})
         return OK if job is not None else NOT_FOUND
     print(summary)
+    if gate is not None:
+        print(f"  gated: {gate}")
     if pending:
         reasons = ", ".join(f"{human_duration(t)} {code}" for code, t in pending.items())
         print(f"  pending {human_duration(sum(pending.values()))} in all: {reasons}")

@@ -69,7 +69,7 @@ COLUMNS: tuple[Column, ...] = (
            lambda s, j, n: _moment(j.finished_at if j.status in TERMINAL else None, n)),
     Column("elapsed", "ELAPSED", "elapsed_s", lambda s, j, n: human_duration(job_elapsed(j, n))),
     Column("exitcode", "EXIT", "exit_code", lambda s, j, n: _exit(j), ("exit",)),
-    Column("reason", "WHERE / WHY", "end_reason", lambda s, j, n: readable(job_note(j), n), ("note", "where")),
+    Column("reason", "WHERE / WHY", "end_reason", lambda s, j, n: readable(job_note(j, s), n), ("note", "where")),
 )
 _BY_NAME = {name: c for c in COLUMNS for name in (c.name, *c.aliases)}
 

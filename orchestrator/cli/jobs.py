@@ -1,18 +1,21 @@
-"""Job commands: submit and cancel."""
+"""Job commands: submit (arrays, dependencies, held), cancel (many, by filter), hold and release."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import aclosing
 
 import msgspec
+from msgspec.structs import replace
 
 from events.bus import Bus
-from events.sdk import FINAL, AdmissionRefused, Client, default_user
+from events.sdk import FINAL, AdmissionRefused, Client, default_user, new_job_id
 from events.subjects import type_filters
+from orchestrator.cli.arrays import ArraySpecError, parse_array
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import DENIED, FAILURE, NOT_FOUND, OK, TIMEOUT, UNREACHABLE, USAGE, CliError
 from orchestrator.cli.listing import checked_id
@@ -21,8 +24,8 @@ from orchestrator.cli.render import line
 from orchestrator.cli.specfile import load_jobspec
 from orchestrator.cli.state_view import load_state
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import TERMINAL, ClusterState
-from schemas import JobSpec, tag_of
+from orchestrator.core.state import TERMINAL, ClusterState, Job
+from schemas import ArrayElement, JobSpec, tag_of
 
 
 def current_user(args: argparse.Namespace | None = None) -> str:
@@ -92,48 +95,186 @@ async def check_fits(bus: Bus, spec: JobSpec) -> None:
 
 async def submit(args: argparse.Namespace) -> int:
     spec = load_jobspec(args.file)
+    try:
+        array = parse_array(args.array) if args.array is not None else None
+    except ArraySpecError as e:
+        raise CliError(str(e), USAGE) from None
+    base = checked_id(args.id, "job id") if args.id else new_job_id()
+    if array is not None:  # ID_INDEX must be an id too (128 characters at most)
+        checked_id(f"{base}_{array.indexes[-1]}", f"job id of the array's last element ({base}_{array.indexes[-1]})")
+    ok_ids, any_ids = _id_list(args.after_ok), _id_list(args.after_any)  # (bad ids refused before connecting)
     if args.allow_future_nodes:
         spec = msgspec.structs.replace(spec, allow_future_nodes=True)
     async with connected(args) as bus:
         await check_queue(bus, spec)
         await check_fits(bus, spec)
+        spec = await _gated(bus, spec, ok_ids, any_ids, hold=args.hold)
         client = _client(bus, args)
         with _refusals():
-            job_id = await client.submit(spec, job_id=args.id)
+            if array is None:
+                job_ids = [await client.submit(spec, job_id=base)]
+            else:
+                gates = spec.gating
+                job_ids = await client.submit_many(
+                    (f"{base}_{i}", replace(spec, gates=replace(gates, array=ArrayElement(
+                        array_id=base, index=i, limit=array.limit, indexes=array.text))))
+                    for i in array.indexes)
+        job_id = job_ids[0] if array is None else base
         if args.json and not args.wait:
-            print_json({"job_id": job_id})
+            print_json({"job_id": job_id, **({"jobs": job_ids} if array is not None else {})})
         elif not args.json:
-            print(job_id)
+            print(job_id if array is None else f"{base} (array of {len(job_ids)}: {job_ids[0]} .. {job_ids[-1]})")
         if not args.wait:
             return OK
-        try:
-            env = await client.wait(job_id, until=FINAL, timeout=args.timeout)
-        except TimeoutError:
-            raise CliError(f"{job_id} not finished after {args.timeout:g}s", TIMEOUT) from None
-        tag = tag_of(env.event)
+        results = []
+        for jid in job_ids:
+            try:
+                env = await client.wait(jid, until=FINAL, timeout=args.timeout)
+            except TimeoutError:
+                raise CliError(f"{jid} not finished after {args.timeout:g}s", TIMEOUT) from None
+            results.append((jid, env))
+            if not args.json:
+                print(line(env))
         if args.json:
-            print_json({"job_id": job_id, "result": tag, "seq": env.seq})
-        else:
-            print(line(env))
-        return OK if tag == "JobCompleted" else FAILURE
+            rows = [{"job_id": jid, "result": tag_of(env.event), "seq": env.seq} for jid, env in results]
+            print_json(rows[0] if array is None else {"job_id": base, "jobs": rows})
+        return OK if all(tag_of(env.event) == "JobCompleted" for _, env in results) else FAILURE
+
+
+def _id_list(values: list[str] | None) -> list[str]:
+    """Job ids from repeated, comma-separated options (`--after-ok j-1,j-2 --after-ok j-3`)."""
+    return [checked_id(v.strip(), "job id") for vs in values or () for v in vs.split(",") if v.strip()]
+
+
+async def _gated(bus: Bus, spec: JobSpec, ok_ids: list[str], any_ids: list[str], *, hold: bool) -> JobSpec:
+    """`spec` with the gates of the command line added (an array id named as a dependency means all its elements)."""
+    if not (ok_ids or any_ids or hold):
+        return spec
+    g = spec.gating
+    after_ok: tuple[str, ...] = ()
+    after_any: tuple[str, ...] = ()
+    if ok_ids or any_ids:
+        state = await load_state(bus)
+        after_ok, after_any = _expanded(state, ok_ids), _expanded(state, any_ids)
+        for jid in (*after_ok, *after_any):
+            if jid not in state.jobs:
+                print(f"corral: warning: no job {jid} in the log: a job that depends on it is cancelled "
+                      "(dependency never satisfied)", file=sys.stderr)
+    gates = replace(g, after_ok=(*g.after_ok, *after_ok), after_any=(*g.after_any, *after_any), hold=g.hold or hold)
+    return replace(spec, gates=gates)
+
+
+def _expanded(state: ClusterState, ids: list[str]) -> tuple[str, ...]:
+    """Each id, or the elements of the job array it names (in index order)."""
+    elements = _array_elements(state)
+    out: dict[str, None] = {}
+    for jid in ids:
+        out.update(dict.fromkeys(elements.get(jid, [jid]) if jid not in state.jobs else [jid]))
+    return tuple(out)
+
+
+def _array_elements(state: ClusterState) -> dict[str, list[str]]:
+    """Array id -> its elements' job ids, by index."""
+    found: dict[str, list[tuple[int, str]]] = {}
+    for job in state.jobs.values():
+        arr = job.spec.gating.array
+        if arr is not None:
+            found.setdefault(arr.array_id, []).append((arr.index, job.job_id))
+    return {a: [j for _, j in sorted(els)] for a, els in found.items()}
+
+
+def _chosen(state: ClusterState, ids: list[str]) -> tuple[list[Job], list[str]]:
+    """The jobs `ids` name (an array id: its elements), and the ids naming no job."""
+    elements = _array_elements(state) if any(j not in state.jobs for j in ids) else {}
+    jobs: dict[str, Job] = {}
+    unknown: list[str] = []
+    for jid in ids:
+        named = [jid] if jid in state.jobs else elements.get(jid, [])
+        if not named:
+            unknown.append(jid)
+        jobs.update((j, state.jobs[j]) for j in named)
+    return list(jobs.values()), unknown
+
+
+def _filtered(jobs: list[Job], args: argparse.Namespace) -> list[Job]:
+    return [j for j in jobs
+            if (args.by_user is None or j.submitted_by == args.by_user)
+            and (args.queue is None or args.queue in (j.spec.queue, j.queue))
+            and (args.name is None or j.spec.name == args.name)
+            and (args.state is None or j.status == args.state)]
 
 
 async def cancel(args: argparse.Namespace) -> int:
-    job_id = checked_id(args.job, "job id")
+    ids = [checked_id(j, "job id") for j in args.jobs]
+    filters = any(v is not None for v in (args.by_user, args.queue, args.name, args.state))
+    if not ids and not filters:
+        raise CliError("name the jobs to cancel, or choose them with --by-user, --queue, --name or --state", USAGE)
     async with connected(args) as bus:
-        job = (await load_state(bus)).jobs.get(job_id)
-        if job is None:
-            raise CliError(f"unknown job {job_id!r} (see `corral jobs`)", NOT_FOUND)
-        if job.status in TERMINAL:
-            if args.json:
-                print_json({"job_id": job_id, "status": job.status, "seq": None})
-            else:
-                print(f"{job_id} is already {job.status}: nothing to cancel")
-            return OK
+        state = await load_state(bus)
+        if ids:
+            named, unknown = _chosen(state, ids)
+        else:
+            named, unknown = [j for j in state.jobs.values() if j.status not in TERMINAL], []
+        chosen = _filtered(named, args)
+        over = [j for j in chosen if j.status in TERMINAL]
+        live = [j for j in chosen if j.status not in TERMINAL]
         with _refusals():
-            seq = await _client(bus, args).cancel(job_id, reason=args.reason)
-    print_json({"job_id": job_id, "seq": seq}) if args.json else print(f"cancel requested for {job_id}")
-    return OK
+            seqs = await _client(bus, args).cancel_many([j.job_id for j in live], reason=args.reason)
+    rows = ([{"job_id": j.job_id, "status": j.status, "seq": None} for j in over]
+            + [{"job_id": j.job_id, "seq": seq} for j, seq in zip(live, seqs, strict=True)])
+    for jid in unknown:
+        print(f"corral: error: unknown job {jid!r} (see `corral jobs`)", file=sys.stderr)
+    if args.json:
+        single = len(ids) == 1 and not filters and not unknown and len(rows) == 1
+        if rows or not unknown:
+            print_json(rows[0] if single else rows)
+    else:
+        for j in over:
+            print(f"{j.job_id} is already {j.status}: nothing to cancel")
+        for j in live:
+            print(f"cancel requested for {j.job_id}")
+        if not rows and not unknown:
+            print("(no job matches)")
+    return NOT_FOUND if unknown else OK
+
+
+async def hold(args: argparse.Namespace) -> int:
+    return await _hold_or_release(args, hold=True)
+
+
+async def release(args: argparse.Namespace) -> int:
+    return await _hold_or_release(args, hold=False)
+
+
+async def _hold_or_release(args: argparse.Namespace, *, hold: bool) -> int:
+    """Hold (or release) each named pending job; an array id names its elements."""
+    ids = [checked_id(j, "job id") for j in args.jobs]
+    async with connected(args) as bus:
+        state = await load_state(bus)
+        jobs, unknown = _chosen(state, ids)
+        client = _client(bus, args)
+        done: list[tuple[str, int | None, str]] = []
+        refused = 0
+        for job in jobs:
+            if job.status != "pending":
+                note = f"{job.job_id} is {job.status}: only a pending job can be {'held' if hold else 'released'}"
+                if len(jobs) == 1 or job.status not in TERMINAL:
+                    refused += 1
+                    print(f"corral: error: {note}", file=sys.stderr)
+                continue
+            if job.held == hold:
+                done.append((job.job_id, None, "already held" if hold else "not held"))
+                continue
+            seq = await (client.hold(job.job_id, reason=args.reason) if hold else client.release(job.job_id))
+            done.append((job.job_id, seq, "held" if hold else "released"))
+    for jid in unknown:
+        print(f"corral: error: unknown job {jid!r} (see `corral jobs`)", file=sys.stderr)
+    if args.json:
+        print_json([{"job_id": jid, "seq": seq, "result": what} for jid, seq, what in done])
+    else:
+        for jid, _, what in done:
+            print(f"{jid}: {what}")
+    return NOT_FOUND if unknown else FAILURE if refused else OK
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -149,17 +290,45 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--allow-future-nodes", action="store_true",
                    help="queue it even if no registered node could ever hold it (GPU count, model, memory, "
                         "topology): it waits for nodes to join instead of being refused (exit 2)")
+    p.add_argument("--array", metavar="INDEXES", help="a job array: one job per index, e.g. 0-99, 1,3,5-9, 0-20:5; "
+                   "%%N runs at most N at once (0-99%%8). Each element is job ID_INDEX with CORRAL_ARRAY_INDEX set; "
+                   "the array's id names them all (cancel, hold, release, --after-ok)")
+    p.add_argument("--after-ok", action="append", metavar="JOB[,JOB]", help="start only after these jobs completed; "
+                   "if one fails, is cancelled or does not exist, this job is cancelled (dependency never satisfied)")
+    p.add_argument("--after-any", action="append", metavar="JOB[,JOB]",
+                   help="start only after these jobs ended, however they ended")
+    p.add_argument("--hold", action="store_true", help="submit held: it starts only after `corral release`")
     _via_admission(p)
     p.set_defaults(handler=submit)
 
-    p = sub.add_parser("cancel", help="cancel a job", description="Append CancelRequested; running workers get "
-                       "SIGTERM and their grace period.")
+    p = sub.add_parser("cancel", help="cancel jobs", description="Append CancelRequested for each job named or "
+                       "chosen by the filters (an array id names all its elements); running workers get SIGTERM "
+                       "and their grace period. With job ids, the filters narrow them.")
     add_connection_args(p)
-    p.add_argument("job", help="job id")
+    p.add_argument("jobs", nargs="*", metavar="JOB", help="job ids (or job array ids)")
+    # `--user` is the NATS user of the connection options: the submitter filter is `--by-user`/`-u`, as for `jobs`.
+    p.add_argument("--by-user", "-u", dest="by_user", metavar="USER", help="only jobs this user submitted")
+    p.add_argument("--queue", help="only jobs of this queue")
+    p.add_argument("--name", help="only jobs of this name")
+    p.add_argument("--state", choices=("pending", "reserved", "running", "preempting"),
+                   help="only jobs in this state")
     p.add_argument("--reason", default="", help="recorded in the log")
     p.add_argument("--json", action="store_true")
     _via_admission(p)
     p.set_defaults(handler=cancel)
+
+    for name, handler, what in (("hold", hold, "keep pending jobs from starting until `corral release`"),
+                                ("release", release, "let held jobs start again")):
+        p = sub.add_parser(name, help=what, description=f"{what[0].upper()}{what[1:]} (JobHeld / JobReleased in "
+                           "the log); only a pending job can be held. An array id names all its elements.")
+        add_connection_args(p)
+        p.add_argument("jobs", nargs="+", metavar="JOB", help="job ids (or job array ids)")
+        if name == "hold":
+            p.add_argument("--reason", default="", help="recorded in the log")
+        else:
+            p.set_defaults(reason="")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(handler=handler, via_admission=False)
 
 
 def _via_admission(p: argparse.ArgumentParser) -> None:

@@ -16,9 +16,12 @@ from schemas import (
     JobCancelled,
     JobCompleted,
     JobFailed,
+    JobHeld,
     JobRejected,
+    JobReleased,
     JobRequeued,
     JobRunning,
+    JobSpec,
     JobSubmitted,
     JobWaiting,
     NodeCordoned,
@@ -65,7 +68,7 @@ def essentials(event: AnyEvent | Unknown) -> str:
     match event:
         case JobSubmitted(spec=s):
             topo = f" {s.topology.mode} {s.topology.level}" if s.topology else ""
-            return f"{s.name} queue={s.queue} prio={s.priority} {s.ranks}x{s.gpus_per_rank} GPU{topo}"
+            return f"{s.name} queue={s.queue} prio={s.priority} {s.ranks}x{s.gpus_per_rank} GPU{topo}{gates_text(s)}"
         case GangReserved():
             return f"attempt={event.attempt} epoch={event.epoch} {placement_summary(event.ranks)} {event.reason}".rstrip()
         case JobWaiting():
@@ -122,10 +125,31 @@ def essentials(event: AnyEvent | Unknown) -> str:
             return f"epoch={event.epoch} {event.scheduler_id}"
         case ClusterConfigured():
             return f"levels={'>'.join(event.topology_levels) or '-'} min_runtime={event.min_runtime_s:g}s"
+        case JobHeld():
+            by = f" by {event.requested_by}" if event.requested_by else ""
+            return f"held{by}" + (f": {event.reason}" if event.reason else "")
+        case JobReleased():
+            return "released" + (f" by {event.requested_by}" if event.requested_by else "")
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:
             assert_never(event)
+
+
+def gates_text(spec: JobSpec) -> str:
+    """` array=j-1[3] of 0-99%8 after-ok=j-0 held`: a spec's gates, "" for a job without."""
+    g = spec.gating
+    parts = []
+    if g.array is not None:
+        limit = f"%{g.array.limit}" if g.array.limit else ""
+        parts.append(f"array={g.array.array_id}[{g.array.index}] of {g.array.indexes or '?'}{limit}")
+    if g.after_ok:
+        parts.append("after-ok=" + ",".join(g.after_ok))
+    if g.after_any:
+        parts.append("after-any=" + ",".join(g.after_any))
+    if g.hold:
+        parts.append("held")
+    return "".join(f" {p}" for p in parts)
 
 
 #: Most characters of an unreadable message's reason a line shows (`--json` has all of it).

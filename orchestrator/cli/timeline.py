@@ -15,8 +15,9 @@ from typing import Any, NamedTuple, assert_never
 import msgspec
 
 from events.bus import Envelope
-from orchestrator.cli.render import placement_summary, unreadable
+from orchestrator.cli.render import gates_text, placement_summary, unreadable
 from orchestrator.core.evolve import evolve
+from orchestrator.core.gating import gate_reason
 from orchestrator.core.state import ClusterState, Job
 from schemas import (
     AnyEvent,
@@ -28,7 +29,9 @@ from schemas import (
     JobCancelled,
     JobCompleted,
     JobFailed,
+    JobHeld,
     JobRejected,
+    JobReleased,
     JobRequeued,
     JobRunning,
     JobSubmitted,
@@ -99,8 +102,10 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
         case JobSubmitted(spec=s):
             by = f" by {ev.submitted_by}" if ev.submitted_by else ""
             topo = f", {s.topology.mode} one {s.topology.level}" if s.topology else ""
+            gates = gates_text(s)
             return (f"submitted{by}: {s.name} to queue {s.queue}, {s.ranks}x{s.gpus_per_rank} GPUs{topo}, "
-                    f"priority {s.priority}{'' if s.preemptible else ', not preemptible'}")
+                    f"priority {s.priority}{'' if s.preemptible else ', not preemptible'}"
+                    + (f";{gates}" if gates else ""))
         case JobRejected():
             return "rejected: " + "; ".join(ev.reasons)
         case JobWaiting():
@@ -142,6 +147,11 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
             return f"failed (attempt {ev.attempt}): {ev.reason}"
         case JobCancelled():
             return "cancelled" + (f": {ev.reason}" if ev.reason else "")
+        case JobHeld():
+            by = f" by {ev.requested_by}" if ev.requested_by else ""
+            return f"held{by}" + (f": {ev.reason}" if ev.reason else "")
+        case JobReleased():
+            return "released" + (f" by {ev.requested_by}" if ev.requested_by else "")
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
               | QueueDeleted() | SchedulerElected() | ClusterConfigured()):
             return None  # about no job: the job_id test above has already left
@@ -164,6 +174,7 @@ class Story:
     def add(self, env: Envelope) -> None:
         s, ev = self.state, env.event
         before = s.jobs.get(self.job_id)
+        gate_before = self._gate(before)
         voids = s.voids
         evolve(s, ev, env.seq)
         self.end = env.stream_time
@@ -174,6 +185,9 @@ class Story:
                 self.entries.append(Entry(env.seq, env.stream_time, "Unknown", unreadable(env.seq, ev), False, ev))
             return
         text = _text(ev, self.job_id, before, s)
+        gate = self._gate_change(gate_before, ev)
+        if gate is not None:
+            text = gate if text is None else f"{text}; {gate}"
         if text is None:
             return
         void = s.voids > voids
@@ -181,6 +195,27 @@ class Story:
             text = f"{text} -- VOID, changed nothing ({s.last_void.partition(': ')[2]})"
         self.entries.append(Entry(env.seq, env.stream_time, tag_of(ev), text, void, ev))
 
+
+    def _gate(self, job: Job | None) -> tuple[object, ...] | None:
+        """What keeps the job out of its line (core/gating.py), as a value to compare; None: nothing."""
+        if job is None or self.job_id not in self.state.gated:
+            return None
+        return (job.held, job.blocked_on, job.doomed, job.status)
+
+    def _gate_change(self, before: tuple[object, ...] | None, ev: AnyEvent) -> str | None:
+        """A line for a change of the job's gates (held, dependencies, array slot), whichever event made it."""
+        job = self.state.jobs.get(self.job_id)
+        after = self._gate(job)
+        if after == before or job is None:
+            return None
+        if after is not None:
+            return f"gated: {gate_reason(self.state, job)}"
+        if job.status == "pending":
+            other: str = getattr(ev, "job_id", self.job_id)
+            cause = self.state.jobs.get(other) if other != self.job_id else None
+            why = f" ({other} {cause.status})" if cause is not None else ""
+            return f"gates open{why}: in its queue's line"
+        return None
 
     def add_void(self, env: Envelope, why: str) -> None:
         """`add` for an event the whole log's fold recorded as void (the index says so, having folded it):

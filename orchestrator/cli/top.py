@@ -33,6 +33,7 @@ from orchestrator.cli.render import line
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, readable, sorted_nodes
 from orchestrator.core.evolve import evolve
+from orchestrator.core.gating import gate_reason
 from orchestrator.core.state import FREE, ClusterState
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta", "bright_green",
@@ -145,9 +146,10 @@ def _pending(state: ClusterState, limit: int, now: float) -> RenderableType:
         t.add_column(h, no_wrap=h != "REASON")
     for jid in list(state.pending)[:limit]:
         job = state.jobs[jid]
-        w = job.waiting
+        w, gate = job.waiting, gate_reason(state, job)
         t.add_row(jid, job_queue(state, job), str(job.spec.priority), job_shape(job),
-                  f"{w.code}: {readable(w.message, now)}" if w else "not looked at yet")
+                  f"gated: {gate}" if gate is not None else f"{w.code}: {readable(w.message, now)}" if w
+                  else "not looked at yet")
     more = len(state.pending) - limit
     return Group(t, Text(f"... and {more} more", style="dim")) if more > 0 else t
 

@@ -16,6 +16,7 @@ from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
 from orchestrator.core.estimates import estimated_end
+from orchestrator.core.gating import gate_reason
 from orchestrator.core.plan import QueueLoad
 from orchestrator.core.state import (
     FINAL_RANKS_KEPT,
@@ -53,8 +54,11 @@ def job_shape(job: Job) -> str:
     return f"{job.spec.ranks}x{job.spec.gpus_per_rank}"
 
 
-def job_note(job: Job) -> str:
+def job_note(job: Job, state: ClusterState | None = None) -> str:
     """The one thing to know about a job now: where it runs, why it waits, or how it ended."""
+    gate = gate_reason(state, job) if state is not None else None
+    if gate is not None:
+        return f"gated: {gate}"
     if job.status in HOLDING:
         where = placement_summary(job.placement)
         if job.status == "preempting":
@@ -286,7 +290,10 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
     ]
     if job.placement:
         kv.append(("placement", placement_summary(job.placement)))
-    if job.status == "pending":
+    gate = gate_reason(state, job)
+    if gate is not None:
+        kv.append(("pending", f"gated: {gate}"))
+    elif job.status == "pending":
         w = job.waiting
         kv.append(("pending", f"{w.code}: {readable(w.message, now)}" if w else "not looked at by the scheduler yet"))
     kv.extend(estimate_lines(d["estimate"], job, now))
@@ -476,6 +483,7 @@ def pending_summaries(state: ClusterState) -> list[dict[str, Any]]:
     for jid in state.pending:
         job = state.jobs[jid]
         w = job.waiting
+        gate = gate_reason(state, job)
         out.append({
             "job_id": jid,
             "name": job.spec.name,
@@ -483,8 +491,8 @@ def pending_summaries(state: ClusterState) -> list[dict[str, Any]]:
             "priority": job.spec.priority,
             "gpus": job.spec.total_gpus,
             "attempt": job.attempt,
-            "code": w.code if w else None,
-            "message": w.message if w else None,
+            "code": "gated" if gate is not None else w.code if w else None,
+            "message": gate if gate is not None else w.message if w else None,
         })
     return out
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import assert_never
 
+from orchestrator.core import gating
 from orchestrator.core.evolve_cluster import (
     cluster_configured,
     node_cordon,
@@ -78,7 +79,9 @@ from schemas.events import (
     JobCancelled,
     JobCompleted,
     JobFailed,
+    JobHeld,
     JobRejected,
+    JobReleased,
     JobRequeued,
     JobRunning,
     JobSubmitted,
@@ -164,6 +167,10 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> Clus
             scheduler_elected(state, event)
         case ClusterConfigured():
             cluster_configured(state, event)
+        case JobHeld():
+            gating.held(state, event)
+        case JobReleased():
+            gating.released(state, event)
         case Unknown():
             state.unknown_events += 1
         case _:

@@ -6,10 +6,11 @@ Every transition checks the attempt it is about (evolve.py's docstring).
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import insort
 
 from msgspec.structs import replace
 
+from orchestrator.core import gating
 from orchestrator.core.eligibility import gpu_matches
 from orchestrator.core.estimates import record as record_run
 from orchestrator.core.evolve_fencing import stale, void
@@ -50,30 +51,20 @@ from schemas.events import (
 def job_submitted(state: ClusterState, e: JobSubmitted) -> None:
     if e.job_id in state.jobs:
         return  # a retried submit
-    job = state.jobs[e.job_id] = Job(job_id=e.job_id, spec=e.spec, submitted_at=e.occurred_at, submit_seq=state.seq,
-                                     submitted_by=e.submitted_by)
+    job = Job(job_id=e.job_id, spec=e.spec, submitted_at=e.occurred_at, submit_seq=state.seq,
+              submitted_by=e.submitted_by)
+    job = state.jobs[e.job_id] = gating.submitted(state, job)
     enqueue(state, job)
 
 
 def enqueue(state: ClusterState, job: Job) -> None:
+    """Pending again (or for the first time): in its queue's line, or gated (gating.py)."""
     state.pending[job.job_id] = job.submit_seq
-    state.unexplained[job.job_id] = job.submit_seq
-    insort(state.lines.setdefault(job.spec.queue, []), job.line_key)
+    gating.enter(state, job)
 
 
 def dequeue(state: ClusterState, job: Job) -> None:
-    if state.pending.pop(job.job_id, None) is None:
-        return
-    if job.job_id in state.holders:
-        state.holders.remove(job.job_id)
-    state.unexplained.pop(job.job_id, None)
-    line = state.lines[job.spec.queue]
-    key = job.line_key
-    i = bisect_left(line, key)
-    if i < len(line) and line[i] == key:
-        del line[i]
-    if not line:
-        del state.lines[job.spec.queue]
+    gating.leave(state, job)
 
 
 def job_rejected(state: ClusterState, e: JobRejected) -> None:
@@ -84,9 +75,10 @@ def job_rejected(state: ClusterState, e: JobRejected) -> None:
         return
     clear_earmark(state, job)
     dequeue(state, job)
-    state.jobs[e.job_id] = replace(
+    job = state.jobs[e.job_id] = replace(
         job, status="rejected", earmark=(), waiting=None, finished_at=e.occurred_at, end_reason="; ".join(e.reasons)
     )
+    gating.ended(state, job)
     retire(state, e.job_id)
 
 
@@ -99,6 +91,8 @@ def reservation_problem(state: ClusterState, e: GangReserved) -> str | None:
         return f"stale epoch {e.epoch} < {state.epoch}"
     if job.status != "pending" or job.attempt != e.attempt:
         return f"job is {job.status} at attempt {job.attempt}, not pending at {e.attempt}"
+    if e.job_id in state.gated:
+        return f"job is gated: {gating.gate_reason(state, job)}"
     spec = job.spec
     if len(e.ranks) != spec.ranks:
         return f"{len(e.ranks)} ranks placed, gang has {spec.ranks}"
@@ -179,8 +173,8 @@ def job_waiting(state: ClusterState, e: JobWaiting) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=False):
         return
     job = state.jobs.get(e.job_id)
-    if job is None or job.status != "pending":
-        return
+    if job is None or job.status != "pending" or e.job_id in state.gated:
+        return  # (a gated job is told no reason: one decided before its hold landed changes nothing)
     if job.earmark and e.code != "preempting":
         # The scheduler no longer waits on a preemption for it: release what it held.
         clear_earmark(state, job)
@@ -225,6 +219,9 @@ def preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
     if preemptor is None or preemptor.status != "pending":
         void(state, e.event_id, f"preemptor {e.preemptor_job_id} is not pending")
         return  # it was cancelled or placed meanwhile: the victim keeps running
+    if e.preemptor_job_id in state.gated:
+        void(state, e.event_id, f"preemptor {e.preemptor_job_id} is gated: {gating.gate_reason(state, preemptor)}")
+        return  # held (or waiting on others) since: no GPUs are earmarked for a job that may not start
     state.jobs[e.job_id] = replace(
         job, status="preempting", preemptor=e.preemptor_job_id, preempt_at=e.occurred_at, preempt_grace_s=e.grace_s
     )
@@ -320,9 +317,10 @@ def finish(state: ClusterState, job: Job, status: JobStatus, reason: str, at: fl
     dequeue(state, job)
     state.stopping.pop(job.job_id, None)
     state.checkpoint_votes.pop(job.job_id, None)
-    state.jobs[job.job_id] = replace(
+    job = state.jobs[job.job_id] = replace(
         job, status=status, gpus=0, finished_at=at, end_reason=reason, earmark=(), live=0, final_ranks=final_ranks
     )
+    gating.ended(state, job)
     retire(state, job.job_id)
 
 

@@ -62,6 +62,8 @@ def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
         }
     custom: dict[str, list[tuple[JobKey, Job]]] = {}
     for jid in state.pending:
+        if jid in state.gated:
+            continue  # held, waiting for other jobs or an array slot: in no line (core/gating.py)
         job = state.jobs[jid]
         custom.setdefault(resolve_queue(state, job.spec.queue), []).append((key(job), job))
     return {q: Line(iter(sorted(items, key=lambda kj: kj[0])), busy) for q, items in custom.items()}

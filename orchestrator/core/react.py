@@ -18,6 +18,9 @@ gang per cycle, the next one comes once the first is folded:
    ends as JobFailed("time limit ...") through rule 2;
 7. every rank started -> JobRunning.
 
+And pending jobs end: those asked to stop, and those whose dependency can never
+be met (gating.py), as JobCancelled with the reason.
+
 The scheduler's stop is a CancelRequested with requested_by=SCHEDULER so the
 agents need one stop protocol only (signal, grace, kill); the fold marks the
 stop `fail`, and rule 2 turns it into JobFailed instead of JobCancelled.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 from orchestrator.core.backoff import restart_delay
 from orchestrator.core.cycle import Cycle
+from orchestrator.core.gating import NEVER_SATISFIED
 from orchestrator.core.state import FREE, SCHEDULER, ClusterState, Job
 from schemas.events import (
     CancelRequested,
@@ -87,7 +91,14 @@ def react(c: Cycle, stopping: list[Job]) -> list[Event]:
         if e is not None:
             out.append(e)
     out.extend(_end(c, job) for job in stopping)
+    out.extend(_never_satisfied(c, jobs[jid]) for jid in state.doomed if jid not in state.stopping)
     return out
+
+
+def _never_satisfied(c: Cycle, job: Job) -> Event:
+    """The end of a job whose dependency can never be met (gating.py): cancelled, saying which."""
+    return JobCancelled(event_id=c.event_id("never", job), occurred_at=c.now, job_id=job.job_id,
+                        reason=f"{NEVER_SATISFIED}: {job.doomed}", epoch=c.epoch)
 
 
 def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:

@@ -209,6 +209,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Wall-clock time before which the current attempt's workers do not start: the backoff of the
     #: GangRestarted that began this attempt (its `not_before`; 0: none). Agents honour it.
     not_before: float = 0.0
+    #: Gates (core/gating.py): held by a user (JobHeld, or submitted held) until JobReleased; the jobs
+    #: it depends on that have not ended yet; why a dependency can never be met ("" while it can).
+    held: bool = False
+    blocked_on: tuple[str, ...] = ()
+    doomed: str = ""
 
     @property
     def waiting_since(self) -> float:
@@ -277,6 +282,17 @@ class ClusterState(msgspec.Struct, kw_only=True):
     lines: dict[str, list[LineKey]] = msgspec.field(default_factory=dict)
     #: Pending jobs with no JobWaiting yet (new or requeued): admission checks them once.
     unexplained: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Pending jobs kept out of their lines by a gate (core/gating.py): held, waiting for the jobs
+    #: they depend on, or array elements waiting for a slot. `pending` = the lines + these.
+    gated: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Gated jobs with a dependency that can never be met: react ends them.
+    doomed: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Job -> the gated jobs that wait for it to end.
+    dependents: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    #: Job array (with a limit) -> its elements holding a slot: in line or holding GPUs.
+    array_slots: dict[str, dict[str, None]] = msgspec.field(default_factory=dict)
+    #: Job array -> (submit seq, job id) of its elements waiting for a slot, in submit order.
+    array_waiting: dict[str, list[tuple[int, str]]] = msgspec.field(default_factory=dict)
     #: Jobs with a stop requested that have not ended yet.
     stopping: dict[str, int] = msgspec.field(default_factory=dict)
     #: Active jobs for which `needs_look` holds: react visits these, not every gang, each cycle.
@@ -330,17 +346,20 @@ class ClusterState(msgspec.Struct, kw_only=True):
 
         (Newer snapshots store them, in the log's order: why, see orchestrator/snapshot.py.)
         """
-        if len(self.pending) != sum(len(line) for line in self.lines.values()) or len(self.ends) != len(self.active):
+        in_lines = sum(len(line) for line in self.lines.values())
+        if len(self.pending) != in_lines + len(self.gated) or len(self.ends) != len(self.active):
             self._rebuild_indexes()
 
     def _rebuild_indexes(self) -> None:
         self.lines = {}
         for jid in self.pending:
             job = self.jobs[jid]
-            self.lines.setdefault(job.spec.queue, []).append(job.line_key)
+            if jid not in self.gated:
+                self.lines.setdefault(job.spec.queue, []).append(job.line_key)
         for line in self.lines.values():
             line.sort()
-        self.unexplained = {jid: n for jid, n in self.pending.items() if self.jobs[jid].waiting is None}
+        self.unexplained = {jid: n for jid, n in self.pending.items()
+                            if self.jobs[jid].waiting is None and jid not in self.gated}
         self.stopping = {
             jid: j.submit_seq for jid, j in self.jobs.items() if j.stop is not None and j.status not in TERMINAL
         }
@@ -365,6 +384,11 @@ class ClusterState(msgspec.Struct, kw_only=True):
             active=dict(self.active),
             lines={k: list(v) for k, v in self.lines.items()},
             unexplained=dict(self.unexplained),
+            gated=dict(self.gated),
+            doomed=dict(self.doomed),
+            dependents=dict(self.dependents),
+            array_slots={k: dict(v) for k, v in self.array_slots.items()},
+            array_waiting={k: list(v) for k, v in self.array_waiting.items()},
             stopping=dict(self.stopping),
             watch=dict(self.watch),
             ends=list(self.ends),

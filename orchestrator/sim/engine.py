@@ -19,7 +19,8 @@ and is written in the real log format, so the file folds with the normal
 Settling stops early when a decide round only produced JobWaiting,
 JobRejected or JobRunning (without releasing an earmark), or the end of a
 gang nobody waits on (JobCompleted, JobFailed, JobCancelled of a gang not
-being preempted): folding those changes nothing decide reads besides the
+being preempted, with no job depending on it nor array element waiting for
+its slot: core/gating.py): folding those changes nothing decide reads besides the
 waiting reasons it just wrote -- an ended gang's GPUs were already free in
 that round's plan (core/tentative.py) -- so another round would return
 nothing. Strict mode checks that claim -- and the safety invariants -- after
@@ -39,6 +40,7 @@ from typing import IO, Any, NamedTuple
 from orchestrator.core.decide import decide, decide_cycle
 from orchestrator.core.evolve import evolve
 from orchestrator.core.facts import SETTLE_S
+from orchestrator.core.gating import end_ungates
 from orchestrator.core.memo import Memo
 from orchestrator.core.state import HOLDING, RESERVING, ClusterState, Job
 from orchestrator.policies import Policies
@@ -285,7 +287,12 @@ class Simulation:
                     j = state.jobs.get(e.job_id)
                     if j is not None and j.status == "preempting":
                         inert = False  # its preemptor stops waiting for it
-                elif not isinstance(e, (JobRejected, JobRunning)):
+                    if end_ungates(state, e.job_id):
+                        inert = False  # jobs that waited for its end join their lines (core/gating.py)
+                elif isinstance(e, JobRejected):
+                    if end_ungates(state, e.job_id):
+                        inert = False
+                elif not isinstance(e, JobRunning):
                     inert = False
                 self.append(e)
             if state.voids != voids and self.config.strict:

@@ -11,7 +11,10 @@ and node outages (NodeFailed, until the node registers again), so the same
 workload can be re-run under another policy. A job's duration comes from the
 `SIM_DURATION_S` the simulator put in its spec; for logs of a real cluster,
 from the last attempt's run (reserved to completed), else its time limit;
-jobs with neither are left out and counted. Lines that are no event this
+jobs with neither are left out and counted. Dependencies and job arrays
+are kept (they are in the specs); holds are not (JobHeld / JobReleased are
+users' acts, not submissions: a job submitted held runs as if submitted
+free). Lines that are no event this
 version reads (corrupt JSON, a newer event type) are counted too, with their
 positions: the caller says so, since a lost JobSubmitted is a job missing
 from the re-run.
@@ -47,6 +50,7 @@ from schemas.events import (
     SchedulerElected,
     Unknown,
 )
+from schemas.jobspec import JobSpec
 
 read_log = read_events
 
@@ -133,10 +137,18 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
         if d is None or d <= 0:
             skipped.append(e.job_id)
             continue
-        jobs.append(SimJob(e.job_id, e.occurred_at, d, e.spec, lines[e.job_id]))
+        jobs.append(SimJob(e.job_id, e.occurred_at, d, _unheld(e.spec), lines[e.job_id]))
     jobs.sort(key=lambda j: j.submit_time)
     return LoggedScenario(Scenario(tuple(setup), tuple(jobs), tuple(sorted(outages, key=lambda o: o.time))),
                           tuple(skipped), tuple(unreadable))
+
+
+def _unheld(spec: JobSpec) -> JobSpec:
+    """`spec` not submitted held: a re-run replays submissions, not the holds and releases users gave them
+    (they are JobHeld / JobReleased, which a re-run leaves out), so a job held at submit would never start."""
+    if not spec.gating.hold:
+        return spec
+    return msgspec.structs.replace(spec, gates=msgspec.structs.replace(spec.gating, hold=False))
 
 
 def _numbered(path: str | Path) -> Iterator[tuple[int, AnyEvent | Unknown]]:

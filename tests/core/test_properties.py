@@ -61,15 +61,16 @@ def check_invariants(state: ClusterState) -> None:
     assert owned == held, "an owner map entry without a holding gang"
     for jid in state.pending:
         assert state.jobs[jid].status == "pending"
-    # the fold's queue lines hold exactly the pending jobs, sorted
+    # the fold's queue lines hold exactly the pending jobs not gated (core/gating.py), sorted
     in_lines = [k for line in state.lines.values() for k in line]
-    assert sorted(k[2] for k in in_lines) == sorted(state.pending)
+    assert sorted(k[2] for k in in_lines) == sorted(set(state.pending) - set(state.gated))
     assert all(line == sorted(line) for line in state.lines.values())
     # unexplained: the pending jobs without a reason, plus those explained while nodes were
     # still joining (their capacity verdict is due once the cluster settles)
     unsettled = {j for j in state.pending if (w := state.jobs[j].waiting) is not None
                  and w.at < state.newest_node_at + SETTLE_S}
-    assert {j for j in state.pending if state.jobs[j].waiting is None} <= set(state.unexplained)
+    assert {j for j in state.pending if state.jobs[j].waiting is None and j not in state.gated} <= set(state.unexplained)
+    assert not set(state.unexplained) & set(state.gated)
     assert set(state.unexplained) - {j for j in state.pending if state.jobs[j].waiting is None} <= unsettled
     assert set(state.stopping) == {j for j, job in state.jobs.items() if job.stop is not None
                                    and job.status not in ("completed", "failed", "cancelled", "rejected")}

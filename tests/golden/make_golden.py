@@ -29,7 +29,9 @@ from schemas import (
     JobCancelled,
     JobCompleted,
     JobFailed,
+    JobHeld,
     JobRejected,
+    JobReleased,
     JobRequeued,
     JobRunning,
     JobSpec,
@@ -135,6 +137,10 @@ def samples() -> list[Event]:
                      reason="superseded by a new sweep"),
         QueueDeleted(event_id="queue-deleted:sandbox:4e1f", occurred_at=T + 9700, queue="sandbox",
                      reason="not in queues.yaml (queue apply --prune)"),
+        JobHeld(event_id="hold:j-5ee1d0a1b2:7c1f", occurred_at=T + 9800, job_id="j-5ee1d0a1b2", requested_by="alice",
+                reason="waiting for the new dataset"),
+        JobReleased(event_id="release:j-5ee1d0a1b2:9e2d", occurred_at=T + 9900, job_id="j-5ee1d0a1b2",
+                    requested_by="alice"),
     ]
 
 
