@@ -13,6 +13,8 @@ from schemas import (
     ClusterConfigured,
     GangReserved,
     GangRestarted,
+    GpuHealthy,
+    GpuUnhealthy,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -23,6 +25,7 @@ from schemas import (
     JobWaiting,
     NodeCordoned,
     NodeFailed,
+    NodeHealthChecked,
     NodeRecovered,
     NodeRegistered,
     NodeUncordoned,
@@ -120,6 +123,13 @@ def essentials(event: AnyEvent | Unknown) -> str:
             return f"epoch={event.epoch} {event.scheduler_id}"
         case ClusterConfigured():
             return f"levels={'>'.join(event.topology_levels) or '-'} min_runtime={event.min_runtime_s:g}s"
+        case GpuUnhealthy():
+            job = f" job={event.running_job}" if event.running_job else ""
+            return f"GPU {event.gpu_index} {event.severity}: {event.reason} ({event.source}){job}"
+        case GpuHealthy():
+            return f"GPU {event.gpu_index} healthy: {event.reason or 'back in service'} ({event.source})"
+        case NodeHealthChecked():
+            return "health check passed" if event.ok else f"health check failed (exit {event.exit_code}): {event.output}"
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:

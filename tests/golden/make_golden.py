@@ -25,6 +25,8 @@ from schemas import (
     GangReserved,
     GangRestarted,
     Gpu,
+    GpuHealthy,
+    GpuUnhealthy,
     Inventory,
     JobCancelled,
     JobCompleted,
@@ -38,6 +40,7 @@ from schemas import (
     Mount,
     NodeCordoned,
     NodeFailed,
+    NodeHealthChecked,
     NodeRecovered,
     NodeRegistered,
     NodeUncordoned,
@@ -135,6 +138,14 @@ def samples() -> list[Event]:
                      reason="superseded by a new sweep"),
         QueueDeleted(event_id="queue-deleted:sandbox:4e1f", occurred_at=T + 9700, queue="sandbox",
                      reason="not in queues.yaml (queue apply --prune)"),
+        GpuUnhealthy(event_id="gpu-unhealthy:dgx-h100-07:3:xid79:1f2e:1", occurred_at=T + 9800, node_id="dgx-h100-07",
+                     gpu_index=3, gpu_uuid="GPU-3d2f1a9c-0b7e-4c1d-9a53-2f4c6b0c9d13",
+                     reason="Xid 79 (GPU has fallen off the bus)", xid=79, severity="fatal", running_job=J),
+        GpuHealthy(event_id="gpu-healthy:dgx-h100-07:3:ops:1", occurred_at=T + 9900, node_id="dgx-h100-07",
+                   gpu_index=3, gpu_uuid="GPU-3d2f1a9c-0b7e-4c1d-9a53-2f4c6b0c9d13",
+                   reason="undrained by alice: GPU replaced", source="operator"),
+        NodeHealthChecked(event_id="health-check:dgx-h100-07:1f2e:1", occurred_at=T + 9950, node_id="dgx-h100-07",
+                          ok=False, exit_code=1, output="ERROR: ib0 link down"),
     ]
 
 
