@@ -309,6 +309,10 @@ class SchedulerElected(Event, tag="SchedulerElected", frozen=True):
     scheduler_id: str
 
 
+#: ClusterConfigured.drain_unhealthy_gpus when not set: two faulty GPUs drain a node (issue #32).
+DEFAULT_DRAIN_UNHEALTHY_GPUS = 2
+
+
 class ClusterConfigured(Event, tag="ClusterConfigured", frozen=True):
     """Cluster-wide scheduling settings, in the log so every replay decides alike."""
 
@@ -321,7 +325,7 @@ class ClusterConfigured(Event, tag="ClusterConfigured", frozen=True):
     default_queue: str = "default"
     epoch: int = 0
     #: A node with this many fatally unhealthy GPUs is drained for new work (0: never by count).
-    drain_unhealthy_gpus: int = 2
+    drain_unhealthy_gpus: int = DEFAULT_DRAIN_UNHEALTHY_GPUS
 
 
 AnyEvent = (

@@ -26,6 +26,7 @@ from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.logging import configure_logging
 from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_id
 from schemas import ClusterConfigured, Inventory
+from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -71,9 +72,13 @@ def parse_labels(text: str | None) -> dict[str, str]:
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfigured:
     levels = tuple(x for x in (args.topology_levels or "").split(",") if x)
-    return ClusterConfigured(event_id=f"config:{','.join(levels)}:{args.min_runtime}", occurred_at=0.0,
+    drain = args.drain_unhealthy_gpus
+    if drain < 0:
+        raise CliError(f"--drain-unhealthy-gpus must be >= 0, got {drain}", USAGE)
+    suffix = f":drain{drain}" if drain != DEFAULT_DRAIN_UNHEALTHY_GPUS else ""  # (default runs keep their id)
+    return ClusterConfigured(event_id=f"config:{','.join(levels)}:{args.min_runtime}{suffix}", occurred_at=0.0,
                              topology_levels=levels, min_runtime_s=args.min_runtime,
-                             fairshare_half_life_s=args.half_life)
+                             fairshare_half_life_s=args.half_life, drain_unhealthy_gpus=drain)
 
 
 async def run_scheduler(args: argparse.Namespace) -> int:
@@ -443,6 +448,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="fair-share usage half-life; 0 = no decay (default)")
         p.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
                        help="declare a node failed after this long without a heartbeat (default %(default)s)")
+        p.add_argument("--drain-unhealthy-gpus", type=int, default=2, metavar="K",
+                       help="a node with K GPUs out of service (GpuUnhealthy) takes no new work; 0: never by count "
+                            "(default %(default)s)")
 
     p = sub.add_parser("scheduler", help="run the scheduler service (one leader, others stand by)",
                        description="Follow the log, decide, append decisions. Several may run: a lease elects one.")

@@ -21,7 +21,7 @@ from typing import Literal
 
 import msgspec
 
-from schemas.events import RankPlacement
+from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS, RankPlacement
 from schemas.inventory import Inventory
 from schemas.jobspec import JobSpec
 
@@ -72,7 +72,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     fairshare_half_life_s: float = 0.0
     min_runtime_s: float = 60.0
     default_queue: str = "default"
-    drain_unhealthy_gpus: int = 2
+    drain_unhealthy_gpus: int = DEFAULT_DRAIN_UNHEALTHY_GPUS
 
 
 class GpuFault(msgspec.Struct, frozen=True, kw_only=True, gc=False):

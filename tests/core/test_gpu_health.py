@@ -225,3 +225,25 @@ def test_no_placement_ever_on_an_unhealthy_gpu(node_count: int, script: list[tup
     for jid in s.state.active:
         assert not (gpus_of(s, jid) & faults) or s.state.jobs[jid].stop is not None, jid
     assert snapshot(fold(s.log)) == snapshot(s.state)
+
+
+def test_usage_by_state_counts_the_gpu_hours_an_attempt_ended_by_a_gpu_fault_held() -> None:
+    from orchestrator.core.accounting import GPU_FAULT, GpuTime
+    from orchestrator.core.state import ClusterState
+
+    s = Sim()
+    s.node("n0")
+    s.node("n1")
+    s.submit("gang", gpus_per_rank=8)
+    s.run()
+    node = s.job("gang").placement[0].node_id
+    s.tick(3600)
+    sick(s, node, 3)
+    s.run()
+    assert s.job("gang").attempt == 2
+    t = GpuTime(by="state")
+    state = ClusterState()
+    for e in s.log:
+        state = t.fold(state, e)
+    assert t.accounts[GPU_FAULT].gpu_seconds == 8 * 3600
+    assert t.accounts[GPU_FAULT].reservations == 1
