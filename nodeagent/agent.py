@@ -593,6 +593,7 @@ class Agent:
             and tr.restart_policy == "rank"
             and tr.spec.restarts < tr.max_restarts
             and rank_intent(self.follower.state, self.node_id, key) == "run"
+            and not self._on_faulty_gpu(tr)  # its gang is requeued elsewhere, not restarted on a bad GPU
         )
         if restart:
             self._restarting.add(key)
@@ -612,6 +613,10 @@ class Agent:
             self.follower.changed.set()
         if restart:
             self._spawn(self._restart_later(key, tr.spec.restarts + 1))
+
+    def _on_faulty_gpu(self, tr: Tracked) -> bool:
+        me = self.follower.state.nodes.get(self.node_id)
+        return me is not None and bool(me.gpu_faults) and not me.unhealthy_gpus.isdisjoint(tr.spec.gpus)
 
     def _release_gpus(self, tr: Tracked) -> None:
         """The worker ended and the log says so: its GPUs stop blocking starts (`_held_gpus`); wake reconcile."""

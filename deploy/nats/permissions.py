@@ -81,7 +81,8 @@ INDEX_ASKERS = ("client", "admin", "ops")
 #: others only theirs. A test checks that every tag in schemas has an owner.
 APPENDS: dict[str, tuple[str, ...]] = {
     "client": ("JobSubmitted", "CancelRequested"),
-    "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned", "GpuUnhealthy", "GpuHealthy"),
+    # (admins also append GpuUnhealthy / GpuHealthy for any node: `corral gpu drain|undrain`)
+    "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned"),
     "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed", "GpuUnhealthy",
               "GpuHealthy", "NodeHealthChecked"),
     "scheduler": (

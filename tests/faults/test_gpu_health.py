@@ -25,7 +25,7 @@ import pytest
 from events.bus import Bus
 from events.sdk import Client
 from events.server import NatsServer
-from schemas import Checkpointed, GpuHealthy, GpuUnhealthy, JobRequeued, JobSpec, NodeHealthChecked
+from schemas import Checkpointed, GpuHealthy, GpuUnhealthy, JobRequeued, JobSpec, NodeHealthChecked, WorkerExited
 from tests.faults.gpu_fault_check import work_on_faulted_gpus
 from tests.faults.ledger import ledger_command, overlaps, placements, read_ledger
 from tests.faults.logcheck import check_log, read_log
@@ -286,3 +286,48 @@ async def test_a_healthy_fake_cluster_under_load_reports_no_fault_and_an_applica
     logs = "".join((tmp_path / f"agent-{n}.log").read_text() for n in ("n0", "n1"))
     assert '"gpu_unhealthy"' not in logs
     print(f"{SOAK_S:g}s under load: {len(jobs)} jobs, 0 GpuUnhealthy")
+
+
+#: A worker whose GPU fails under it: on attempt 1 it writes Xid 79 for its first GPU into the node's fake
+#: NVML scenario and crashes at once, as a process does when its GPU falls off the bus; later attempts finish.
+XID_WORKER = """
+import json, os, sys, time
+if os.environ["CORRAL_ATTEMPT"] == "1":
+    path = sys.argv[1]
+    data = json.loads(open(path).read())
+    data["xids"].append({"gpu": int(os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]), "xid": 79})
+    open(path + ".w", "w").write(json.dumps(data))
+    os.replace(path + ".w", path)
+    sys.exit(1)
+time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("policy", ["gang", "rank"])
+async def test_a_worker_killed_by_its_gpu_is_requeued_not_restarted(nats_server: NatsServer, bus: Bus,
+                                                                    tmp_path: Path, policy: str) -> None:
+    """The crash and the Xid come together: the agent tells the fault first, so no restart is spent on it."""
+    url = nats_server.url
+    scen = Scenario(tmp_path / "nvml-n0.json")
+    procs = [scheduler_proc(url, "s1", tmp_path), health_agent(url, "n0", tmp_path, 0)]
+    try:
+        async with observer(bus) as f:
+            await until(f, lambda s: "n0" in s.nodes, 60, "the agent", alive=procs)
+            await Client(bus).submit(JobSpec(name="j", ranks=1, gpus_per_rank=4, restart_policy=policy,  # type: ignore[arg-type]
+                                             max_restarts=3,
+                                             command=(sys.executable, "-c", XID_WORKER, str(scen.path))), job_id="j")
+            await until(f, lambda s: s.jobs["j"].status == "completed", 60, "j completed", alive=procs)
+            job = f.state.jobs["j"]
+            assert job.attempt == 2 and job.restarts == 0
+    finally:
+        stop_all(procs)
+    events = await read_log(bus)
+    check_log(events, jobs=["j"])
+    assert not work_on_faulted_gpus(events)
+    kinds = [type(e).__name__ for _, e in events]
+    assert "GangRestarted" not in kinds
+    exits = [e for _, e in events if isinstance(e, WorkerExited) and e.attempt == 1]
+    assert exits and not any(e.will_restart for e in exits), "no rank restart on the faulty GPU"
+    assert kinds.index("GpuUnhealthy") < kinds.index("WorkerExited"), "the fault is told before the crash"
+    (requeue,) = [e for _, e in events if isinstance(e, JobRequeued)]
+    assert "Xid 79" in requeue.reason
