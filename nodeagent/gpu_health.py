@@ -369,10 +369,9 @@ class GpuHealthWatch:
             short = name.removeprefix("NVML_NVLINK_ERROR_").lower()
             cause = f"nvlink{link}.{short}"
             fatal = name in _NVLINK_FATAL
-            if fatal and cause in g.fatal:
-                continue
+            if cause in (g.fatal if fatal else g.warned):
+                continue  # told once (a warning again only after an undrain re-reads the counters)
             (g.fatal if fatal else g.warned).add(cause)
-            g.nvlink_base[(link, counter)] = value if not fatal else base
             out.append(Finding(g.index, g.uuid, f"NVLink {link} {short} errors rose {base} -> {value}",
                                GPU_FATAL if fatal else GPU_WARNING, counter=f"nvlink_{short}", value=value,
                                cause=cause))

@@ -125,11 +125,13 @@ async def gpu_drain(args: argparse.Namespace) -> int:
             known = ", ".join(state.nodes) or "none registered"
             raise CliError(f"unknown node {node_id!r}; known: {known}", NOT_FOUND)
         gpus = node.inventory.gpus
-        if not 0 <= index < len(gpus):
+        # (a GPU that fell off the bus may be gone from the inventory the agent registered since: undrain it anyway)
+        if not 0 <= index < len(gpus) and (drain or index not in node.unhealthy_gpus):
             raise CliError(f"node {node_id} has GPUs 0-{len(gpus) - 1}, not {index}", NOT_FOUND)
-        owner = state.owners.get(node_id, ())[index] if index < len(state.owners.get(node_id, ())) else ""
+        owners = state.owners.get(node_id, ())
+        owner = owners[index] if index < len(owners) else ""
         client = Client(bus)
-        uuid = gpus[index].uuid
+        uuid = gpus[index].uuid if index < len(gpus) else next(f.uuid for f in node.gpu_faults if f.index == index)
         if drain:
             seq = await client.drain_gpu(node_id, index, reason=args.reason, gpu_uuid=uuid)
         else:
