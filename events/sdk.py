@@ -34,6 +34,8 @@ from events.bus import Bus, Envelope
 from events.subjects import check_id, job_filter
 from schemas import (
     CancelRequested,
+    GpuHealthy,
+    GpuUnhealthy,
     JobHeld,
     JobReleased,
     JobSpec,
@@ -226,6 +228,24 @@ class Client:
         return await self.bus.append(
             NodeUncordoned(event_id=f"uncordon:{node_id}:{secrets.token_hex(6)}", occurred_at=time.time(),
                            node_id=node_id)
+        )
+
+    async def drain_gpu(self, node_id: str, gpu_index: int, reason: str = "", gpu_uuid: str = "") -> int:
+        """Take one GPU out of service (an operator's GpuUnhealthy): its gang, if any, is requeued."""
+        check_id(node_id, "node id")
+        return await self.bus.append(
+            GpuUnhealthy(event_id=f"gpu-drain:{node_id}:{gpu_index}:{secrets.token_hex(6)}", occurred_at=time.time(),
+                         node_id=node_id, gpu_index=gpu_index, gpu_uuid=gpu_uuid, reason=reason or "drained by an "
+                         "operator", source="operator")
+        )
+
+    async def undrain_gpu(self, node_id: str, gpu_index: int, reason: str = "", gpu_uuid: str = "") -> int:
+        """Put one GPU back in service (GpuHealthy), whoever took it out."""
+        check_id(node_id, "node id")
+        return await self.bus.append(
+            GpuHealthy(event_id=f"gpu-undrain:{node_id}:{gpu_index}:{secrets.token_hex(6)}", occurred_at=time.time(),
+                       node_id=node_id, gpu_index=gpu_index, gpu_uuid=gpu_uuid,
+                       reason=reason or "undrained by an operator", source="operator")
         )
 
     async def watch(self, job_id: str) -> AsyncGenerator[Envelope, None]:

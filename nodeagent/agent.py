@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal as signals
 import time
 import uuid
@@ -29,6 +30,7 @@ from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, checkpoint_failure, newest_manifest, step_of
+from nodeagent.gpu_health import Finding, GpuHealthWatch
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
 from nodeagent.rank_env import ignored_spec_env, rank_env
@@ -36,7 +38,19 @@ from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, 
 from orchestrator.core.evolve import evolve
 from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.state import ClusterState, Job
-from schemas import Checkpointed, Event, Inventory, NodeRecovered, NodeRegistered, WorkerExited, WorkerStarted
+from schemas import (
+    Checkpointed,
+    Event,
+    GpuHealthy,
+    GpuUnhealthy,
+    Inventory,
+    NodeHealthChecked,
+    NodeRecovered,
+    NodeRegistered,
+    WorkerExited,
+    WorkerStarted,
+)
+from schemas.events import GPU_FATAL
 from schemas.heartbeat import HEARTBEAT_BUCKET
 
 log = structlog.get_logger("corral.agent")
@@ -84,11 +98,25 @@ class AgentConfig:
     #: Docker renumbers the GPUs it exposes from 0 inside the container.
     isolated_gpus: bool = False
     backoff: Backoff = field(default_factory=Backoff)
+    #: How long one GPU health poll waits for Xid events (the watch runs only with a `GpuHealthWatch`).
+    health_poll_s: float = 1.0
+    #: The operator's health-check command (a shell line, like Slurm's HealthCheckProgram): a non-zero
+    #: exit drains the node with its output, a pass after that brings it back. None: no check.
+    health_check: str | None = None
+    health_check_interval_s: float = 60.0
+    health_check_timeout_s: float = 60.0
 
 
 class Agent:
-    def __init__(self, bus: Bus, config: AgentConfig, inventory: Inventory, runtime: Runtime) -> None:
+    def __init__(self, bus: Bus, config: AgentConfig, inventory: Inventory, runtime: Runtime,
+                 health: GpuHealthWatch | None = None) -> None:
         self.bus = bus
+        self.health = health
+        #: Serializes NVML polls (the loop's, and the one a crashing worker's report waits for).
+        self._health_lock = asyncio.Lock()
+        self._health_n = 0
+        #: GPUs the log had out of service at the last look: one undrained since is watched afresh.
+        self._faulted: frozenset[int] = frozenset()
         self.config = config
         self.inventory = inventory
         self.runtime = runtime
@@ -143,6 +171,10 @@ class Agent:
                     )
                 )
                 tg.create_task(self._reconcile_loop())
+                if self.health is not None:
+                    tg.create_task(self._health_loop(self.health))
+                if self.config.health_check:
+                    tg.create_task(self._health_check_loop(self.config.health_check))
         finally:
             with contextlib.suppress(Exception):
                 await logs.unsubscribe()
@@ -563,6 +595,9 @@ class Agent:
             if failed:
                 log.warning("checkpoint_failed", job_id=key[0], attempt=key[1], rank=key[2], why=failed,
                             steps_lost=lost)
+        if info.reason == "crashed" and self.health is not None and tr.spec.gpus:
+            # A GPU fault kills its workers too: told first, the gang is requeued (restarts unspent), not restarted.
+            await self._health_poll(self.health, 0)
         reason = tr.ending or info.reason
         restart = (
             tr.ending is None
@@ -570,6 +605,7 @@ class Agent:
             and tr.restart_policy == "rank"
             and tr.spec.restarts < tr.max_restarts
             and rank_intent(self.follower.state, self.node_id, key) == "run"
+            and not self._on_faulty_gpu(tr)  # its gang is requeued elsewhere, not restarted on a bad GPU
         )
         if restart:
             self._restarting.add(key)
@@ -590,6 +626,10 @@ class Agent:
             self.follower.changed.set()
         if restart:
             self._spawn(self._restart_later(key, tr.spec.restarts + 1))
+
+    def _on_faulty_gpu(self, tr: Tracked) -> bool:
+        me = self.follower.state.nodes.get(self.node_id)
+        return me is not None and bool(me.gpu_faults) and not me.unhealthy_gpus.isdisjoint(tr.spec.gpus)
 
     def _release_gpus(self, tr: Tracked) -> None:
         """The worker ended and the log says so: its GPUs stop blocking starts (`_held_gpus`); wake reconcile."""
@@ -638,8 +678,108 @@ class Agent:
             )
         )
 
+    # --- GPU health -------------------------------------------------------------------
+
+    async def _health_loop(self, watch: GpuHealthWatch) -> None:
+        """Poll NVML (in a thread: its calls block) and put what it finds in the log."""
+        await asyncio.to_thread(watch.start)
+        if watch.unsupported:
+            log.info("gpu_health_unsupported", node_id=self.node_id, queries=sorted(watch.unsupported))
+        try:
+            wait_ms = max(0, int(self.config.health_poll_s * 1000))
+            while True:
+                stop_if_cancelled()
+                await self._health_poll(watch, wait_ms)
+                if wait_ms == 0:
+                    await asyncio.sleep(self.config.health_poll_s)
+        finally:
+            watch.close()
+
+    async def _health_poll(self, watch: GpuHealthWatch, wait_ms: int) -> None:
+        async with self._health_lock:
+            me = self.follower.state.nodes.get(self.node_id)
+            faulted = me.unhealthy_gpus if me is not None else frozenset()
+            for index in self._faulted - faulted:  # undrained (an operator, a reset): watch it afresh
+                watch.clear(index)
+            self._faulted = faulted
+            findings = await asyncio.to_thread(watch.poll, wait_ms)
+            for f in findings:
+                await self._report_health(f)
+
+    async def _report_health(self, f: Finding) -> None:
+        state = self.follower.state
+        me = state.nodes.get(self.node_id)
+        fault = next((x for x in me.gpu_faults if x.index == f.index), None) if me is not None else None
+        self._health_n += 1
+        n = f"{self.incarnation}:{self._health_n}"
+        if f.healthy:
+            # Only a fault this watch can see end (lost, a pending remap): an Xid or a drain stays until undrained.
+            if fault is not None and fault.source == "agent" and fault.xid is None:
+                log.info("gpu_healthy", node_id=self.node_id, gpu=f.index, reason=f.reason)
+                seq = await self._append(GpuHealthy(event_id=f"gpu-healthy:{self.node_id}:{f.index}:{n}",
+                                                    occurred_at=time.time(), node_id=self.node_id,
+                                                    gpu_index=f.index, gpu_uuid=f.uuid, reason=f.reason))
+                await self.follower.wait_for_seq(seq)
+            return
+        if f.severity == GPU_FATAL and fault is not None:
+            log.info("gpu_fault_again", node_id=self.node_id, gpu=f.index, reason=f.reason)
+            return  # already out of service
+        owners = state.owners.get(self.node_id, ())
+        job = owners[f.index] if f.index < len(owners) else ""
+        (log.error if f.severity == GPU_FATAL else log.warning)(
+            "gpu_unhealthy", node_id=self.node_id, gpu=f.index, uuid=f.uuid, reason=f.reason, severity=f.severity,
+            job_id=job or None)
+        seq = await self._append(GpuUnhealthy(
+            event_id=f"gpu-unhealthy:{self.node_id}:{f.index}:{n}", occurred_at=time.time(), node_id=self.node_id,
+            gpu_index=f.index, gpu_uuid=f.uuid, reason=f.reason, xid=f.xid, counter=f.counter, value=f.value,
+            severity=f.severity, running_job=job))
+        if f.severity == GPU_FATAL:
+            await self.follower.wait_for_seq(seq)  # the next poll sees it in the fold: never told twice
+
+    async def _health_check_loop(self, command: str) -> None:
+        """Run the operator's check every interval; tell the log when its verdict differs from the log's."""
+        n = 0
+        while True:
+            stop_if_cancelled()
+            ok, code, output = await run_health_check(command, self.config.health_check_timeout_s)
+            me = self.follower.state.nodes.get(self.node_id)
+            failing = me is not None and bool(me.health_check)
+            if me is not None and ok == failing:
+                n += 1
+                (log.info if ok else log.error)("health_check", node_id=self.node_id, ok=ok, exit_code=code,
+                                                output=output[-500:])
+                seq = await self._append(NodeHealthChecked(
+                    event_id=f"health-check:{self.node_id}:{self.incarnation}:{n}", occurred_at=time.time(),
+                    node_id=self.node_id, ok=ok, exit_code=code, output="" if ok else output))
+                await self.follower.wait_for_seq(seq)
+            await asyncio.sleep(self.config.health_check_interval_s)
+
     async def stop_workers(self, grace_s: float = UNWANTED_GRACE_S) -> None:
         """Stop every worker this agent runs (used when `corral up` exits without --keep-workers)."""
         for tr in list(self.workers.values()):
             with contextlib.suppress(Exception):
                 await stop_with_grace(self.runtime, tr.handle, min(grace_s, tr.grace_s))
+
+
+#: Most characters of a health check's output the log keeps (its tail).
+HEALTH_OUTPUT_CHARS = 2000
+
+
+async def run_health_check(command: str, timeout_s: float) -> tuple[bool, int | None, str]:
+    """(passed, exit code, output) of `sh -c command`; a check that hangs past `timeout_s` fails."""
+    proc = await asyncio.create_subprocess_shell(command, stdout=asyncio.subprocess.PIPE,
+                                                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+    try:
+        async with asyncio.timeout(timeout_s):
+            out, _ = await proc.communicate()
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signals.SIGKILL)
+        await proc.wait()
+        return False, None, f"health check timed out after {timeout_s:g}s"
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signals.SIGKILL)
+        raise
+    text = out.decode(errors="replace").strip()[-HEALTH_OUTPUT_CHARS:]
+    return proc.returncode == 0, proc.returncode, text

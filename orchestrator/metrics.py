@@ -116,18 +116,25 @@ def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None =
     epoch.add_metric([], state.epoch)
 
     node_gpus = gauge("corral_node_gpus", "GPUs of a node by state (allocated: held by a gang)", ["node", "state"])
-    node_cond = gauge("corral_node_condition", "1 for the node's condition (ready, cordoned, failed)",
+    node_cond = gauge("corral_node_condition", "1 for the node's condition (ready, cordoned, drained, failed)",
                       ["node", "condition"])
+    gpu_healthy = gauge("corral_gpu_healthy", "1 while a GPU is in service, 0 while a fatal GpuUnhealthy holds it out",
+                        ["node", "gpu", "uuid"])
     cluster_free = 0
     for nid, node in state.nodes.items():
         owners = state.owners.get(nid, ())
+        sick = node.unhealthy_gpus
         used = sum(1 for o in owners if o != FREE)
+        free = sum(1 for i, o in enumerate(owners) if o == FREE and i not in sick)
         node_gpus.add_metric([nid, "allocated"], used)
-        node_gpus.add_metric([nid, "free"], len(owners) - used)
-        cond = "failed" if node.failed else "cordoned" if node.cordoned else "ready"
+        node_gpus.add_metric([nid, "free"], free)
+        node_gpus.add_metric([nid, "unhealthy"], len(sick))
+        cond = "failed" if node.failed else "cordoned" if node.cordoned else "drained" if node.drained else "ready"
         node_cond.add_metric([nid, cond], 1)
+        for g in node.inventory.gpus:
+            gpu_healthy.add_metric([nid, str(g.index), g.uuid], 0 if g.index in sick else 1)
         if node.schedulable:
-            cluster_free += len(owners) - used
+            cluster_free += free
 
     q_alloc = gauge("corral_queue_gpus_allocated", "GPUs a queue holds now (its own jobs)", ["queue"])
     q_free = gauge("corral_queue_gpus_free", "GPUs a queue could still take now: free schedulable GPUs, capped "
@@ -175,8 +182,8 @@ def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None =
                                 "taken), since the log began")
     voids.add_metric([], state.voids)
 
-    out: list[Metric] = [*fold_gauges([(None, state)], snapshot), epoch, node_gpus, node_cond, q_alloc, q_free,
-                         q_guar, q_limit, q_weight, q_pending, pending, jobs, voids]
+    out: list[Metric] = [*fold_gauges([(None, state)], snapshot), epoch, node_gpus, node_cond, gpu_healthy, q_alloc,
+                         q_free, q_guar, q_limit, q_weight, q_pending, pending, jobs, voids]
     if heartbeat_ages is not None:
         hb = gauge("corral_node_heartbeat_age_seconds", "Seconds since the scheduler last received the node's "
                    "heartbeat (its own clock)", ["node"])

@@ -240,6 +240,64 @@ class NodeUncordoned(Event, tag="NodeUncordoned", frozen=True):
     node_id: str
 
 
+#: GpuUnhealthy.severity: a fatal fault takes the GPU out of service; a warning is only recorded.
+GPU_FATAL = "fatal"
+GPU_WARNING = "warning"
+
+
+class GpuUnhealthy(Event, tag="GpuUnhealthy", frozen=True):
+    """A GPU is faulty (the node agent's health watch, or an operator's `corral gpu drain`).
+
+    A fatal one is never placed again until a GpuHealthy; a gang running on it
+    is requeued from its checkpoint without spending its restarts (the fault is
+    the hardware's). A node with `ClusterConfigured.drain_unhealthy_gpus` such
+    GPUs is drained for new work. A warning (throttling, a warning Xid) changes
+    nothing but is in the log for `corral explain` and `corral tail`.
+    """
+
+    node_id: str
+    gpu_index: int
+    gpu_uuid: str = ""
+    #: What was seen, for humans: "Xid 79 (GPU has fallen off the bus)", "drained by alice: bad fan".
+    reason: str = ""
+    #: The Xid, when an Xid event was the cause.
+    xid: int | None = None
+    #: The NVML counter that rose, when one did (e.g. "ecc_dbe_volatile"), and its new value.
+    counter: str = ""
+    value: int = 0
+    severity: str = GPU_FATAL
+    #: The job whose worker ran on the GPU when the agent saw the fault ("" if none). Not `job_id`:
+    #: the event is about the node (its subject), and the fold finds the gang from the GPU's owner.
+    running_job: str = ""
+    #: "agent" (health watch) or "operator" (`corral gpu drain`).
+    source: str = "agent"
+
+
+class GpuHealthy(Event, tag="GpuHealthy", frozen=True):
+    """A GPU is back in service (after a reset, or an operator's `corral gpu undrain`)."""
+
+    node_id: str
+    gpu_index: int
+    gpu_uuid: str = ""
+    reason: str = ""
+    source: str = "agent"
+
+
+class NodeHealthChecked(Event, tag="NodeHealthChecked", frozen=True):
+    """The operator's health-check command changed its verdict on a node (like Slurm's HealthCheckProgram).
+
+    Appended by the node's agent only when the verdict differs from the log's: a
+    failed check drains the node for new work (its output says why); a passing
+    one after it brings the node back.
+    """
+
+    node_id: str
+    ok: bool
+    exit_code: int | None = None
+    #: The check's output (its tail), shown as the node's drain reason.
+    output: str = ""
+
+
 # --- queue -------------------------------------------------------------------
 
 
@@ -273,6 +331,10 @@ class SchedulerElected(Event, tag="SchedulerElected", frozen=True):
     scheduler_id: str
 
 
+#: ClusterConfigured.drain_unhealthy_gpus when not set: two faulty GPUs drain a node (issue #32).
+DEFAULT_DRAIN_UNHEALTHY_GPUS = 2
+
+
 class ClusterConfigured(Event, tag="ClusterConfigured", frozen=True):
     """Cluster-wide scheduling settings, in the log so every replay decides alike."""
 
@@ -284,6 +346,8 @@ class ClusterConfigured(Event, tag="ClusterConfigured", frozen=True):
     min_runtime_s: float = 60.0
     default_queue: str = "default"
     epoch: int = 0
+    #: A node with this many fatally unhealthy GPUs is drained for new work (0: never by count).
+    drain_unhealthy_gpus: int = DEFAULT_DRAIN_UNHEALTHY_GPUS
 
 
 AnyEvent = (
@@ -314,6 +378,9 @@ AnyEvent = (
     | ClusterConfigured
     | JobHeld
     | JobReleased
+    | GpuUnhealthy
+    | GpuHealthy
+    | NodeHealthChecked
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

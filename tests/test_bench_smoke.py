@@ -25,6 +25,8 @@ TINY: dict[str, list[str] | None] = {
     "cli_start.py": ["--runs", "1"],
     "coldread.py": ["--jobs", "30", "--events", "500", "--rounds", "1"],
     "gang_starts.py": ["--nodes", "2", "--gangs", "3", "--run-s", "0.1"],
+    # Fake GPUs (no driver here); on a GPU machine it runs on the real ones without --fake-gpus.
+    "gpu_health_watch.py": ["--seconds", "1", "--poll", "0.2", "--fake-gpus", "8"],
     # Every reader and query once on a 60-job history (each a real `corral` process).
     "history.py": ["--jobs", "60", "--runs", "1", "--timeout", "120"],
     "load.py": ["--jobs", "4", "--clients", "1", "--nodes", "2", "--gpus", "8", "--agent-procs", "1",

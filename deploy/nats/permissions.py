@@ -81,8 +81,10 @@ INDEX_ASKERS = ("client", "admin", "ops")
 #: others only theirs. A test checks that every tag in schemas has an owner.
 APPENDS: dict[str, tuple[str, ...]] = {
     "client": ("JobSubmitted", "CancelRequested", "JobHeld", "JobReleased"),
+    # (admins also append GpuUnhealthy / GpuHealthy for any node: `corral gpu drain|undrain`)
     "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned"),
-    "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed"),
+    "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed", "GpuUnhealthy",
+              "GpuHealthy", "NodeHealthChecked"),
     "scheduler": (
         "GangReserved", "PreemptionRequested", "Preempted", "JobRunning", "JobCompleted", "JobFailed",
         "JobCancelled", "JobRejected", "JobWaiting", "JobRequeued", "GangRestarted", "NodeFailed",
@@ -153,6 +155,9 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
         writes = [
             f"corral.node.{node}.NodeRegistered",
             f"corral.node.{node}.NodeRecovered",
+            f"corral.node.{node}.GpuUnhealthy",
+            f"corral.node.{node}.GpuHealthy",
+            f"corral.node.{node}.NodeHealthChecked",
             "corral.job.*.WorkerStarted",
             "corral.job.*.WorkerExited",
             "corral.job.*.Checkpointed",
@@ -176,6 +181,8 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
             "corral.queue.*.QueueDeleted",
             "corral.node.*.NodeCordoned",
             "corral.node.*.NodeUncordoned",
+            "corral.node.*.GpuUnhealthy",  # corral gpu drain / undrain
+            "corral.node.*.GpuHealthy",
         ]
     elif role == "scheduler":
         writes = [

@@ -1,4 +1,4 @@
-"""Operator commands: `corral queue set` and `corral node cordon|uncordon`.
+"""Operator commands: `corral queue set`, `corral node cordon|uncordon` and `corral gpu drain|undrain`.
 
 Both read the folded state first, so a typo in a node name is a clear
 "unknown node" instead of an event nobody acts on, and `queue set` changes
@@ -105,6 +105,47 @@ async def node_cordon(args: argparse.Namespace) -> int:
     return OK
 
 
+def gpu_address(text: str) -> tuple[str, int]:
+    """`NODE:IDX` -> (node id, GPU index); an argparse type, so a bad one is a usage error naming it."""
+    node, sep, index = text.rpartition(":")
+    if not sep or not node or not index.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NODE:IDX (e.g. dgx-07:3), got {text!r}")
+    return node, int(index)
+
+
+async def gpu_drain(args: argparse.Namespace) -> int:
+    """`corral gpu drain|undrain NODE:IDX`: GpuUnhealthy / GpuHealthy by an operator."""
+    node_id, index = args.gpu
+    checked_id(node_id, "node id")
+    drain = args.gpu_command == "drain"
+    async with connected(args) as bus:
+        state = await load_state(bus)
+        node = state.nodes.get(node_id)
+        if node is None:
+            known = ", ".join(state.nodes) or "none registered"
+            raise CliError(f"unknown node {node_id!r}; known: {known}", NOT_FOUND)
+        gpus = node.inventory.gpus
+        # (a GPU that fell off the bus may be gone from the inventory the agent registered since: undrain it anyway)
+        if not 0 <= index < len(gpus) and (drain or index not in node.unhealthy_gpus):
+            raise CliError(f"node {node_id} has GPUs 0-{len(gpus) - 1}, not {index}", NOT_FOUND)
+        owners = state.owners.get(node_id, ())
+        owner = owners[index] if index < len(owners) else ""
+        client = Client(bus)
+        uuid = gpus[index].uuid if index < len(gpus) else next(f.uuid for f in node.gpu_faults if f.index == index)
+        if drain:
+            seq = await client.drain_gpu(node_id, index, reason=args.reason, gpu_uuid=uuid)
+        else:
+            seq = await client.undrain_gpu(node_id, index, reason=args.reason, gpu_uuid=uuid)
+    if args.json:
+        print_json({"node_id": node_id, "gpu_index": index, "gpu_uuid": uuid, "drained": drain, "seq": seq})
+    elif drain:
+        hit = f"; job {owner} on it is requeued from its checkpoint" if owner else ""
+        print(f"{node_id}:{index} ({uuid}) drained: no work is placed on it{hit} (#{seq})")
+    else:
+        print(f"{node_id}:{index} ({uuid}) undrained: takes work again (#{seq})")
+    return OK
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("queue", help="define or change a queue", description="Queue administration.")
     qsub = p.add_subparsers(dest="queue_command", metavar="ACTION", required=True)
@@ -134,3 +175,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             s.add_argument("--reason", default="", help="recorded in the log")
         s.add_argument("--json", action="store_true")
         s.set_defaults(handler=node_cordon)
+
+    p = sub.add_parser("gpu", help="drain or undrain one GPU (NODE:IDX)", description="GPU administration.")
+    gsub = p.add_subparsers(dest="gpu_command", metavar="ACTION", required=True)
+    for action, text in (("drain", "take GPU NODE:IDX out of service (a gang on it is requeued from its checkpoint)"),
+                         ("undrain", "put GPU NODE:IDX back in service (GpuHealthy)")):
+        s = gsub.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        add_connection_args(s)
+        s.add_argument("gpu", type=gpu_address, metavar="NODE:IDX", help="node id and GPU index, e.g. dgx-07:3")
+        s.add_argument("--reason", default="", help="recorded in the log")
+        s.add_argument("--json", action="store_true")
+        s.set_defaults(handler=gpu_drain)

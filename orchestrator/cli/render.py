@@ -13,6 +13,8 @@ from schemas import (
     ClusterConfigured,
     GangReserved,
     GangRestarted,
+    GpuHealthy,
+    GpuUnhealthy,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -26,6 +28,7 @@ from schemas import (
     JobWaiting,
     NodeCordoned,
     NodeFailed,
+    NodeHealthChecked,
     NodeRecovered,
     NodeRegistered,
     NodeUncordoned,
@@ -130,6 +133,13 @@ def essentials(event: AnyEvent | Unknown) -> str:
             return f"held{by}" + (f": {event.reason}" if event.reason else "")
         case JobReleased():
             return "released" + (f" by {event.requested_by}" if event.requested_by else "")
+        case GpuUnhealthy():
+            job = f" job={event.running_job}" if event.running_job else ""
+            return f"GPU {event.gpu_index} {event.severity}: {event.reason} ({event.source}){job}"
+        case GpuHealthy():
+            return f"GPU {event.gpu_index} healthy: {event.reason or 'back in service'} ({event.source})"
+        case NodeHealthChecked():
+            return "health check passed" if event.ok else f"health check failed (exit {event.exit_code}): {event.output}"
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:

@@ -18,6 +18,7 @@ from events.server import NatsServer, NatsServerError
 from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.discovery import NoGpuError, node_inventory
+from nodeagent.gpu_health import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, GpuHealthWatch, HealthPolicy, parse_xids
 from nodeagent.runtime.base import Runtime
 from nodeagent.runtime.process import ProcessRuntime
 from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
@@ -26,6 +27,7 @@ from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.logging import configure_logging
 from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_id
 from schemas import ClusterConfigured, Inventory
+from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -71,9 +73,13 @@ def parse_labels(text: str | None) -> dict[str, str]:
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfigured:
     levels = tuple(x for x in (args.topology_levels or "").split(",") if x)
-    return ClusterConfigured(event_id=f"config:{','.join(levels)}:{args.min_runtime}", occurred_at=0.0,
+    drain = args.drain_unhealthy_gpus
+    if drain < 0:
+        raise CliError(f"--drain-unhealthy-gpus must be >= 0, got {drain}", USAGE)
+    suffix = f":drain{drain}" if drain != DEFAULT_DRAIN_UNHEALTHY_GPUS else ""  # (default runs keep their id)
+    return ClusterConfigured(event_id=f"config:{','.join(levels)}:{args.min_runtime}{suffix}", occurred_at=0.0,
                              topology_levels=levels, min_runtime_s=args.min_runtime,
-                             fairshare_half_life_s=args.half_life)
+                             fairshare_half_life_s=args.half_life, drain_unhealthy_gpus=drain)
 
 
 async def run_scheduler(args: argparse.Namespace) -> int:
@@ -173,13 +179,42 @@ def agent_inventory(args: argparse.Namespace, node_id: str) -> Inventory:
     return found.inventory
 
 
+def health_watch(args: argparse.Namespace, inventory: Inventory) -> GpuHealthWatch | None:
+    """The agent's GPU health watch: the real NVML on a GPU node, the scenario-driven fake with --fake-nvml.
+
+    Fake GPUs without --fake-nvml have none (nothing to watch); --no-health-watch turns it off.
+    """
+    if args.no_health_watch or (args.fake_gpus is not None and args.fake_nvml is None):
+        return None
+    try:
+        policy = HealthPolicy(fatal_xids=parse_xids(args.xid_fatal), ignored_xids=parse_xids(args.xid_ignore))
+    except ValueError as e:
+        raise CliError(str(e), USAGE) from None
+    nvml: Any
+    if args.fake_gpus is not None:
+        from nodeagent.fake_nvml import FakeNvml
+
+        nvml = FakeNvml(args.fake_gpus, node_id=args.node_id, scenario=args.fake_nvml)
+    else:
+        import pynvml
+
+        nvml = pynvml
+    return GpuHealthWatch(nvml, [g.uuid for g in inventory.gpus], policy)
+
+
 async def run_agent(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     data_dir = Path(args.data_dir).resolve() / args.node_id
     inventory = agent_inventory(args, args.node_id)
+    if args.fake_nvml is not None and args.fake_gpus is None:
+        raise CliError("--fake-nvml drives the health watch of fake GPUs: give --fake-gpus N too", USAGE)
     config = AgentConfig(node_id=args.node_id, address=args.address or socket.gethostname(), data_dir=data_dir,
                          checkpoint_root=Path(args.checkpoint_root).resolve() if args.checkpoint_root else None,
-                         heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
+                         heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker",
+                         health_poll_s=args.health_poll, health_check=args.health_check or None,
+                         health_check_interval_s=args.health_check_interval,
+                         health_check_timeout_s=args.health_check_timeout)
+    watch = health_watch(args, inventory)
     try:
         docker = docker_options(args, inventory) if args.runtime == "docker" else None
         if args.worker_log_max_mb <= 0 or args.worker_log_files < 2:
@@ -191,7 +226,7 @@ async def run_agent(args: argparse.Namespace) -> int:
             raise
         raise CliError("the docker runtime needs the Docker SDK: pip install 'corral[docker]'", USAGE) from None
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True, wait_for_creator=True) as bus:
-        agent = Agent(bus, config, inventory, runtime)
+        agent = Agent(bus, config, inventory, runtime, health=watch)
         metrics_server = await start_metrics(args, agents=[agent])
         try:
             return await until_signalled(agent.run())
@@ -423,6 +458,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="fair-share usage half-life; 0 = no decay (default)")
         p.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
                        help="declare a node failed after this long without a heartbeat (default %(default)s)")
+        p.add_argument("--drain-unhealthy-gpus", type=int, default=2, metavar="K",
+                       help="a node with K GPUs out of service (GpuUnhealthy) takes no new work; 0: never by count "
+                            "(default %(default)s)")
 
     p = sub.add_parser("scheduler", help="run the scheduler service (one leader, others stand by)",
                        description="Follow the log, decide, append decisions. Several may run: a lease elects one.")
@@ -456,6 +494,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--worker-log-files", type=int, default=LOG_FILES, metavar="N",
                    help="process runtime: log files kept per worker, the current one included (default "
                         "%(default)s); a worker's output on disk never exceeds MB x N")
+    h = p.add_argument_group("GPU health", "the NVML health watch and the operator's health check "
+                             "(nodeagent/gpu_health.py)")
+    h.add_argument("--no-health-watch", action="store_true", help="do not watch GPU health through NVML")
+    h.add_argument("--fake-nvml", metavar="FILE", help="with --fake-gpus: watch them through a fake NVML driven by "
+                   "this scenario file (nodeagent/fake_nvml.py), read again whenever it changes")
+    h.add_argument("--health-poll", type=float, default=1.0, metavar="S",
+                   help="longest wait for Xid events per poll; counters are read every poll (default %(default)s)")
+    h.add_argument("--xid-fatal", default=",".join(map(str, sorted(DEFAULT_FATAL_XIDS))), metavar="LIST",
+                   help="Xids that take a GPU out of service (default %(default)s); Xids in neither list are "
+                        "warnings")
+    h.add_argument("--xid-ignore", default=",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))), metavar="LIST",
+                   help="application Xids never reported (default %(default)s)")
+    h.add_argument("--health-check", metavar="CMD", help="a shell command run every --health-check-interval; a "
+                   "non-zero exit drains the node with its output, a pass after that brings it back")
+    h.add_argument("--health-check-interval", type=float, default=60.0, metavar="S", help="(default %(default)s)")
+    h.add_argument("--health-check-timeout", type=float, default=60.0, metavar="S",
+                   help="a check running longer fails (default %(default)s)")
     d = p.add_argument_group("Docker runtime", "what worker containers get (nodeagent/runtime/docker_options.py)")
     d.add_argument("--docker-network", choices=("auto", "host", "bridge"), default="auto",
                    help="host: the node's network (rank 0 listens on MASTER_ADDR = --address); bridge: a private "

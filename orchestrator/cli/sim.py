@@ -121,6 +121,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1, help="default %(default)s")
     g.add_argument("--node-mtbf-days", type=float, default=0.0, dest="node_mtbf_days",
                    help="mean days between outages per node; 0: none (default %(default)s)")
+    g.add_argument("--gpu-faults", type=int, default=0, dest="gpu_faults", metavar="N",
+                   help="N GPU faults (one GPU of one node each) at random times; rows of --outages-out with a gpu "
+                        "column (default %(default)s)")
+    g.add_argument("--gpu-fault-hours", type=float, default=4.0, dest="gpu_fault_hours", metavar="H",
+                   help="median hours a faulty GPU stays out of service (default %(default)s)")
     g.add_argument("--outages-out", metavar="FILE", type=Path, dest="outages_out",
                    help="outages CSV to write (required with --node-mtbf-days: the trace holds only jobs)")
     g.set_defaults(handler=gen_handler)

@@ -283,6 +283,11 @@ def _gen_problems(args: argparse.Namespace) -> list[str]:
     elif args.node_mtbf_days > 0 and args.outages_out is None:
         out.append("--node-mtbf-days needs --outages-out FILE: the trace CSV holds only jobs, the outages go "
                    "to their own file (then `corral sim --outages FILE`)")
+    if args.gpu_faults < 0 or not args.gpu_fault_hours > 0:
+        out.append(f"--gpu-faults must be >= 0 and --gpu-fault-hours > 0, got {args.gpu_faults} and "
+                   f"{args.gpu_fault_hours}")
+    elif args.gpu_faults > 0 and args.outages_out is None:
+        out.append("--gpu-faults needs --outages-out FILE: GPU faults are rows of the outages CSV (with a gpu column)")
     return out
 
 
@@ -296,7 +301,8 @@ def gen(args: argparse.Namespace) -> int:
         cluster = load_cluster(args.cluster) if args.cluster else standard_cluster(
             args.nodes, args.gpus_per_node, args.queues)
         trace = generate(cluster, GenConfig(jobs=args.jobs, load=args.load, seed=args.seed,
-                                            node_mtbf_days=args.node_mtbf_days))
+                                            node_mtbf_days=args.node_mtbf_days, gpu_faults=args.gpu_faults,
+                                            gpu_fault_hours=args.gpu_fault_hours))
     except (ClusterSpecError, ValueError) as e:
         return _error(str(e))
     try:

@@ -26,6 +26,8 @@ from schemas import (
     ClusterConfigured,
     GangReserved,
     GangRestarted,
+    GpuHealthy,
+    GpuUnhealthy,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -38,6 +40,7 @@ from schemas import (
     JobWaiting,
     NodeCordoned,
     NodeFailed,
+    NodeHealthChecked,
     NodeRecovered,
     NodeRegistered,
     NodeUncordoned,
@@ -96,6 +99,10 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
             return f"preempting {_who(state, ev.job_id)} to make room: {ev.reason}"
         case Preempted() if ev.preemptor_job_id == job_id and ev.job_id != job_id:
             return f"{ev.job_id} yielded its GPUs for this job"
+        case GpuUnhealthy() if before is not None and not before.gpu_fault:
+            after = state.jobs.get(job_id)
+            if after is not None and after.gpu_fault:  # one of this attempt's GPUs failed under it
+                return f"{after.gpu_fault} under attempt {after.attempt}: the gang stops and is requeued"
     if getattr(ev, "job_id", None) != job_id:
         return None
     match ev:
@@ -153,7 +160,8 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
         case JobReleased():
             return "released" + (f" by {ev.requested_by}" if ev.requested_by else "")
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
-              | QueueDeleted() | SchedulerElected() | ClusterConfigured()):
+              | QueueDeleted() | SchedulerElected() | ClusterConfigured() | GpuUnhealthy() | GpuHealthy()
+              | NodeHealthChecked()):
             return None  # about no job: the job_id test above has already left
         case _:
             assert_never(ev)

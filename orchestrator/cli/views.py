@@ -348,7 +348,26 @@ def sorted_nodes(state: ClusterState) -> list[Node]:
 def node_state(node: Node) -> str:
     if node.failed:
         return "failed"
-    return "cordoned" if node.cordoned else "ready"
+    return "cordoned" if node.cordoned else "drained" if node.drained else "ready"
+
+
+def gpu_health(node: Node) -> list[dict[str, Any]]:
+    """Every GPU of the node with its health: healthy, or the fault that took it out of service."""
+    faults = {f.index: f for f in node.gpu_faults}
+    out = []
+    for g in node.inventory.gpus:
+        f = faults.get(g.index)
+        out.append({"index": g.index, "uuid": g.uuid, "healthy": f is None,
+                    "reason": f.reason if f else None, "xid": f.xid if f else None,
+                    "source": f.source if f else None, "since": f.since if f else None})
+    return out
+
+
+def health_text(node: Node) -> str:
+    """`8 ok`, or `7 ok, 3=Xid 79`: the node's GPUs out of service and why (the reason's first words)."""
+    ok = node.inventory.gpu_count - len(node.gpu_faults)
+    bad = [f"{f.index}={(f'Xid {f.xid}' if f.xid is not None else f.reason)[:24]}" for f in node.gpu_faults]
+    return ", ".join([f"{ok} ok", *bad])
 
 
 def gpu_runs(owners: tuple[str, ...]) -> list[tuple[int, int, str]]:
@@ -379,9 +398,11 @@ def node_summary(state: ClusterState, node: Node) -> dict[str, Any]:
         "state": node_state(node),
         "cordoned": node.cordoned,
         "failed": node.failed,
+        "drained": node.drained or None,
+        "gpu_health": gpu_health(node),
         "gpus": len(owners),
         "used": used,
-        "free": len(owners) - used,
+        "free": sum(1 for i, o in enumerate(owners) if o == FREE and i not in node.unhealthy_gpus),
         "model": inv.gpus[0].model if inv.gpus else None,
         "labels": dict(sorted(inv.labels.items())),
         "address": node.address,
@@ -391,7 +412,7 @@ def node_summary(state: ClusterState, node: Node) -> dict[str, Any]:
     }
 
 
-NODES_HEADERS = ("NODE", "STATE", "USED", "FREE", "MODEL", "LABELS", "JOBS")
+NODES_HEADERS = ("NODE", "STATE", "USED", "FREE", "GPU HEALTH", "MODEL", "LABELS", "JOBS")
 
 
 def nodes_rows(state: ClusterState) -> list[list[Any]]:
@@ -399,8 +420,8 @@ def nodes_rows(state: ClusterState) -> list[list[Any]]:
     for node in sorted_nodes(state):
         n = node_summary(state, node)
         labels = ",".join(f"{k}={v}" for k, v in n["labels"].items()) or "-"
-        rows.append([n["node_id"], n["state"], f"{n['used']}/{n['gpus']}", n["free"], n["model"] or "-", labels,
-                     " ".join(n["jobs"]) or "-"])
+        rows.append([n["node_id"], n["state"], f"{n['used']}/{n['gpus']}", n["free"], health_text(node),
+                     n["model"] or "-", labels, " ".join(n["jobs"]) or "-"])
     return rows
 
 

@@ -5,7 +5,9 @@ The fold keeps the newest FINISHED_KEPT finished jobs, so it cannot answer
 `evolve` every reader runs) and charges each reservation when the fold
 releases it: from the gang's `reserved_at` to the event that gave its GPUs
 back (completed, failed, cancelled, preempted, requeued), on the event's
-own clock, to the queue the fold charged and the job's submitter. A void
+own clock, to the queue the fold charged and the job's submitter (`--by
+state`: how it ended; "gpu_fault" for an attempt a GPU fault ended, the
+GPU-hours hardware faults cost). A void
 reservation never held GPUs, so it is never charged. Reservations still
 holding GPUs at the end are charged up to the moment asked (`held_until`).
 
@@ -26,6 +28,10 @@ GroupBy = Literal["queue", "user", "state"]
 
 #: The key of a job submitted without a recorded submitter.
 NO_USER = "(unknown)"
+
+#: How a reservation ended (`--by state`) when a GPU fault ended it (Job.gpu_fault): its GPU-hours are
+#: what hardware faults cost, beside "pending" (requeued for other reasons, preempted) and the final states.
+GPU_FAULT = "gpu_fault"
 
 
 @dataclass
@@ -68,7 +74,10 @@ def account(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> tup
     finished = None
     if after is not None and after.status in TERMINAL and before.status not in TERMINAL:
         finished = after if after.queue else before
-    return state, Accounted(at, released, finished, after.status if after is not None else before.status)
+    status: str = after.status if after is not None else before.status
+    if released is not None and released.gpu_fault and finished is None:
+        status = GPU_FAULT  # requeued because one of its GPUs failed: time the hardware cost
+    return state, Accounted(at, released, finished, status)
 
 
 @dataclass

@@ -52,6 +52,7 @@ from orchestrator.core.evolve_cluster import (
     queue_deleted,
 )
 from orchestrator.core.evolve_fencing import scheduler_elected
+from orchestrator.core.evolve_health import gpu_healthy, gpu_unhealthy, node_health_checked
 from orchestrator.core.evolve_jobs import (
     cancel_requested,
     gang_reserved,
@@ -76,6 +77,8 @@ from schemas.events import (
     ClusterConfigured,
     GangReserved,
     GangRestarted,
+    GpuHealthy,
+    GpuUnhealthy,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -88,6 +91,7 @@ from schemas.events import (
     JobWaiting,
     NodeCordoned,
     NodeFailed,
+    NodeHealthChecked,
     NodeRecovered,
     NodeRegistered,
     NodeUncordoned,
@@ -108,7 +112,8 @@ _ALLOCATION_UNTOUCHED = (
     WorkerStarted, WorkerExited, JobSubmitted, JobRunning, JobWaiting, Checkpointed,
     QueueDefined, SchedulerElected, ClusterConfigured, Unknown,
 )
-_NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUncordoned)
+_NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUncordoned, GpuUnhealthy, GpuHealthy,
+                NodeHealthChecked)
 
 
 def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> ClusterState:
@@ -171,6 +176,12 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> Clus
             gating.held(state, event)
         case JobReleased():
             gating.released(state, event)
+        case GpuUnhealthy():
+            gpu_unhealthy(state, event)
+        case GpuHealthy():
+            gpu_healthy(state, event)
+        case NodeHealthChecked():
+            node_health_checked(state, event)
         case Unknown():
             state.unknown_events += 1
         case _:

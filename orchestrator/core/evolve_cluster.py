@@ -5,6 +5,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_fencing import stale
+from orchestrator.core.evolve_health import redrain_all
 from orchestrator.core.state import FREE, ClusterState, Config, Node, Queue
 from orchestrator.core.usage import recompute_trees
 from schemas.events import ClusterConfigured, NodeFailed, NodeRecovered, NodeRegistered, QueueDefined, QueueDeleted
@@ -18,7 +19,9 @@ def cluster_configured(state: ClusterState, e: ClusterConfigured) -> None:
         fairshare_half_life_s=e.fairshare_half_life_s,
         min_runtime_s=e.min_runtime_s,
         default_queue=e.default_queue,
+        drain_unhealthy_gpus=e.drain_unhealthy_gpus,
     )
+    redrain_all(state)
 
 
 def node_registered(state: ClusterState, e: NodeRegistered) -> None:

@@ -104,8 +104,9 @@ def reservation_problem(state: ClusterState, e: GangReserved) -> str | None:
         node = state.nodes.get(rp.node_id)
         if node is None:
             return f"unknown node {rp.node_id}"
-        if node.failed or node.cordoned:
-            return f"node {rp.node_id} is {'failed' if node.failed else 'cordoned'}"
+        if not node.schedulable:
+            why = "failed" if node.failed else "cordoned" if node.cordoned else f"drained ({node.drained})"
+            return f"node {rp.node_id} is {why}"
         if len(rp.gpus) != spec.gpus_per_rank:
             return f"rank {i} has {len(rp.gpus)} GPUs, needs {spec.gpus_per_rank}"
         if not rp.gpus:
@@ -113,10 +114,13 @@ def reservation_problem(state: ClusterState, e: GangReserved) -> str | None:
         owners = state.owners[rp.node_id]
         marks = state.earmarks.get(rp.node_id)
         used = seen.setdefault(rp.node_id, set())
+        sick = node.unhealthy_gpus if node.gpu_faults else frozenset()
         for g in rp.gpus:
             if not 0 <= g < len(owners) or g in used:
                 return f"GPU {rp.node_id}/{g} invalid or placed twice"
             used.add(g)
+            if g in sick:
+                return f"GPU {rp.node_id}/{g} is unhealthy"
             if owners[g] != FREE:
                 return f"GPU {rp.node_id}/{g} held by {owners[g]}"
             if marks is not None and marks[g] not in (FREE, e.job_id):
@@ -162,6 +166,7 @@ def gang_reserved(state: ClusterState, e: GangReserved) -> None:
         exited_ok=0,
         lost=0,
         failure="",
+        gpu_fault="",
         waiting=None,
         earmark=(),
     )
@@ -257,6 +262,7 @@ def requeue(
         exited_ok=0,
         lost=0,
         failure="",
+        gpu_fault="",
         resume_from=resume_from,
         preemptor="",
         preempt_at=0.0,

@@ -27,11 +27,16 @@ from orchestrator.core.state import FREE, ClusterState
 from orchestrator.core.topology import Topology
 
 
-def unclaimed(owners: tuple[str, ...], marks: tuple[str, ...] | None) -> tuple[int, ...]:
-    """GPU indices neither owned nor earmarked (only changed nodes are asked again: FreeGpus.updated)."""
+def unclaimed(
+    owners: tuple[str, ...], marks: tuple[str, ...] | None, sick: frozenset[int] = frozenset()
+) -> tuple[int, ...]:
+    """GPU indices neither owned, earmarked nor unhealthy (`sick`: Node.unhealthy_gpus; only changed nodes
+    are asked again: FreeGpus.updated, and a health change is a node record change, so a new Topology)."""
     if marks is None:
-        return tuple(i for i, o in enumerate(owners) if o == FREE)
-    return tuple(i for i, o in enumerate(owners) if o == FREE and marks[i] == FREE)
+        free = tuple(i for i, o in enumerate(owners) if o == FREE)
+    else:
+        free = tuple(i for i, o in enumerate(owners) if o == FREE and marks[i] == FREE)
+    return tuple(i for i in free if i not in sick) if sick else free
 
 
 class FreeGpus:
@@ -46,9 +51,9 @@ class FreeGpus:
         self.state_nodes = dict(state.nodes)
         earmarks, owners = state.earmarks, state.owners
         self.free: dict[str, tuple[int, ...]] = {
-            nid: unclaimed(owners[nid], earmarks.get(nid))
+            nid: unclaimed(owners[nid], earmarks.get(nid), node.unhealthy_gpus if node.gpu_faults else frozenset())
             for nid, node in state.nodes.items()
-            if not (node.failed or node.cordoned)
+            if node.schedulable
         }
         self._indexes: dict[GpuClass, FreeIndex] = {}
         self._eligible: dict[GpuClass, dict[str, frozenset[int]] | None] = {}
@@ -104,7 +109,8 @@ class FreeGpus:
             cur = free.get(n)
             if cur is None:
                 continue  # not schedulable
-            f = unclaimed(owners[n], marks.get(n))
+            node = self.state_nodes[n]
+            f = unclaimed(owners[n], marks.get(n), node.unhealthy_gpus if node.gpu_faults else frozenset())
             if f != cur:
                 free[n] = f
                 moved.append((n, f))

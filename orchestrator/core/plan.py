@@ -156,8 +156,11 @@ class Plan:
                 continue
             owners = self.state.owners[rp.node_id]
             marks = marks_of.get(rp.node_id)
+            node = self.state.nodes.get(rp.node_id)
+            sick = node.unhealthy_gpus if node is not None and node.gpu_faults else frozenset()
             back = [
                 g for g in rp.gpus if g < len(owners) and owners[g] == job.job_id and (marks is None or marks[g] == FREE)
+                and g not in sick  # an unhealthy GPU its gang gives back stays out of service
             ]
             if back:
                 self.free[rp.node_id] = tuple(sorted({*cur, *back}))
@@ -198,7 +201,8 @@ class Plan:
             if node is None or not node.schedulable:
                 continue
             owners = self.state.owners[rp.node_id]
-            view.give(rp.node_id, [g for g in rp.gpus if g < len(owners) and owners[g] == FREE])
+            sick = node.unhealthy_gpus
+            view.give(rp.node_id, [g for g in rp.gpus if g < len(owners) and owners[g] == FREE and g not in sick])
         return view
 
     # --- queues ------------------------------------------------------------------

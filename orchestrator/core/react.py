@@ -3,9 +3,10 @@
 Each gang holding GPUs is checked in a fixed order; at most one follow-up per
 gang per cycle, the next one comes once the first is folded:
 
-1. ranks lost (node failed, worker lost): a stopping gang ends, a preempting
-   one is Preempted, any other is requeued as attempt+1 from its newest
-   checkpoint;
+1. ranks lost (node failed, worker lost) or a GPU of the gang unhealthy
+   (GpuUnhealthy): a stopping gang ends, a preempting one is Preempted, any
+   other is requeued as attempt+1 from its newest checkpoint, the fault named
+   in the reason; a requeue spends none of the job's `max_restarts`;
 2. stop requested (cancel, or the scheduler's own stop): once every worker
    exited, or grace + margin passed -> JobCancelled / JobFailed(reason);
 3. preempting: once every worker exited, or grace + margin passed ->
@@ -104,12 +105,12 @@ def _never_satisfied(c: Cycle, job: Job) -> Event:
 def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
     now, margin = c.now, c.policies.stop_margin_s
     spec = job.spec
-    if failed_node is not None or job.lost:
+    if failed_node is not None or job.lost or job.gpu_fault:
         if job.stop is not None:
             return _end(c, job)
         if job.status == "preempting":
             return _preempted(c, job)
-        why = f"node {failed_node} failed" if failed_node is not None else f"{job.lost} rank(s) lost"
+        why = f"node {failed_node} failed" if failed_node is not None else job.gpu_fault or f"{job.lost} rank(s) lost"
         return JobRequeued(
             event_id=c.event_id("requeue", job),
             occurred_at=now,

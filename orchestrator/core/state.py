@@ -21,7 +21,7 @@ from typing import Literal
 
 import msgspec
 
-from schemas.events import RankPlacement
+from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS, RankPlacement
 from schemas.inventory import Inventory
 from schemas.jobspec import JobSpec
 
@@ -72,6 +72,20 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     fairshare_half_life_s: float = 0.0
     min_runtime_s: float = 60.0
     default_queue: str = "default"
+    drain_unhealthy_gpus: int = DEFAULT_DRAIN_UNHEALTHY_GPUS
+
+
+class GpuFault(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A GPU out of service (a fatal GpuUnhealthy not yet answered by a GpuHealthy)."""
+
+    index: int
+    uuid: str = ""
+    reason: str = ""
+    xid: int | None = None
+    source: str = "agent"
+    since: float = 0.0
+    #: Log position of the GpuUnhealthy.
+    seq: int = 0
 
 
 class Node(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -85,10 +99,21 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Log position of the NodeFailed that failed it (0 while it is not failed): the agent's
     #: NodeRecovered names it, so a repeated answer dedupes and the next failure gets a new one.
     failed_seq: int = 0
+    #: Its GPUs out of service, by index: never placed (evolve voids a reservation that names one).
+    gpu_faults: tuple[GpuFault, ...] = ()
+    #: Output of the operator's health check while it fails ("" while it passes or never ran).
+    health_check: str = ""
+    #: Why the node takes no new work by policy ("" if it does): a failed health check, or at
+    #: least `Config.drain_unhealthy_gpus` unhealthy GPUs. Derived by the fold (evolve_health).
+    drained: str = ""
 
     @property
     def schedulable(self) -> bool:
-        return not (self.failed or self.cordoned)
+        return not (self.failed or self.cordoned or self.drained)
+
+    @property
+    def unhealthy_gpus(self) -> frozenset[int]:
+        return frozenset(f.index for f in self.gpu_faults)
 
 
 class Queue(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -184,6 +209,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     lost: int = 0
     #: First unexpected exit of this attempt ("rank 2 crashed (exit 1)"), "" if none.
     failure: str = ""
+    #: A GPU of this attempt became unhealthy ("GPU n1:3 (GPU-...) unhealthy: Xid 79 ..."): the gang
+    #: is requeued from its checkpoint, its restarts unspent. "" if none.
+    gpu_fault: str = ""
     checkpoint: Checkpoint | None = None
     #: Where the current attempt resumes from (set by Preempted / JobRequeued).
     resume_from: str | None = None
@@ -255,6 +283,7 @@ def needs_look(job: Job) -> bool:
         or job.status == "preempting"
         or job.exited_ok >= job.spec.ranks
         or bool(job.failure)
+        or bool(job.gpu_fault)
         or (job.status == "reserved" and job.started >= job.spec.ranks)
     )
 

@@ -5,7 +5,8 @@ anything -- the next submit, the next completion, an outage or repair, a
 time limit, the moment a young gang becomes preemptible -- and the loop:
 
 1. advances the clock to the next instant and appends what happens there
-   (JobSubmitted, the workers' exits, NodeFailed, NodeRegistered);
+   (JobSubmitted, the workers' exits, NodeFailed, NodeRegistered, and for a
+   GPU fault of the outage trace GpuUnhealthy, then GpuHealthy when it ends);
 2. settles: calls `decide(state, now)`, folds its events through `evolve` in
    order (exactly what the log would do), lets the simulated agents answer
    (WorkerStarted, Checkpointed, WorkerExited), and repeats until decide has
@@ -60,6 +61,8 @@ from schemas.events import (
     Event,
     GangReserved,
     GangRestarted,
+    GpuHealthy,
+    GpuUnhealthy,
     JobCancelled,
     JobCompleted,
     JobFailed,
@@ -74,7 +77,7 @@ from schemas.events import (
 )
 
 # Heap entry kinds; at one instant they are handled in this order.
-_FINISH, _FAIL, _REPAIR, _SUBMIT, _WAKE = range(5)
+_FINISH, _FAIL, _REPAIR, _SUBMIT, _WAKE, _GPU_REPAIR = range(6)
 
 #: Follow-ups that end a gang; decide already planned with its GPUs free (see the module docstring).
 _ENDED = (JobCompleted, JobFailed, JobCancelled)
@@ -113,6 +116,9 @@ class RunStats(NamedTuple):
     voids: int
     time_limit_kills: int
     unfinished: int
+    #: GPU faults of the trace that took effect, and the GPU-seconds their GPUs were out of service.
+    gpu_faults: int = 0
+    gpu_fault_down_s: float = 0.0
 
 
 class SimResult(NamedTuple):
@@ -172,6 +178,10 @@ class Simulation:
         #: (time a gang becomes preemptible, job), sorted.
         self._maturing: deque[tuple[float, str]] = deque()
         self._preempts = self.policies.preemption_searches > 0
+        #: (node, GPU) -> when its fault began, while it is out of service.
+        self._gpu_down: dict[tuple[str, int], float] = {}
+        self.gpu_faults = 0
+        self.gpu_fault_down_s = 0.0
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -194,7 +204,7 @@ class Simulation:
                 self.timeline.transition(self.state, after, prev, self.now)
 
     def _capacity(self) -> int:
-        return sum(n.inventory.gpu_count for n in self.state.nodes.values() if n.schedulable)
+        return sum(n.inventory.gpu_count - len(n.gpu_faults) for n in self.state.nodes.values() if n.schedulable)
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -232,9 +242,12 @@ class Simulation:
             self._wake_for_preemption()
         if self._log is not None:
             self._log.flush()
+        for since in self._gpu_down.values():  # (faults still open at the end count until then)
+            self.gpu_fault_down_s += max(0.0, self.now - since)
         unfinished = sum(1 for j in self.state.jobs.values() if j.status not in ("completed", "failed", "cancelled", "rejected"))
         stats = RunStats(events=self.events, decides=self.decides, admission_skips=self.skips, wall_s=time.perf_counter() - started,
-                         voids=self.state.voids, time_limit_kills=self.kills, unfinished=unfinished)
+                         voids=self.state.voids, time_limit_kills=self.kills, unfinished=unfinished,
+                         gpu_faults=self.gpu_faults, gpu_fault_down_s=self.gpu_fault_down_s)
         return SimResult(self.policy, self.state, self.timeline, self.work, stats)
 
     def _handle(self, kind: int, payload: Any) -> bool:
@@ -254,9 +267,11 @@ class Simulation:
                 self.append(e)
             return True
         if kind == _FAIL:
-            return self._fail(payload)
+            return self._fail(payload) if payload.gpu is None else self._gpu_fail(payload)
         if kind == _REPAIR:
             return self._repair(payload)
+        if kind == _GPU_REPAIR:
+            return self._gpu_repair(*payload)
         self._wakes.discard(now)
         return True
 
@@ -378,6 +393,38 @@ class Simulation:
         inc = str(int(node.incarnation) + 1) if node.incarnation.isdigit() else f"{node.incarnation}+1"
         self.append(NodeRegistered(event_id=f"sim:register:{node_id}:{inc}", occurred_at=self.now, node_id=node_id,
                                    incarnation=inc, address=node.address, inventory=node.inventory))
+        self.timeline.set_capacity(self._capacity())
+        return True
+
+    def _gpu_fail(self, o: Outage) -> bool:
+        """A GPU fault of the trace: the gang on it loses its work since its checkpoint and is requeued."""
+        node = self.state.nodes.get(o.node_id)
+        gpu = o.gpu
+        assert gpu is not None
+        if node is None or not 0 <= gpu < node.inventory.gpu_count or (o.node_id, gpu) in self._gpu_down:
+            return False
+        owner = self.state.owners[o.node_id][gpu]
+        j = self.state.jobs.get(owner) if owner else None
+        if j is not None and j.status in ("reserved", "running"):
+            for e in self._interrupt(j, "gpu_fault", signalled=False):
+                self.append(e)
+        self.gpu_faults += 1
+        self._gpu_down[(o.node_id, gpu)] = self.now
+        self.append(GpuUnhealthy(event_id=f"sim:gpu-fault:{o.node_id}:{gpu}:{self.gpu_faults}", occurred_at=self.now,
+                                 node_id=o.node_id, gpu_index=gpu, gpu_uuid=node.inventory.gpus[gpu].uuid,
+                                 reason="GPU fault from the trace", running_job=owner))
+        self.timeline.set_capacity(self._capacity())
+        if math.isfinite(o.duration):
+            self._push(self.now + o.duration, _GPU_REPAIR, (o.node_id, gpu))
+        return True
+
+    def _gpu_repair(self, node_id: str, gpu: int) -> bool:
+        since = self._gpu_down.pop((node_id, gpu), None)
+        if since is None:
+            return False
+        self.gpu_fault_down_s += self.now - since
+        self.append(GpuHealthy(event_id=f"sim:gpu-repair:{node_id}:{gpu}:{self.gpu_faults}", occurred_at=self.now,
+                               node_id=node_id, gpu_index=gpu, reason="GPU fault of the trace over"))
         self.timeline.set_capacity(self._capacity())
         return True
 

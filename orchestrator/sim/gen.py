@@ -67,6 +67,9 @@ class GenConfig(NamedTuple):
     node_mtbf_days: float = 0.0
     #: Median hours an outage lasts.
     repair_hours: float = 2.0
+    #: GPU faults (one GPU of one node each) spread over the trace, and their median hours out of service.
+    gpu_faults: int = 0
+    gpu_fault_hours: float = 4.0
 
 
 def _size_table(boost: float, max_gpus: int) -> tuple[list[int], list[float]]:
@@ -178,7 +181,10 @@ def generate(cluster: ClusterSpec, cfg: GenConfig | None = None) -> Trace:
                  time_limit=_time_limit(rng, d))
         for i, (t, (q, g, d, p, pre)) in enumerate(zip(times, drafts, strict=True))
     )
-    return Trace(jobs=jobs, outages=_outages(rng, cluster, cfg, times[-1] if times else 0.0), source=f"gen(seed={cfg.seed})")
+    span = times[-1] if times else 0.0
+    outages = _outages(rng, cluster, cfg, span) + _gpu_faults(cluster, cfg, span)
+    return Trace(jobs=jobs, outages=tuple(sorted(outages, key=lambda o: (o.time, o.node_id, o.gpu or 0))),
+                 source=f"gen(seed={cfg.seed})")
 
 
 def _outages(rng: random.Random, cluster: ClusterSpec, cfg: GenConfig, span: float) -> tuple[Outage, ...]:
@@ -193,6 +199,21 @@ def _outages(rng: random.Random, cluster: ClusterSpec, cfg: GenConfig, span: flo
             out.append(Outage(node_id(i), round(t, 3), round(down, 1)))
             t += down + rng.expovariate(rate)
     return tuple(sorted(out, key=lambda o: (o.time, o.node_id)))
+
+
+def _gpu_faults(cluster: ClusterSpec, cfg: GenConfig, span: float) -> tuple[Outage, ...]:
+    """`cfg.gpu_faults` faults on random GPUs at uniform times (their own random stream: a trace
+    generated without them is the same as before they existed)."""
+    if cfg.gpu_faults <= 0:
+        return ()
+    rng = random.Random(f"gpu-faults/{cfg.seed}")
+    sizes = [g.gpus_per_node for g in cluster.groups for _ in range(g.nodes)]
+    out = []
+    for _ in range(cfg.gpu_faults):
+        i = rng.randrange(len(sizes))
+        down = rng.lognormvariate(math.log(cfg.gpu_fault_hours * 3600.0), 0.8)
+        out.append(Outage(node_id(i), round(rng.uniform(0.0, span), 3), round(down, 1), gpu=rng.randrange(sizes[i])))
+    return tuple(out)
 
 
 def standard_cluster(nodes: int = 352, gpus_per_node: int = 8, queues: int = 11, *, leaf_nodes: int = 8,

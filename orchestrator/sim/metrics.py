@@ -14,8 +14,9 @@ Definitions (so two runs compare like for like):
   ratio is its GPU-seconds received / its fair-share GPU-seconds; Jain's
   index is taken over the ratios of queues that had any fair share.
 * GPU-hours lost: GPU time that did not turn into saved progress because of a
-  preemption (or node failure): work since the last checkpoint plus restart
-  overheads.
+  preemption (or node failure, or GPU fault): work since the last checkpoint
+  plus restart overheads. GPU faults of the outage trace also count the
+  GPU-hours their GPUs were out of service.
 * Total wait: every moment after submission a job did not hold GPUs, waits
   after a preemption or requeue included (completed jobs: JCT - time held);
   the queueing delay above counts only submit -> first start.
@@ -152,7 +153,7 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
     total_wait = [tl.end[j] - submits[j] - tl.held_s.get(j, 0.0) for j in completed]
     preempted = sorted(float(tl.preempted.get(j, 0)) for j in submits)
     avg = series.averages()
-    lost = {"preemption": 0.0, "failure": 0.0}
+    lost = {"preemption": 0.0, "failure": 0.0, "gpu_fault": 0.0}
     for w in result.work.values():
         for cause, v in w.lost.items():
             lost[cause] = lost.get(cause, 0.0) + v
@@ -200,6 +201,9 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
         "requeues": tl.requeues,
         "gpu_hours_lost_to_preemption": lost["preemption"] / 3600.0,
         "gpu_hours_lost_to_failures": lost["failure"] / 3600.0,
+        "gpu_faults": stats.gpu_faults,
+        "gpu_hours_lost_to_gpu_faults": lost["gpu_fault"] / 3600.0,
+        "gpu_hours_out_of_service": stats.gpu_fault_down_s / 3600.0,
         "longest_wait_32plus_s": big[worst] if worst is not None else None,
         "longest_wait_32plus_job": worst,
         "time_limit_kills": stats.time_limit_kills,

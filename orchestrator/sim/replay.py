@@ -7,7 +7,8 @@ the normal `evolve` gives the simulation's final state, byte for byte.
 `from_log` takes the jobs of a log (the JobSubmitted events, with their exact
 specs and submit times) and its cluster -- the ClusterConfigured,
 QueueDefined and NodeRegistered events, or a cluster spec given instead --
-and node outages (NodeFailed, until the node registers again), so the same
+and node outages (NodeFailed, until the node registers again) and GPU faults
+(GpuUnhealthy, until GpuHealthy), so the same
 workload can be re-run under another policy. A job's duration comes from the
 `SIM_DURATION_S` the simulator put in its spec; for logs of a real cluster,
 from the last attempt's run (reserved to completed), else its time limit;
@@ -37,10 +38,13 @@ from orchestrator.sim.engine import Scenario
 from orchestrator.sim.specs import DURATION_ENV, SimJob
 from orchestrator.sim.trace import Outage, TraceError
 from schemas.events import (
+    GPU_FATAL,
     AnyEvent,
     ClusterConfigured,
     Event,
     GangReserved,
+    GpuHealthy,
+    GpuUnhealthy,
     JobCompleted,
     JobSubmitted,
     NodeFailed,
@@ -89,6 +93,7 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
     reserved_at: dict[str, float] = {}
     ran: dict[str, float] = {}
     down_since: dict[str, tuple[float, int]] = {}
+    gpu_down: dict[tuple[str, int], tuple[float, int]] = {}
     outages: list[Outage] = []
     unreadable: list[int] = []
     lines: dict[str, int] = {}
@@ -117,7 +122,13 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
                 outages.append(Outage(e.node_id, at, _span(at, e.occurred_at), line))
             elif isinstance(e, NodeFailed) and e.node_id in seen_nodes and e.node_id not in down_since:
                 down_since[e.node_id] = (e.occurred_at, n)
+            elif isinstance(e, GpuUnhealthy) and e.severity == GPU_FATAL and e.node_id in seen_nodes:
+                gpu_down.setdefault((e.node_id, e.gpu_index), (e.occurred_at, n))
+            elif isinstance(e, GpuHealthy) and (e.node_id, e.gpu_index) in gpu_down:
+                at, line = gpu_down.pop((e.node_id, e.gpu_index))
+                outages.append(Outage(e.node_id, at, _span(at, e.occurred_at), line, e.gpu_index))
     outages += [Outage(node, at, math.inf, line) for node, (at, line) in down_since.items()]
+    outages += [Outage(node, at, math.inf, line, gpu) for (node, gpu), (at, line) in gpu_down.items()]
     if not submitted:
         raise TraceError([f"{path}: no JobSubmitted events"])
     if cluster is not None:

@@ -5,7 +5,9 @@ Jobs: a header naming `job_id,submit_time,duration,num_gpus,queue` and any of
 seconds. `topology` is a level name with an optional mode ("leaf",
 "leaf:require", "none"); `time_limit` is the user's estimate that backfill
 plans with (empty: no limit). Outages, a separate CSV: `node_id,time,duration`
-(seconds down; empty: never back).
+(seconds down; empty: never back), plus an optional `gpu` column: a row with a
+GPU index is a GPU fault (GpuUnhealthy, then GpuHealthy when it ends), not a
+node outage.
 
 Every problem is reported with its file and line, all at once, so a
 hand-written trace is fixed in one round trip.
@@ -22,6 +24,7 @@ from typing import NamedTuple, TextIO, TypeVar
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus", "queue")
 OPTIONAL = ("priority", "preemptible", "gpu_model", "topology", "time_limit")
 OUTAGE_COLUMNS = ("node_id", "time", "duration")
+OUTAGE_OPTIONAL = ("gpu",)
 
 #: Errors listed before giving up on a file (a wrong delimiter fails every line).
 MAX_ERRORS = 20
@@ -63,6 +66,8 @@ class Outage(NamedTuple):
     #: Seconds down; math.inf: the node never comes back.
     duration: float
     line: int = 0
+    #: A GPU index: only that GPU fails (a GPU fault), not the node.
+    gpu: int | None = None
 
 
 class Trace(NamedTuple):
@@ -199,7 +204,7 @@ def read_jobs(f: TextIO, name: str = "<trace>") -> list[TraceJob]:
 
 
 def read_outages(f: TextIO, name: str = "<outages>") -> list[Outage]:
-    rows, problems = _rows(f, name, OUTAGE_COLUMNS, ())
+    rows, problems = _rows(f, name, OUTAGE_COLUMNS, OUTAGE_OPTIONAL)
     out: list[Outage] = []
     for line, row in rows:
         try:
@@ -207,8 +212,12 @@ def read_outages(f: TextIO, name: str = "<outages>") -> list[Outage]:
             if not node:
                 raise ValueError("node_id is empty")
             down = row["duration"].strip()
+            gpu_text = (row.get("gpu") or "").strip()
+            if gpu_text and not gpu_text.isdigit():
+                raise ValueError(f"gpu must be a GPU index (0, 1, ...) or empty, got {gpu_text!r}")
             out.append(Outage(node, _number(row["time"], "time"),
-                              _number(down, "duration") if down else math.inf, line))
+                              _number(down, "duration") if down else math.inf, line,
+                              int(gpu_text) if gpu_text else None))
         except ValueError as e:
             problems.append(f"{name}:{line}: {e}")
     if problems:
@@ -260,7 +269,10 @@ def write_trace(jobs: Iterable[TraceJob], f: TextIO) -> None:
 
 
 def write_outages(outages: Iterable[Outage], f: TextIO) -> None:
+    outages = list(outages)
+    gpus = any(o.gpu is not None for o in outages)  # (the column only when used: older files stay as they were)
     w = csv.writer(f, lineterminator="\n")
-    w.writerow(OUTAGE_COLUMNS)
+    w.writerow([*OUTAGE_COLUMNS, *OUTAGE_OPTIONAL] if gpus else OUTAGE_COLUMNS)
     for o in outages:
-        w.writerow([o.node_id, _fmt(o.time), "" if math.isinf(o.duration) else _fmt(o.duration)])
+        row = [o.node_id, _fmt(o.time), "" if math.isinf(o.duration) else _fmt(o.duration)]
+        w.writerow([*row, "" if o.gpu is None else o.gpu] if gpus else row)

@@ -203,6 +203,9 @@ ACTIONS: dict[str, Action] = {
     "register-own-node": _append("corral.node.n1.NodeRegistered"),
     "register-other-node": _append("corral.node.n2.NodeRegistered"),
     "recover-other-node": _append("corral.node.n2.NodeRecovered"),
+    "gpu-fault-own-node": _append("corral.node.n1.GpuUnhealthy"),
+    "gpu-fault-other-node": _append("corral.node.n2.GpuUnhealthy"),
+    "health-check-other-node": _append("corral.node.n2.NodeHealthChecked"),
     "report-worker-started": _append("corral.job.{t}.WorkerStarted"),
     "report-worker-exited": _append("corral.job.{t}.WorkerExited"),
     "report-checkpoint": _append("corral.job.{t}.Checkpointed"),
@@ -245,7 +248,7 @@ READS = {"replay-log", "tail-log", "read-stream-info", "read-heartbeat", "watch-
 ALLOWED: dict[str, set[str]] = {
     "client": READS | {"submit-job", "cancel-job", "request-logs", "ask-index"},
     "admin": READS | {"submit-job", "cancel-job", "define-queue", "delete-queue", "cordon-node", "request-logs",
-                      "ask-index"},
+                      "ask-index", "gpu-fault-own-node", "gpu-fault-other-node"},
     "agent": READS
     | {
         "serve-own-node-logs",
@@ -254,6 +257,7 @@ ALLOWED: dict[str, set[str]] = {
         "report-worker-exited",
         "report-checkpoint",
         "heartbeat-own-node",
+        "gpu-fault-own-node",
     },
     "ops": READS | {"ask-index"},
     "index": READS | {"serve-index"},

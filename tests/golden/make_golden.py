@@ -25,6 +25,8 @@ from schemas import (
     GangReserved,
     GangRestarted,
     Gpu,
+    GpuHealthy,
+    GpuUnhealthy,
     Inventory,
     JobCancelled,
     JobCompleted,
@@ -40,6 +42,7 @@ from schemas import (
     Mount,
     NodeCordoned,
     NodeFailed,
+    NodeHealthChecked,
     NodeRecovered,
     NodeRegistered,
     NodeUncordoned,
@@ -141,6 +144,14 @@ def samples() -> list[Event]:
                 reason="waiting for the new dataset"),
         JobReleased(event_id="release:j-5ee1d0a1b2:9e2d", occurred_at=T + 9900, job_id="j-5ee1d0a1b2",
                     requested_by="alice"),
+        GpuUnhealthy(event_id="gpu-unhealthy:dgx-h100-07:3:xid79:1f2e:1", occurred_at=T + 9800, node_id="dgx-h100-07",
+                     gpu_index=3, gpu_uuid="GPU-3d2f1a9c-0b7e-4c1d-9a53-2f4c6b0c9d13",
+                     reason="Xid 79 (GPU has fallen off the bus)", xid=79, severity="fatal", running_job=J),
+        GpuHealthy(event_id="gpu-healthy:dgx-h100-07:3:ops:1", occurred_at=T + 9900, node_id="dgx-h100-07",
+                   gpu_index=3, gpu_uuid="GPU-3d2f1a9c-0b7e-4c1d-9a53-2f4c6b0c9d13",
+                   reason="undrained by alice: GPU replaced", source="operator"),
+        NodeHealthChecked(event_id="health-check:dgx-h100-07:1f2e:1", occurred_at=T + 9950, node_id="dgx-h100-07",
+                          ok=False, exit_code=1, output="ERROR: ib0 link down"),
     ]
 
 
