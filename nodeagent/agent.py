@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal as signals
 import time
 import uuid
@@ -31,7 +32,7 @@ from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, newest_manifest
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
-from nodeagent.rank_env import ignored_spec_env, rank_env
+from nodeagent.rank_env import ignored_spec_env, node_env, rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from orchestrator.core.evolve import evolve
 from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
@@ -102,6 +103,10 @@ class Agent:
         self._hb_kv: KeyValue | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._checkpoints_scanned = 0.0
+        #: A runtime that runs workers on this host (the process runtime) gives them the job's `workdir`
+        #: and start from `node_env`; a container starts in its image's directory with its image's env.
+        self._on_host = bool(getattr(runtime, "on_host", False))
+        self._node_env = node_env() if self._on_host else {}
 
     @property
     def node_id(self) -> str:
@@ -465,8 +470,17 @@ class Agent:
         placement = next(p for p in job.placement if p.rank == rank)
         if restarts == 0 and rank == min(p.rank for p in job.placement if p.node_id == self.node_id):
             self._warn_ignored_env(job, attempt)
+        workdir = job.spec.working_dir if self._on_host else None
+        if workdir is not None and not os.path.isdir(workdir):
+            # The same on every retry: the job fails now with the reason, no restart (evolve_workers: unstartable).
+            why = f"workdir {workdir} does not exist on node {self.node_id}"
+            log.warning("worker_start_failed", job_id=job_id, rank=rank, error=why)
+            self._failed_starts[key] = await self._report_exit(
+                key, restarts, ExitInfo(None, None, "crashed", why), "unstartable", will_restart=False
+            )
+            return
         ckpt = self._checkpoint_dir(job, attempt, rank)
-        env = rank_env(
+        env = self._node_env | rank_env(
             job.placement,
             rank,
             job_id=job_id,
@@ -488,6 +502,7 @@ class Agent:
             image=job.spec.image,
             mounts=job.spec.mounts,
             gpus=placement.gpus,
+            workdir=workdir,
             log_dir=str(self.config.data_dir / "logs"),
             checkpoint_dir=str(ckpt),
             restarts=restarts,

@@ -102,11 +102,15 @@ class _Worker:
 class ProcessRuntime:
     """Runs each worker under the shim in its own process group; state survives agent restarts."""
 
+    #: Workers run on this host: the agent gives them the job's workdir and its node_env (nodeagent/rank_env.py).
+    on_host = True
+
     def __init__(
         self, state_dir: str | Path, *, node_id: str | None = None, inherit_env: bool = True, poll_s: float = 0.05
     ) -> None:
-        """`node_id` scopes adopt() (simulated nodes share a machine); `inherit_env` puts the
-        agent's environment (PATH, HOME, a venv) under each worker's own env."""
+        """`node_id` scopes adopt() (simulated nodes share a machine); `inherit_env` puts this process's
+        environment under each worker's own env (tests that run the runtime alone; an agent passes False
+        and gives each worker its full env, nodeagent/rank_env.py: `node_env`)."""
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.node_id = node_id

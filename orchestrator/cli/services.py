@@ -125,7 +125,7 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
 
 def make_runtime(kind: str, state_dir: Path, node_id: str, docker: DockerOptions | None = None) -> Runtime:
     if kind == "process":
-        return ProcessRuntime(state_dir / "workers", node_id=node_id)
+        return ProcessRuntime(state_dir / "workers", node_id=node_id, inherit_env=False)
     if kind == "simulated":
         from nodeagent.runtime.simulated import SimulatedRuntime
 
@@ -318,7 +318,8 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
                                    fake_model=args.gpu_model).inventory
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
                              checkpoint_root=data / "checkpoints", heartbeat_s=1.0)
-        agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id)))
+        agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
+                                                                 inherit_env=False)))
     from events.archive import Archive
     from events.history import History
     from orchestrator.index.service import IndexService
