@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from orchestrator.cli.output import print_json
 from orchestrator.cli.render import line
 from orchestrator.cli.specfile import load_jobspec
 from orchestrator.cli.state_view import load_state
+from orchestrator.cli.submitter import add_submitter_args, with_submitter
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import TERMINAL, ClusterState
 from schemas import JobSpec, tag_of
@@ -77,7 +79,7 @@ async def check_queue(bus: Bus, spec: JobSpec) -> None:
 
 
 async def submit(args: argparse.Namespace) -> int:
-    spec = load_jobspec(args.file)
+    spec = with_submitter(load_jobspec(args.file), args)  # its workdir and exports (orchestrator/cli/submitter.py)
     async with connected(args) as bus:
         await check_queue(bus, spec)
         client = _client(bus, args)
@@ -87,10 +89,18 @@ async def submit(args: argparse.Namespace) -> int:
             print_json({"job_id": job_id})
         elif not args.json:
             print(job_id)
-        if not args.wait:
+        if not args.wait and not args.follow:
             return OK
         try:
-            env = await client.wait(job_id, until=FINAL, timeout=args.timeout)
+            if args.follow:  # every rank's output as it is written, then the end (orchestrator/cli/attach.py)
+                from orchestrator.cli.attach import JobStream, follow_job
+
+                async with asyncio.timeout(args.timeout):
+                    seen = await follow_job(bus, job_id, JobStream(bus))
+                assert seen.final is not None
+                env = seen.final
+            else:
+                env = await client.wait(job_id, until=FINAL, timeout=args.timeout)
         except TimeoutError:
             raise CliError(f"{job_id} not finished after {args.timeout:g}s", TIMEOUT) from None
         tag = tag_of(env.event)
@@ -130,6 +140,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: give up after S seconds")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _via_admission(p)
+    p.add_argument("--follow", "-f", action="store_true", help="wait, printing every rank's output as it is "
+                   "written ('R: ' before each line), like `corral run`")
+    add_submitter_args(p)
     p.set_defaults(handler=submit)
 
     p = sub.add_parser("cancel", help="cancel a job", description="Append CancelRequested; running workers get "
