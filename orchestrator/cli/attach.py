@@ -58,10 +58,16 @@ class JobStream:
     ranks: dict[tuple[int, int], RankOutput] = field(default_factory=dict)
     #: (attempt, rank) whose WorkerExited (not to be restarted in place) is in the log.
     exited: set[tuple[int, int]] = field(default_factory=set)
+    #: Only this rank (`corral logs --rank R -f`); None: every rank.
+    only: int | None = None
 
     def place(self, job_id: str, attempt: int, placements: tuple[RankPlacement, ...]) -> None:
         for p in placements:
-            self.ranks.setdefault((attempt, p.rank), RankOutput(p.node_id, job_id, attempt, p.rank))
+            if self.only is None or p.rank == self.only:
+                self.ranks.setdefault((attempt, p.rank), RankOutput(p.node_id, job_id, attempt, p.rank))
+
+    def all_done(self) -> bool:
+        return bool(self.ranks) and all(ro.done for ro in self.ranks.values())
 
     async def poll(self) -> None:
         """Print what every rank not done wrote since the last poll."""
@@ -159,7 +165,8 @@ async def follow_job(bus: Bus, job_id: str, stream: JobStream, *, attempt: int |
                      stop: asyncio.Event | None = None) -> Watched:
     """Print the job's output (all attempts, or only `attempt`) until it is over; what its events said.
 
-    Over means its final event (or, with `attempt`, a newer attempt placed). `stop` set ends the wait
+    Over means its final event (or, with `attempt`, a newer attempt placed or every rank followed ended).
+    `stop` set ends the wait
     early (a second Ctrl-C): the output is then read to where it is.
     """
     seen = Watched()
@@ -190,6 +197,8 @@ async def follow_job(bus: Bus, job_id: str, stream: JobStream, *, attempt: int |
     stopping = asyncio.create_task(stop.wait())
     try:
         while seen.final is None and not watcher.done() and not stop.is_set():
+            if attempt is not None and stream.all_done():
+                break  # every rank of the attempt followed ended (the job may go on: another attempt)
             await stream.poll()
             changed.clear()
             woken = asyncio.create_task(changed.wait())

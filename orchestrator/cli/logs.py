@@ -71,6 +71,13 @@ async def logs(args: argparse.Namespace) -> int:
         ranks = placed.get(attempt)
         if ranks is None and args.follow:  # like `kubectl logs -f` on a pod still pending: wait for it
             attempt, ranks = await _wait_placed(bus, job_id, args.attempt)
+            if not args.all_ranks and not args.json:  # its rank from its first line, as `corral run` reads
+                from orchestrator.cli.attach import JobStream, follow_job
+
+                if all(rp.rank != args.rank for rp in ranks):
+                    raise CliError(f"{job_id} has ranks 0-{len(ranks) - 1}, not {args.rank}", USAGE)
+                await follow_job(bus, job_id, JobStream(bus, label=False, only=args.rank), attempt=attempt)
+                return OK
         if ranks is None:
             which = f"attempt {attempt} of {job_id}" if args.attempt is not None else job_id
             raise CliError(f"{which} has not been placed on any node yet: no output (see `corral job {job_id}`)",
