@@ -50,7 +50,13 @@ def example_files() -> dict[str, bytes]:
 
 
 def write_examples(dest: Path, *, force: bool = False) -> list[Path]:
-    """Write every example under `dest`; refuses (exit 2) to overwrite a file that differs unless `force`."""
+    """Write every example under `dest`; refuses (exit 2) to overwrite a file that differs unless `force`.
+
+    Nothing to write where `dest` is the package's own examples (a checkout's examples/, an editable install).
+    """
+    root = importlib.resources.files("orchestrator") / "examples"
+    if isinstance(root, Path) and dest.resolve() == root.resolve():
+        return []
     files = example_files()
     clashes = [rel for rel, data in files.items()
                if (dest / rel).exists() and ((dest / rel).is_dir() or (dest / rel).read_bytes() != data)]
@@ -74,6 +80,9 @@ def write_examples(dest: Path, *, force: bool = False) -> list[Path]:
 async def examples(args: argparse.Namespace) -> int:
     dest = Path(args.dir)
     written = write_examples(dest, force=args.force)
+    if not written:
+        print(f"{dest}/ holds corral's own examples already (a checkout's): nothing to write", file=sys.stderr)
+        return OK
     print(f"wrote {len(written)} files to {dest}/ (see its README.md; the jobs name examples/worker.py, so "
           "submit them from the directory that holds examples/)", file=sys.stderr)
     for path in written:
