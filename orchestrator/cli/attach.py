@@ -22,7 +22,20 @@ from events.bus import Bus, Envelope
 from events.sdk import FINAL, Client
 from orchestrator.cli.errors import CliError
 from orchestrator.cli.logs import FOLLOW_POLL_S, ask
-from schemas import GangReserved, JobCancelled, JobCompleted, JobFailed, JobRejected, WorkerExited, tag_of
+from orchestrator.cli.render import line
+from schemas import (
+    GangReserved,
+    GangRestarted,
+    JobCancelled,
+    JobCompleted,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    Preempted,
+    PreemptionRequested,
+    WorkerExited,
+    tag_of,
+)
 from schemas.events import RankPlacement
 from schemas.logs import LOG_CHUNK, LogRequest
 
@@ -183,6 +196,10 @@ async def follow_job(bus: Bus, job_id: str, stream: JobStream, *, attempt: int |
                         seen.attempt = max(seen.attempt, ev.attempt)
                     elif ev.attempt > attempt:
                         seen.final = env
+                elif attempt is None and isinstance(ev, (PreemptionRequested, Preempted, GangRestarted, JobRequeued)):
+                    # Why the output stops and starts again (the next attempt's lines follow, same labels).
+                    stream.err.write(f"corral: {line(env)}\n".encode())
+                    stream.err.flush()
                 elif isinstance(ev, WorkerExited):
                     seen.exits.setdefault(ev.attempt, []).append(ev)
                     if not ev.will_restart:

@@ -13,6 +13,7 @@ others in-process (`corral`).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,6 +93,8 @@ def test_a_workdir_missing_on_the_node_fails_the_job_at_once_with_the_reason(clu
     assert job.status == "failed" and job.attempt == 1, job  # not restarted: it would not start again
     assert f"workdir {missing} does not exist on node" in job.end_reason, job.end_reason
     assert f"workdir {missing} does not exist on node" in proc.stderr
+    shown = corral("job", job_id, url=cluster.url).stdout
+    assert re.search(rf"^workdir\s+{re.escape(missing)}$", shown, re.M), shown
 
 
 def test_export_refuses_what_it_cannot_pass(cluster: Up) -> None:
@@ -146,3 +149,10 @@ def test_ctrl_c_cancels_the_job(cluster: Up, tmp_path: Path) -> None:
     assert proc.returncode == 130, (out, err)
     assert f"cancelling {job_id}" in err and "JobCancelled" in err, err
     assert state_of(cluster.url).jobs[job_id].status == "cancelled"
+
+
+def test_run_follows_the_job_into_its_next_attempt(cluster: Up) -> None:
+    code = "import os, sys; a = os.environ['CORRAL_ATTEMPT']; print('attempt', a); sys.exit(1 if a == '1' else 0)"
+    proc = corral("run", "--restart-policy", "gang", "--max-restarts", "1", "--", PY, "-c", code, url=cluster.url)
+    assert proc.stdout.splitlines() == ["0: attempt 1", "0: attempt 2"], proc.stdout
+    assert "GangRestarted" in proc.stderr and "JobCompleted" in proc.stderr, proc.stderr
