@@ -186,21 +186,26 @@ async def follow_job(bus: Bus, job_id: str, stream: JobStream, *, attempt: int |
     changed = asyncio.Event()
     stop = stop if stop is not None else asyncio.Event()
 
+    placed: tuple[RankPlacement, ...] = ()
+
     async def watch() -> None:
+        nonlocal placed
         async with aclosing(Client(bus).watch(job_id)) as events:
             async for env in events:
                 ev = env.event
-                if isinstance(ev, GangReserved):
+                # A gang restart is a new attempt on the same GPUs: no GangReserved of its own.
+                if isinstance(ev, (GangReserved, GangRestarted)):
+                    placed = ev.ranks if isinstance(ev, GangReserved) else placed
                     if attempt is None or ev.attempt == attempt:
-                        stream.place(job_id, ev.attempt, ev.ranks)
+                        stream.place(job_id, ev.attempt, placed)
                         seen.attempt = max(seen.attempt, ev.attempt)
                     elif ev.attempt > attempt:
                         seen.final = env
-                elif attempt is None and isinstance(ev, (PreemptionRequested, Preempted, GangRestarted, JobRequeued)):
+                if attempt is None and isinstance(ev, (PreemptionRequested, Preempted, GangRestarted, JobRequeued)):
                     # Why the output stops and starts again (the next attempt's lines follow, same labels).
                     stream.err.write(f"corral: {line(env)}\n".encode())
                     stream.err.flush()
-                elif isinstance(ev, WorkerExited):
+                if isinstance(ev, WorkerExited):
                     seen.exits.setdefault(ev.attempt, []).append(ev)
                     if not ev.will_restart:
                         stream.exited.add((ev.attempt, ev.rank))

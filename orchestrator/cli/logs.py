@@ -25,7 +25,7 @@ from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import NOT_FOUND, OK, TIMEOUT, UNREACHABLE, USAGE, CliError
 from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import print_json
-from schemas import GangReserved, JobSubmitted
+from schemas import GangReserved, GangRestarted, JobSubmitted
 from schemas.events import RankPlacement
 from schemas.logs import LOG_CHUNK, LogChunk, LogRequest, decode_log_chunk, encode_log
 
@@ -45,6 +45,8 @@ async def job_placements(bus: Bus, job_id: str) -> tuple[bool, dict[int, tuple[R
                     submitted = True
                 elif isinstance(env.event, GangReserved):
                     out[env.event.attempt] = env.event.ranks  # (a void one is followed by the valid one)
+                elif isinstance(env.event, GangRestarted) and out:  # a new attempt on the same GPUs
+                    out[env.event.attempt] = out[max(out)]
     return submitted, out
 
 
@@ -104,11 +106,14 @@ async def _wait_placed(bus: Bus, job_id: str, attempt: int | None) -> tuple[int,
     from schemas import tag_of
 
     print(f"corral: {job_id} is not placed yet; waiting for it to start (Ctrl-C stops)", file=sys.stderr, flush=True)
+    placed: tuple[RankPlacement, ...] = ()
     async with aclosing(Client(bus).watch(job_id)) as events:
         async for env in events:
             ev = env.event
-            if isinstance(ev, GangReserved) and (attempt is None or ev.attempt == attempt):
-                return ev.attempt, ev.ranks
+            if isinstance(ev, GangReserved):
+                placed = ev.ranks
+            if isinstance(ev, (GangReserved, GangRestarted)) and placed and (attempt is None or ev.attempt == attempt):
+                return ev.attempt, placed
             if tag_of(ev) in FINAL:
                 raise CliError(f"{job_id} ended ({tag_of(ev)}) before it was placed: no output", NOT_FOUND)
     raise CliError(f"{job_id}: its events ended", NOT_FOUND)  # pragma: no cover - watch never ends
