@@ -83,6 +83,8 @@ class AgentConfig:
     #: Docker renumbers the GPUs it exposes from 0 inside the container.
     isolated_gpus: bool = False
     backoff: Backoff = field(default_factory=Backoff)
+    #: Variables every worker of this node gets over its node baseline (`--worker-env`: NCCL settings, say).
+    worker_env: tuple[tuple[str, str], ...] = ()
 
 
 class Agent:
@@ -106,7 +108,7 @@ class Agent:
         #: A runtime that runs workers on this host (the process runtime) gives them the job's `workdir`
         #: and start from `node_env`; a container starts in its image's directory with its image's env.
         self._on_host = bool(getattr(runtime, "on_host", False))
-        self._node_env = node_env() if self._on_host else {}
+        self._node_env = (node_env() if self._on_host else {}) | dict(config.worker_env)
 
     @property
     def node_id(self) -> str:

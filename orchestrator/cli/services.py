@@ -166,13 +166,28 @@ def agent_inventory(args: argparse.Namespace, node_id: str) -> Inventory:
     return found.inventory
 
 
+def add_worker_env_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--worker-env", action="append", default=[], metavar="VAR[,VAR=VALUE...]",
+                   help="give every worker these variables of this environment (VAR=VALUE sets one), over what a "
+                        "worker gets from its node (README: What a worker gets); repeatable")
+
+
+def worker_env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """`--worker-env` as AgentConfig.worker_env (checked now: a bad name exits 2 before anything starts)."""
+    from orchestrator.cli.submitter import named_variables
+
+    return tuple(named_variables(args.worker_env, os.environ, "--worker-env").items())
+
+
 async def run_agent(args: argparse.Namespace) -> int:
+    extra_env = worker_env(args)
     configure_logging(args.log_level)
     data_dir = Path(args.data_dir).resolve() / args.node_id
     inventory = agent_inventory(args, args.node_id)
     config = AgentConfig(node_id=args.node_id, address=args.address or socket.gethostname(), data_dir=data_dir,
                          checkpoint_root=Path(args.checkpoint_root).resolve() if args.checkpoint_root else None,
-                         heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker")
+                         heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker",
+                         worker_env=extra_env)
     try:
         docker = docker_options(args, inventory) if args.runtime == "docker" else None
         runtime = make_runtime(args.runtime, data_dir, args.node_id, docker)
@@ -276,6 +291,7 @@ def fake_node_labels(i: int) -> dict[str, str]:
 async def run_up(args: argparse.Namespace) -> int:
     if args.demo and args.nodes < 2:
         raise CliError(f"the demo needs at least 2 nodes (--nodes {args.nodes})", USAGE)
+    worker_env(args)  # a bad --worker-env exits 2 before anything starts
     configure_logging(args.log_level)
     data = Path(args.data_dir).resolve()
     server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server, die_with_parent=True)
@@ -317,7 +333,7 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
         inventory = node_inventory(node_id, fake_gpus=args.gpus_per_node, labels=fake_node_labels(i),
                                    fake_model=args.gpu_model).inventory
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
-                             checkpoint_root=data / "checkpoints", heartbeat_s=1.0)
+                             checkpoint_root=data / "checkpoints", heartbeat_s=1.0, worker_env=worker_env(args))
         agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
                                                                  inherit_env=False)))
     from events.archive import Archive
@@ -442,6 +458,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--data-dir", default=".corral/agent", help="worker state and logs (default %(default)s)")
     p.add_argument("--checkpoint-root", help="shared checkpoint storage (default DATA_DIR/checkpoints)")
     p.add_argument("--heartbeat", type=float, default=1.0, metavar="S", help="heartbeat interval")
+    add_worker_env_arg(p)
     d = p.add_argument_group("Docker runtime", "what worker containers get (nodeagent/runtime/docker_options.py)")
     d.add_argument("--docker-network", choices=("auto", "host", "bridge"), default="auto",
                    help="host: the node's network (rank 0 listens on MASTER_ADDR = --address); bridge: a private "
@@ -523,6 +540,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="stop after S seconds (with --demo: at most S, ends earlier when the demo is done)")
     p.add_argument("--keep-workers", action="store_true",
                    help="leave workers running on exit; the next `corral up` on this data dir adopts them")
+    add_worker_env_arg(p)
     r = p.add_argument_group("retention", "with --retention or --max-bytes, an archiver runs too, archiving to "
                              "DATA_DIR/archive (or the global --archive)")
     add_retention_args(r)  # type: ignore[arg-type]

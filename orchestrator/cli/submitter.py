@@ -54,18 +54,28 @@ def exported(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, 
         out.update({k: v for k, v in environ.items()
                     if k not in EXPORT_ALL_SKIPS and k not in CORRAL_SET and not k.startswith("CORRAL_")
                     and not k.startswith("BASH_FUNC_")})
-    for item in args.export:
+    out.update(named_variables(args.export, environ, "--export"))
+    return out
+
+
+def named_variables(items: list[str], environ: Mapping[str, str], flag: str) -> dict[str, str]:
+    """`VAR[,VAR=VALUE...]` items (`--export`, `--worker-env`): each VAR's value in `environ`, or the VALUE given.
+
+    A name that is not set, not a name, or one corral sets for every rank is an error (exit 2).
+    """
+    out: dict[str, str] = {}
+    for item in items:
         for part in (p.strip() for p in item.split(",")):
             if not part:
                 continue
             name, eq, value = part.partition("=")
             if not _NAME.fullmatch(name):
-                raise CliError(f"--export {part}: {name!r} is not a variable name", USAGE)
+                raise CliError(f"{flag} {part}: {name!r} is not a variable name", USAGE)
             if name.startswith("CORRAL_") or name in CORRAL_SET:
-                raise CliError(f"--export {name}: corral sets {name} for every rank itself", USAGE)
+                raise CliError(f"{flag} {name}: corral sets {name} for every rank itself", USAGE)
             if not eq:
                 if name not in environ:
-                    raise CliError(f"--export {name}: not set in your environment (VAR=VALUE sets one)", USAGE)
+                    raise CliError(f"{flag} {name}: not set in your environment (VAR=VALUE sets one)", USAGE)
                 value = environ[name]
             out[name] = value
     return out
