@@ -95,6 +95,8 @@ def test_a_workdir_missing_on_the_node_fails_the_job_at_once_with_the_reason(clu
     assert f"workdir {missing} does not exist on node" in proc.stderr
     shown = corral("job", job_id, url=cluster.url).stdout
     assert re.search(rf"^workdir\s+{re.escape(missing)}$", shown, re.M), shown
+    story = corral("explain", job_id, url=cluster.url).stdout
+    assert "rank 0 could not start on " in story and f"workdir {missing} does not exist" in story, story
 
 
 def test_export_refuses_what_it_cannot_pass(cluster: Up) -> None:
