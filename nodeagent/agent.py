@@ -33,7 +33,7 @@ from nodeagent.checkpoint import checkpoint_dir, checkpoint_failure, newest_mani
 from nodeagent.gpu_health import Finding, GpuHealthWatch
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
-from nodeagent.rank_env import ignored_spec_env, rank_env
+from nodeagent.rank_env import ignored_spec_env, node_env, rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from orchestrator.core.evolve import evolve
 from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
@@ -105,6 +105,8 @@ class AgentConfig:
     health_check: str | None = None
     health_check_interval_s: float = 60.0
     health_check_timeout_s: float = 60.0
+    #: Variables every worker of this node gets over its node baseline (`--worker-env`: NCCL settings, say).
+    worker_env: tuple[tuple[str, str], ...] = ()
 
 
 class Agent:
@@ -132,6 +134,10 @@ class Agent:
         self._hb_kv: KeyValue | None = None
         self._tasks: set[asyncio.Task[object]] = set()
         self._checkpoints_scanned = 0.0
+        #: A runtime that runs workers on this host (the process runtime) gives them the job's `workdir`
+        #: and start from `node_env`; a container starts in its image's directory with its image's env.
+        self._on_host = bool(getattr(runtime, "on_host", False))
+        self._node_env = (node_env() if self._on_host else {}) | dict(config.worker_env)
 
     @property
     def node_id(self) -> str:
@@ -500,8 +506,17 @@ class Agent:
         placement = next(p for p in job.placement if p.rank == rank)
         if restarts == 0 and rank == min(p.rank for p in job.placement if p.node_id == self.node_id):
             self._warn_ignored_env(job, attempt)
+        workdir = job.spec.working_dir if self._on_host else None
+        if workdir is not None and not os.path.isdir(workdir):
+            # The same on every retry: the job fails now with the reason, no restart (evolve_workers: unstartable).
+            why = f"workdir {workdir} does not exist on node {self.node_id}"
+            log.warning("worker_start_failed", job_id=job_id, rank=rank, error=why)
+            self._failed_starts[key] = await self._report_exit(
+                key, restarts, ExitInfo(None, None, "crashed", why), "unstartable", will_restart=False
+            )
+            return
         ckpt = self._checkpoint_dir(job, attempt, rank)
-        env = rank_env(
+        env = self._node_env | rank_env(
             job.placement,
             rank,
             job_id=job_id,
@@ -523,6 +538,7 @@ class Agent:
             image=job.spec.image,
             mounts=job.spec.mounts,
             gpus=placement.gpus,
+            workdir=workdir,
             log_dir=str(self.config.data_dir / "logs"),
             checkpoint_dir=str(ckpt),
             restarts=restarts,

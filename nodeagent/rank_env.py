@@ -17,10 +17,19 @@ MASTER_ADDR is rank 0's node address: right wherever ranks share the node's
 network (processes, containers with host networking). A gang that lives in
 one private network namespace instead (a one-rank job in a Docker bridge
 network) finds rank 0 on its own loopback: `in_private_network`.
+
+A worker on the host (process runtime) starts from `node_env`, never from the
+agent's own environment: how the agent was launched (a venv binary not on PATH,
+a service manager's bare PATH, a developer's PYTHONPATH) must not change what a
+job finds. The job's `env` (the variables its submitter exported, and the
+spec's own) goes over it, and corral's keys over both.
 """
 
 from __future__ import annotations
 
+import os
+import pwd
+import sys
 from collections.abc import Mapping, Sequence
 
 from schemas.events import RankPlacement
@@ -54,6 +63,40 @@ def in_private_network(env: Mapping[str, str]) -> dict[str, str]:
     MASTER_PORT: rank 0 bound it inside.
     """
     return {**env, "MASTER_ADDR": LOOPBACK} if "MASTER_ADDR" in env else dict(env)
+
+
+#: PATH after the interpreter's directory: the usual system directories, whatever the agent's PATH.
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: What a worker takes from the agent's environment when set there: who it runs as and the locale.
+ACCOUNT_KEYS = ("HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+
+def node_env(environ: Mapping[str, str] | None = None, python: str | None = None) -> dict[str, str]:
+    """The environment every host worker starts from (the README's "What a worker gets").
+
+    - PATH: the directory of the Python corral runs on, then SYSTEM_PATH: `python3`, `python` and
+      `corral` are corral's own interpreter and its packages (the example worker imports them), even
+      when the agent was started as `/some/venv/bin/corral` with that venv nowhere on PATH;
+    - HOME, USER, LOGNAME, SHELL of the account the agent runs as (from the password database when
+      the agent's environment lacks them), and LANG, LC_ALL, LC_CTYPE, TZ, TMPDIR when set;
+    - PYTHONUNBUFFERED=1, so a Python worker's output reaches its log (and `corral run`) as it prints.
+    """
+    environ = os.environ if environ is None else environ
+    python = sys.executable if python is None else python
+    env = {k: environ[k] for k in ACCOUNT_KEYS if environ.get(k)}
+    try:
+        account = pwd.getpwuid(os.getuid())
+    except KeyError:  # a uid with no passwd entry (some containers): what the environment says is all
+        account = None
+    if account is not None:
+        env.setdefault("HOME", account.pw_dir)
+        env.setdefault("USER", account.pw_name)
+        env.setdefault("LOGNAME", account.pw_name)
+        env.setdefault("SHELL", account.pw_shell or "/bin/sh")
+    bindir = os.path.dirname(python) if python else ""
+    env["PATH"] = f"{bindir}:{SYSTEM_PATH}" if bindir else SYSTEM_PATH
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
 
 
 def is_reserved(key: str) -> bool:

@@ -97,7 +97,7 @@ class WorkerExited(Event, tag="WorkerExited", frozen=True):
     node_id: str
     exit_code: int | None = None
     signal: int | None = None
-    #: completed | crashed | killed | preempted | cancelled | lost
+    #: completed | crashed | killed | preempted | cancelled | lost | unstartable (not restarted; why: log_tail)
     reason: str = "completed"
     log_tail: str = ""
     restarts: int = 0

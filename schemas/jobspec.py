@@ -102,6 +102,15 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Dependencies, array element, submitted held. UNSET (not written at all) for a job without any, so
     #: a log without them is byte-for-byte what it was before gates existed.
     gates: Gates | UnsetType = UNSET
+    #: Where the process runtime starts each rank (an absolute path; `corral submit`/`run` put the submitter's
+    #: directory here). UNSET, not None, so a spec without it encodes as before this field existed: old logs
+    #: and the simulator's logs keep their bytes; unset means the agent's own directory, as it always did.
+    workdir: str | UnsetType = UNSET
+
+    @property
+    def working_dir(self) -> str | None:
+        """`workdir`, or None when the spec has none."""
+        return self.workdir if isinstance(self.workdir, str) else None
 
     @property
     def total_gpus(self) -> int:
@@ -278,6 +287,10 @@ def jobspec_problems(obj: Any) -> list[Problem]:
     _check_str(obj, "gpu_model", out, optional=True)
     _check_str(obj, "image", out, optional=True)
     _check_str(obj, "checkpoint_dir", out, optional=True)
+    if obj.get("workdir") is not None:
+        w = obj["workdir"]
+        if not isinstance(w, str) or not w.startswith("/") or "\0" in w:
+            out.append(Problem("workdir", f"must be an absolute path, got {_show(w)}"))
     _check_int(obj, "priority", -1_000_000, 1_000_000, out)
     _check_int(obj, "ranks", 1, MAX_RANKS, out)
     _check_int(obj, "gpus_per_rank", 0, MAX_GPUS_PER_RANK, out)
@@ -342,6 +355,8 @@ def parse_jobspec(obj: Any) -> JobSpec:
         obj["command"] = ["sh", "-c", obj["command"]]
     if isinstance(obj.get("topology"), str):
         obj["topology"] = {"level": obj["topology"]}
+    if "workdir" in obj and obj["workdir"] is None:  # `workdir: null` in a file: none, as if not written
+        del obj["workdir"]
     if isinstance(obj.get("env"), dict):
         obj["env"] = {k: v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
                       for k, v in obj["env"].items()}

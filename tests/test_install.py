@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -50,7 +52,22 @@ def pip_install(python: Path, args: list[str | Path], cwd: Path, env: dict[str, 
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
-def test_a_wheel_in_a_fresh_venv_runs_the_demo_and_the_simulator_from_anywhere(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Installed:
+    """The wheel installed into a fresh venv, and a directory outside the checkout to use it from."""
+
+    wheel: Path
+    venv: Path
+    python: Path
+    corral: Path
+    home: Path
+    env: dict[str, str]
+    version: str
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    tmp_path = tmp_path_factory.mktemp("install")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env["CORRAL_LOG_LEVEL"] = "warning"
     src, wheels, venv, home = tmp_path / "src", tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
@@ -76,6 +93,15 @@ def test_a_wheel_in_a_fresh_venv_runs_the_demo_and_the_simulator_from_anywhere(t
     where = run([python, "-c", "import orchestrator, orchestrator.demo_worker; print(orchestrator.__file__)"],
                 home, env).stdout
     assert Path(where.strip()).is_relative_to(venv), f"corral imported from {where}, not the venv"
+    return Installed(wheel, venv, python, corral, home, env, version)
+
+
+def test_a_wheel_in_a_fresh_venv_runs_the_demo_and_the_simulator_from_anywhere(installed: Installed,
+                                                                                 tmp_path: Path) -> None:
+    wheel, python, corral, env, version = installed.wheel, installed.python, installed.corral, installed.env, \
+        installed.version
+    home = tmp_path / "elsewhere"
+    home.mkdir()
 
     # 2. --version, from the installed metadata.
     assert run([corral, "--version"], home, env).stdout == f"corral {version}\n"
@@ -108,3 +134,51 @@ def test_a_wheel_in_a_fresh_venv_runs_the_demo_and_the_simulator_from_anywhere(t
     verdict = [line for line in told.splitlines() if line.startswith("demo: done")]
     assert rc == 0 and verdict and re.search(r"all \d+ jobs completed", verdict[0]), told[-3000:]
     assert "JobFailed" not in told, told[-3000:]
+
+
+def test_a_new_users_first_jobs_run_where_they_were_submitted(installed: Installed, tmp_path: Path) -> None:
+    """#31 acceptance 1: the README's path after `pip install`, corral started from a venv that is not on PATH
+    (as pipx installs it): the examples, `corral up`, `corral run` from a project with every rank's output
+    labelled and the job's exit status, the same worker from another directory seeing that directory and an
+    exported variable, and an example job by the README's relative path."""
+    env = {**installed.env, "PATH": "/usr/local/bin:/usr/bin:/bin"}  # the venv's bin is nowhere on it
+    corral = installed.corral
+    proj, other, upcwd = tmp_path / "proj", tmp_path / "other", tmp_path / "upcwd"
+    for d in (proj, other, upcwd):
+        d.mkdir()
+
+    # 1. The examples ship in the package.
+    run([corral, "examples"], proj, env)
+    assert (proj / "examples" / "jobs" / "single-gpu.yaml").is_file() and (proj / "examples" / "worker.py").is_file()
+
+    # 2. `corral up` by the venv binary's path, from a directory of its own.
+    with open(tmp_path / "up.err", "w") as err:
+        up = subprocess.Popen([str(corral), "up", "--port", "0", "--nodes", "2", "--data-dir", str(tmp_path / "data")],
+                              stdout=subprocess.PIPE, stderr=err, text=True, cwd=upcwd, env=env)
+        try:
+            assert up.stdout is not None
+            first = up.stdout.readline()
+            assert "NATS at " in first, (first, (tmp_path / "up.err").read_text()[-2000:])
+            env["CORRAL_NATS_URL"] = first.split("NATS at ", 1)[1].split()[0]
+
+            # 3. From the project: both ranks' output, labelled; the job's exit status (rank 1 exits 3).
+            code = ("import os, sys; r = os.environ['RANK']; print('rank', r, 'in', os.getcwd()); "
+                    "sys.exit(3 if r == '1' else 0)")
+            ran = run([corral, "run", "-n", "2", "-g", "1", "--", "python", "-c", code], proj, env, check=3)
+            assert sorted(ran.stdout.splitlines()) == [f"0: rank 0 in {proj}", f"1: rank 1 in {proj}"], ran
+
+            # 4. The same worker from another directory: that directory, and the variable it exported.
+            show = "import os; print('in', os.getcwd(), 'MYVAR', os.environ.get('MYVAR'), os.environ.get('OTHER'))"
+            there = run([corral, "run", "--export", "MYVAR", "--", "python", "-c", show], other,
+                        {**env, "MYVAR": "exported", "OTHER": "not-exported"})
+            assert there.stdout == f"0: in {other} MYVAR exported None\n", there
+
+            # 5. The README's example job by its relative path, from the project, to completion.
+            run([corral, "submit", "examples/jobs/single-gpu.yaml", "--wait"], proj, env)
+        finally:
+            up.send_signal(signal.SIGINT)
+            try:
+                up.wait(60)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                up.wait()

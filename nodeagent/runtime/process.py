@@ -163,12 +163,16 @@ class _Worker:
 class ProcessRuntime:
     """Runs each worker under the shim in its own process group; state survives agent restarts."""
 
+    #: Workers run on this host: the agent gives them the job's workdir and its node_env (nodeagent/rank_env.py).
+    on_host = True
+
     def __init__(
         self, state_dir: str | Path, *, node_id: str | None = None, inherit_env: bool = True, poll_s: float = 0.05,
         cgroups: bool = True, log_max_bytes: int = LOG_MAX_BYTES, log_files: int = LOG_FILES,
     ) -> None:
-        """`node_id` scopes adopt() (simulated nodes share a machine); `inherit_env` puts the
-        agent's environment (PATH, HOME, a venv) under each worker's own env; `cgroups`: put each
+        """`node_id` scopes adopt() (simulated nodes share a machine); `inherit_env` puts this process's
+        environment under each worker's own env (tests that run the runtime alone; an agent passes False
+        and gives each worker its full env, nodeagent/rank_env.py: `node_env`); `cgroups`: put each
         worker in a cgroup v2 where one is writable (False: the process tree only); `log_max_bytes` x
         `log_files`: the most of a worker's output kept on disk (module docstring)."""
         if log_max_bytes < 1 or log_files < 2:

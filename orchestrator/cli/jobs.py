@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import sys
@@ -23,6 +24,7 @@ from orchestrator.cli.output import print_json
 from orchestrator.cli.render import line
 from orchestrator.cli.specfile import load_jobspec
 from orchestrator.cli.state_view import load_state
+from orchestrator.cli.submitter import add_submitter_args, with_submitter
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import TERMINAL, ClusterState, Job
 from schemas import ArrayElement, JobSpec, tag_of
@@ -94,7 +96,7 @@ async def check_fits(bus: Bus, spec: JobSpec) -> None:
 
 
 async def submit(args: argparse.Namespace) -> int:
-    spec = load_jobspec(args.file)
+    spec = with_submitter(load_jobspec(args.file), args)  # its workdir and exports (orchestrator/cli/submitter.py)
     try:
         array = parse_array(args.array) if args.array is not None else None
     except ArraySpecError as e:
@@ -124,12 +126,20 @@ async def submit(args: argparse.Namespace) -> int:
             print_json({"job_id": job_id, **({"jobs": job_ids} if array is not None else {})})
         elif not args.json:
             print(job_id if array is None else f"{base} (array of {len(job_ids)}: {job_ids[0]} .. {job_ids[-1]})")
-        if not args.wait:
+        if not args.wait and not args.follow:
             return OK
         results = []
         for jid in job_ids:
             try:
-                env = await client.wait(jid, until=FINAL, timeout=args.timeout)
+                if args.follow:  # every rank's output as it is written, then the end (orchestrator/cli/attach.py)
+                    from orchestrator.cli.attach import JobStream, follow_job
+
+                    async with asyncio.timeout(args.timeout):
+                        seen = await follow_job(bus, jid, JobStream(bus))
+                    assert seen.final is not None
+                    env = seen.final
+                else:
+                    env = await client.wait(jid, until=FINAL, timeout=args.timeout)
             except TimeoutError:
                 raise CliError(f"{jid} not finished after {args.timeout:g}s", TIMEOUT) from None
             results.append((jid, env))
@@ -299,6 +309,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="start only after these jobs ended, however they ended")
     p.add_argument("--hold", action="store_true", help="submit held: it starts only after `corral release`")
     _via_admission(p)
+    p.add_argument("--follow", "-f", action="store_true", help="wait, printing every rank's output as it is "
+                   "written ('R: ' before each line), like `corral run`")
+    add_submitter_args(p)
     p.set_defaults(handler=submit)
 
     p = sub.add_parser("cancel", help="cancel jobs", description="Append CancelRequested for each job named or "

@@ -136,8 +136,8 @@ def make_runtime(kind: str, state_dir: Path, node_id: str, docker: DockerOptions
     """`log_limit`: (bytes per file, files) of each worker's log (process runtime; None: its defaults)."""
     if kind == "process":
         if log_limit is None:
-            return ProcessRuntime(state_dir / "workers", node_id=node_id)
-        return ProcessRuntime(state_dir / "workers", node_id=node_id, log_max_bytes=log_limit[0],
+            return ProcessRuntime(state_dir / "workers", node_id=node_id, inherit_env=False)
+        return ProcessRuntime(state_dir / "workers", node_id=node_id, inherit_env=False, log_max_bytes=log_limit[0],
                               log_files=log_limit[1])
     if kind == "simulated":
         from nodeagent.runtime.simulated import SimulatedRuntime
@@ -202,7 +202,21 @@ def health_watch(args: argparse.Namespace, inventory: Inventory) -> GpuHealthWat
     return GpuHealthWatch(nvml, [g.uuid for g in inventory.gpus], policy)
 
 
+def add_worker_env_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--worker-env", action="append", default=[], metavar="VAR[,VAR=VALUE...]",
+                   help="give every worker these variables of this environment (VAR=VALUE sets one), over what a "
+                        "worker gets from its node (README: What a worker gets); repeatable")
+
+
+def worker_env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """`--worker-env` as AgentConfig.worker_env (checked now: a bad name exits 2 before anything starts)."""
+    from orchestrator.cli.submitter import named_variables
+
+    return tuple(named_variables(args.worker_env, os.environ, "--worker-env").items())
+
+
 async def run_agent(args: argparse.Namespace) -> int:
+    extra_env = worker_env(args)
     configure_logging(args.log_level)
     data_dir = Path(args.data_dir).resolve() / args.node_id
     inventory = agent_inventory(args, args.node_id)
@@ -213,7 +227,8 @@ async def run_agent(args: argparse.Namespace) -> int:
                          heartbeat_s=args.heartbeat, isolated_gpus=args.runtime == "docker",
                          health_poll_s=args.health_poll, health_check=args.health_check or None,
                          health_check_interval_s=args.health_check_interval,
-                         health_check_timeout_s=args.health_check_timeout)
+                         health_check_timeout_s=args.health_check_timeout,
+                         worker_env=extra_env)
     watch = health_watch(args, inventory)
     try:
         docker = docker_options(args, inventory) if args.runtime == "docker" else None
@@ -321,6 +336,7 @@ def fake_node_labels(i: int) -> dict[str, str]:
 async def run_up(args: argparse.Namespace) -> int:
     if args.demo and args.nodes < 2:
         raise CliError(f"the demo needs at least 2 nodes (--nodes {args.nodes})", USAGE)
+    worker_env(args)  # a bad --worker-env exits 2 before anything starts
     configure_logging(args.log_level)
     data = Path(args.data_dir).resolve()
     server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server, die_with_parent=True)
@@ -362,8 +378,9 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
         inventory = node_inventory(node_id, fake_gpus=args.gpus_per_node, labels=fake_node_labels(i),
                                    fake_model=args.gpu_model).inventory
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
-                             checkpoint_root=data / "checkpoints", heartbeat_s=1.0)
-        agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id)))
+                             checkpoint_root=data / "checkpoints", heartbeat_s=1.0, worker_env=worker_env(args))
+        agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
+                                                                 inherit_env=False)))
     from events.archive import Archive
     from events.history import History
     from orchestrator.index.service import IndexService
@@ -511,6 +528,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     h.add_argument("--health-check-interval", type=float, default=60.0, metavar="S", help="(default %(default)s)")
     h.add_argument("--health-check-timeout", type=float, default=60.0, metavar="S",
                    help="a check running longer fails (default %(default)s)")
+    add_worker_env_arg(p)
     d = p.add_argument_group("Docker runtime", "what worker containers get (nodeagent/runtime/docker_options.py)")
     d.add_argument("--docker-network", choices=("auto", "host", "bridge"), default="auto",
                    help="host: the node's network (rank 0 listens on MASTER_ADDR = --address); bridge: a private "
@@ -592,6 +610,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="stop after S seconds (with --demo: at most S, ends earlier when the demo is done)")
     p.add_argument("--keep-workers", action="store_true",
                    help="leave workers running on exit; the next `corral up` on this data dir adopts them")
+    add_worker_env_arg(p)
     r = p.add_argument_group("retention", "with --retention or --max-bytes, an archiver runs too, archiving to "
                              "DATA_DIR/archive (or the global --archive)")
     add_retention_args(r)  # type: ignore[arg-type]

@@ -15,10 +15,10 @@ from typing import Any, NamedTuple, assert_never
 import msgspec
 
 from events.bus import Envelope
-from orchestrator.cli.render import gates_text, placement_summary, unreadable
+from orchestrator.cli.render import gates_text, placement_summary, printable, unreadable
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
-from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.state import UNSTARTABLE, ClusterState, Job
 from schemas import (
     AnyEvent,
     CancelRequested,
@@ -79,6 +79,8 @@ def _who(state: ClusterState, job_id: str) -> str:
 
 
 def _exit(e: WorkerExited) -> str:
+    if e.reason == UNSTARTABLE:  # never ran: the agent's reason instead of an exit code
+        return f"rank {e.rank} could not start on {e.node_id}: {printable(e.log_tail, 300)}"
     how = f"exit code {e.exit_code}" if e.signal is None else f"signal {e.signal}"
     again = ", will restart" if e.will_restart else ""
     failed = ""

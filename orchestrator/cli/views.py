@@ -288,6 +288,8 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
         ("priority", f"{spec.priority}{'' if spec.preemptible else ' (not preemptible)'}"),
         ("attempt", f"{job.attempt} (gang restarts {job.restarts}/{spec.max_restarts})"),
     ]
+    if spec.working_dir is not None:
+        kv.append(("workdir", spec.working_dir))
     if job.placement:
         kv.append(("placement", placement_summary(job.placement)))
     gate = gate_reason(state, job)

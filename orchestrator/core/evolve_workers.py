@@ -5,7 +5,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_jobs import active
-from orchestrator.core.state import TERMINAL, Checkpoint, ClusterState, Job, RankState, WorkerId
+from orchestrator.core.state import TERMINAL, UNSTARTABLE, Checkpoint, ClusterState, Job, RankState, WorkerId
 from schemas.events import Checkpointed, WorkerExited, WorkerStarted
 
 
@@ -79,7 +79,9 @@ def worker_exited(state: ClusterState, e: WorkerExited) -> None:
     ok = e.exit_code == 0 and e.reason == "completed"
     lost = job.lost + (1 if e.reason == "lost" else 0)
     failure = job.failure
-    if not ok and not failure and e.reason != "lost":
+    if not ok and not failure and e.reason == UNSTARTABLE:
+        failure = f"rank {e.rank} cannot start: {e.log_tail[:500]}"
+    elif not ok and not failure and e.reason != "lost":
         how = f"exit {e.exit_code}" if e.exit_code is not None else f"signal {e.signal}"
         failure = f"rank {e.rank} {e.reason} ({how})"
     state.jobs[e.job_id] = replace(

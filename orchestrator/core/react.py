@@ -14,7 +14,7 @@ gang per cycle, the next one comes once the first is folded:
 4. every rank exited 0 -> JobCompleted;
 5. a rank failed for good: restart policy gang with restarts left ->
    GangRestarted(attempt+1, same GPUs, not before the restart backoff);
-   otherwise stop it and fail it;
+   otherwise (or when a rank is unstartable: it would not start again) stop it and fail it;
 6. time limit passed -> stop it (CancelRequested by the scheduler), then it
    ends as JobFailed("time limit ...") through rule 2;
 7. every rank started -> JobRunning.
@@ -35,7 +35,7 @@ from __future__ import annotations
 from orchestrator.core.backoff import restart_delay
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.gating import NEVER_SATISFIED
-from orchestrator.core.state import FREE, SCHEDULER, ClusterState, Job
+from orchestrator.core.state import FREE, SCHEDULER, UNSTARTABLE, ClusterState, Job
 from schemas.events import (
     CancelRequested,
     Event,
@@ -132,7 +132,7 @@ def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
         return JobCompleted(event_id=c.event_id("completed", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt,
                             epoch=c.epoch)
     if job.failure:
-        if spec.restart_policy == "gang" and job.restarts < spec.max_restarts:
+        if spec.restart_policy == "gang" and job.restarts < spec.max_restarts and not _unstartable(c.state, job):
             # Decided now, so the old attempt's surviving ranks stop at once; its workers wait out
             # the backoff in the log (`not_before`), as a crashing rank's agent waits before restarting it.
             delay = restart_delay(job.restarts + 1)
@@ -145,7 +145,9 @@ def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
                 epoch=c.epoch,
                 not_before=now + delay,
             )
-        if spec.restart_policy == "gang":
+        if _unstartable(c.state, job):
+            why = job.failure
+        elif spec.restart_policy == "gang":
             why = f"{job.failure}; no restarts left ({spec.max_restarts} used)"
         elif spec.restart_policy == "rank":
             why = f"{job.failure}; the agent gave up restarting it"
@@ -159,6 +161,11 @@ def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
         return JobRunning(event_id=c.event_id("running", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt,
                           epoch=c.epoch)
     return None
+
+
+def _unstartable(state: ClusterState, job: Job) -> bool:
+    """A rank of this attempt could not start and never will here (a restart would meet the same)."""
+    return any(r.status == "exited" and r.reason == UNSTARTABLE for r in state.ranks.get(job.job_id, {}).values())
 
 
 def _stop_and_fail(c: Cycle, job: Job, reason: str) -> Event:

@@ -37,6 +37,9 @@ TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled", "rejec
 #: limit, crash without restarts left): the job then ends as JobFailed, not
 #: JobCancelled. Agents treat it like any cancel: signal, grace, kill.
 SCHEDULER = "corral-scheduler"
+#: WorkerExited.reason of a rank its agent could not start for a reason a retry would meet again (its
+#: workdir is not on that node): the job fails at once, with the agent's words (`log_tail`) as its reason.
+UNSTARTABLE = "unstartable"
 
 #: How many finished jobs the state keeps (`corral job` details, duplicate-submit
 #: detection). Older ones leave the state, deterministically by finish order, so

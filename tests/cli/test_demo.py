@@ -1,7 +1,8 @@
 """`corral up --demo` tells the truth: a failed job makes it exit non-zero, naming the job; a crash is a restart.
 
-The demo's workers inherit `corral up`'s environment (process runtime), so
-WORKER_FAIL_AT_STEP makes every one of them crash: each job restarts (never
+`corral up --worker-env WORKER_FAIL_AT_STEP` gives every worker that variable of
+its environment (workers get nothing else of it: README, "What a worker gets"),
+which makes every one of them crash: each job restarts (never
 "resumes from its checkpoint": it never checkpointed) until its restarts run
 out and it fails. Run from a directory outside the checkout, as a user would.
 """
@@ -24,7 +25,8 @@ def test_a_demo_whose_workers_fail_exits_non_zero_naming_the_failed_jobs(tmp_pat
     env = {**os.environ, "CORRAL_LOG_LEVEL": "warning", "WORKER_FAIL_AT_STEP": "3"}
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "up", "--demo", "--port", "0", "--nodes", "2",
-         "--gpus-per-node", "2", "--duration", "150", "--data-dir", str(tmp_path / "corral")],
+         "--gpus-per-node", "2", "--duration", "150", "--data-dir", str(tmp_path / "corral"),
+         "--worker-env", "WORKER_FAIL_AT_STEP"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=200)
     out = proc.stdout
     assert proc.returncode == FAILURE, out[-3000:] + proc.stderr[-2000:]
