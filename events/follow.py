@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import structlog
 
 from events.bus import Bus, Envelope, LogGap
+from events.logclock import LogClock
 from schemas import AnyEvent, Unknown
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ class Positioned(Protocol):
 
 S = TypeVar("S", bound=Positioned)
 
-#: `fold(state, event, seq) -> state`: apply the event at log position `seq` (it may work in place).
-Fold = Callable[[S, AnyEvent | Unknown, int], S]
+#: `fold(state, event, seq, at) -> state`: apply the event at log position `seq`, stored at stream time `at`
+#: (it may work in place). The stream's time, not the publisher's: one clock for every reader (#30).
+Fold = Callable[[S, AnyEvent | Unknown, int, float], S]
 
 #: Reads in a row that may miss the same position (which the log still holds) before a reader gives up.
 REREADS = 3
@@ -66,7 +68,7 @@ def fold_batch(state: S, batch: list[Envelope], fold: Fold[S], *, contiguous: bo
         if seq > state.seq:
             if contiguous and seq != state.seq + 1:
                 raise LogGap(state.seq + 1, seq)
-            state = fold(state, env.event, seq)
+            state = fold(state, env.event, seq, env.stream_time)
     return state
 
 
@@ -104,6 +106,9 @@ class Follower(Generic[S]):
         self.bus = bus
         self.fold = fold
         self.state = initial
+        #: The log's time as far as what this follower read proves it (events/logclock.py): the "now"
+        #: of every time judgement against the fold's times.
+        self.clock = LogClock()
         #: Set whenever an event was folded; consumers clear it when they have looked.
         self.changed = asyncio.Event()
         self._listeners: list[Callable[[Envelope], None]] = []
@@ -136,7 +141,8 @@ class Follower(Generic[S]):
             return False
         if seq != self.state.seq + 1:
             raise LogGap(self.state.seq + 1, seq)
-        self.state = self.fold(self.state, env.event, seq)
+        self.state = self.fold(self.state, env.event, seq, env.stream_time)
+        self.clock.saw(env.stream_time)
         for listener in self._listeners:
             listener(env)
         self.changed.set()
@@ -193,6 +199,8 @@ class Follower(Generic[S]):
         try:
             self.state = fold_batch(self.state, batch, self.fold)
         finally:
+            if batch:
+                self.clock.saw(batch[-1].stream_time)  # the newest of the batch proves the most
             self.changed.set()
             if self._seq_waiters:
                 self._wake()

@@ -18,6 +18,13 @@ trust them: it judges only while its lease is provably current by its own
 monotonic clock (`Lease.current`), and after a stall it catches up with the
 log, checks that it still leads and holds the lease, and gives every node a
 full heartbeat timeout from then before it judges again.
+
+One clock (#30). The fold's times are the stream's (when the server stored
+each event), and decide's "now" is the stream time this scheduler can prove
+(`Follower.clock`, events/logclock.py), never its own wall clock: a leader
+whose clock is minutes off, or that took over from one that was, neither
+kills a job before its time limit nor preempts one inside its minimum runtime,
+and a gang restart's backoff lasts what it says on every node.
 """
 
 from __future__ import annotations
@@ -253,10 +260,11 @@ class Scheduler:
             stop_if_cancelled()
             await self.follower.wait_changed(self.config.tick_s)
             self.follower.changed.clear()
-            if not self._may_judge() or self.state.seq < self._awaiting:
+            now = self.follower.clock.now()
+            if not self._may_judge() or self.state.seq < self._awaiting or now is None:
                 continue
             t0 = time.perf_counter()
-            events = decide(self.state, time.time(), epoch=self.epoch, memo=self.memo)
+            events = decide(self.state, now, epoch=self.epoch, memo=self.memo)
             elapsed = time.perf_counter() - t0
             self.decide_seconds.append(elapsed)
             metrics.DECIDE_SECONDS.observe(elapsed)
