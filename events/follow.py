@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import structlog
 
 from events.bus import Bus, Envelope, LogGap
-from events.logclock import LogClock
+from events.streamclock import StreamClock
 from schemas import AnyEvent, Unknown
 
 if TYPE_CHECKING:
@@ -106,9 +106,9 @@ class Follower(Generic[S]):
         self.bus = bus
         self.fold = fold
         self.state = initial
-        #: The log's time as far as what this follower read proves it (events/logclock.py): the "now"
+        #: The log's time as far as what this follower read proves it (events/streamclock.py): the "now"
         #: of every time judgement against the fold's times.
-        self.clock = LogClock()
+        self.clock = StreamClock()
         #: Set whenever an event was folded; consumers clear it when they have looked.
         self.changed = asyncio.Event()
         self._listeners: list[Callable[[Envelope], None]] = []

@@ -21,7 +21,7 @@ full heartbeat timeout from then before it judges again.
 
 One clock (#30). The fold's times are the stream's (when the server stored
 each event), and decide's "now" is the stream time this scheduler can prove
-(`Follower.clock`, events/logclock.py), never its own wall clock: a leader
+(`Follower.clock`, events/streamclock.py), never its own wall clock: a leader
 whose clock is minutes off, or that took over from one that was, neither
 kills a job before its time limit nor preempts one inside its minimum runtime,
 and a gang restart's backoff lasts what it says on every node.

@@ -225,11 +225,16 @@ async def tail(args: argparse.Namespace) -> int:
     flt = build_filter(args)
     if args.since is not None and args.from_seq is not None:
         raise CliError("give --since or --from-seq, not both", USAGE)
-    since = parse_instant(args.since, time.time()) if args.since is not None else None
+    if args.since is not None:
+        parse_instant(args.since, time.time())  # a bad --since fails before connecting
     subjects = flt.subjects()
     out = sys.stdout
     async with connected(args) as stream:
         bus = with_archive(args, stream)
+        since = None
+        if args.since is not None:  # "10m" ago on the server's clock, the one the stream's times are on (#30)
+            server = await stream.server_time()
+            since = parse_instant(args.since, server if server is not None else time.time())
         if flt.queues:
             state = await load_state(bus)
             flt.defined_queues = frozenset(state.queues)

@@ -1,10 +1,10 @@
-"""events/logclock.py: the stream's time as a reader can prove it, and the Follower that keeps it (#30)."""
+"""events/streamclock.py: the stream's time as a reader can prove it, and the Follower that keeps it (#30)."""
 
 from __future__ import annotations
 
-from events.bus import Envelope
+from events.bus import Bus, Envelope
 from events.follow import Follower
-from events.logclock import LogClock
+from events.streamclock import StreamClock
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
 from schemas import JobSpec, JobSubmitted
@@ -19,13 +19,13 @@ class Monotonic:
 
 
 def test_unknown_until_an_event_is_read() -> None:
-    clock = LogClock(Monotonic())
+    clock = StreamClock(Monotonic())
     assert not clock.known and clock.now() is None
 
 
 def test_carried_forward_on_the_monotonic_clock() -> None:
     mono = Monotonic()
-    clock = LogClock(mono)
+    clock = StreamClock(mono)
     clock.saw(1000.0)
     mono.t += 7.5
     assert clock.now() == 1007.5
@@ -34,7 +34,7 @@ def test_carried_forward_on_the_monotonic_clock() -> None:
 def test_the_freshest_read_wins_and_old_reads_never_pull_it_back() -> None:
     """A catch-up read of an old event proves an old time only; it never moves the clock back (nor ahead)."""
     mono = Monotonic()
-    clock = LogClock(mono)
+    clock = StreamClock(mono)
     clock.saw(900.0)  # read now, stored long ago (catch-up)
     assert clock.now() == 900.0
     mono.t += 1.0
@@ -62,3 +62,13 @@ def test_a_replay_batch_sets_the_clock_from_its_newest_event() -> None:
     assert f.state.jobs["j2"].submitted_at == 1002.0
     now = f.clock.now()
     assert now is not None and now >= 1002.0
+
+
+async def test_the_server_says_its_time(bus: Bus) -> None:
+    """What a reader without a fold takes as "now" (CLI views, `tail --since`): the server's clock, never behind
+    what the stream stored."""
+    (seq,) = await bus.append_many([JobSubmitted(event_id="s", occurred_at=0.0, job_id="j",
+                                                 spec=JobSpec(name="j", command=("true",)))])
+    (env,) = [e async for batch in bus.replay(from_seq=seq, to_seq=seq) for e in batch]
+    now = await bus.server_time()
+    assert now is not None and now >= env.stream_time

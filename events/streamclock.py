@@ -6,7 +6,7 @@ machine's wall clock, which may be minutes off the server's and off every
 other machine's. A reader cannot ask the server the time, but every event it
 reads proves a lower bound: an event stored at server time T and read at
 monotonic time m means the server's time was at least T at m, so at any later
-monotonic m' it is at least T + (m' - m). `LogClock` keeps the best such
+monotonic m' it is at least T + (m' - m). `StreamClock` keeps the best such
 bound over everything read (the freshest read wins; a catch-up over old
 events only proves old times, and a live read of a new one tightens it).
 
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 
-class LogClock:
+class StreamClock:
     """A lower bound of the stream's clock, carried forward on this process's monotonic clock."""
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
