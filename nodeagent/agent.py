@@ -90,7 +90,7 @@ class Agent:
         self.config = config
         self.inventory = inventory
         self.runtime = runtime
-        self.follower = Follower(bus, evolve, ClusterState())
+        self.follower = Follower(bus, evolve, ClusterState(), stream_times=True)  # one clock for time (#30)
         self.incarnation = uuid.uuid4().hex[:12]
         self.workers: dict[WorkerKey, Tracked] = {}
         self._restarting: set[WorkerKey] = set()

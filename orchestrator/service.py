@@ -87,7 +87,7 @@ class Scheduler:
     def __init__(self, bus: Bus, config: SchedulerConfig | None = None) -> None:
         self.bus = bus
         self.config = config or SchedulerConfig()
-        self.follower = Follower(bus, evolve, ClusterState())
+        self.follower = Follower(bus, evolve, ClusterState(), stream_times=True)  # one clock for time (#30)
         self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded

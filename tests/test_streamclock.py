@@ -46,7 +46,7 @@ def test_the_freshest_read_wins_and_old_reads_never_pull_it_back() -> None:
 
 
 def test_a_follower_folds_at_stream_time_and_keeps_the_clock() -> None:
-    f = Follower(None, evolve, ClusterState())  # type: ignore[arg-type]  # apply does no IO
+    f = Follower(None, evolve, ClusterState(), stream_times=True)  # type: ignore[arg-type]  # apply does no IO
     submitted = JobSubmitted(event_id="s", occurred_at=700.0, job_id="j", spec=JobSpec(name="j", command=("true",)))
     f.apply(Envelope(1, "corral.job.j.JobSubmitted", 1000.0, submitted))
     assert f.state.jobs["j"].submitted_at == 1000.0  # the stream's time, not the submitter's clock
@@ -55,7 +55,7 @@ def test_a_follower_folds_at_stream_time_and_keeps_the_clock() -> None:
 
 
 def test_a_replay_batch_sets_the_clock_from_its_newest_event() -> None:
-    f = Follower(None, evolve, ClusterState())  # type: ignore[arg-type]
+    f = Follower(None, evolve, ClusterState(), stream_times=True)  # type: ignore[arg-type]
     events = [JobSubmitted(event_id=f"s{i}", occurred_at=0.0, job_id=f"j{i}", spec=JobSpec(name="j", command=("true",)))
               for i in (1, 2)]
     f.apply_batch([Envelope(i, f"corral.job.j{i}.JobSubmitted", 1000.0 + i, e) for i, e in enumerate(events, 1)])
@@ -72,3 +72,13 @@ async def test_the_server_says_its_time(bus: Bus) -> None:
     (env,) = [e async for batch in bus.replay(from_seq=seq, to_seq=seq) for e in batch]
     now = await bus.server_time()
     assert now is not None and now >= env.stream_time
+
+
+def test_a_reporting_reader_keeps_the_publishers_times() -> None:
+    """Without `stream_times` (the CLI, the index) a log loaded from a simulation keeps its history; the clock
+    still follows the stream."""
+    f = Follower(None, evolve, ClusterState())  # type: ignore[arg-type]
+    submitted = JobSubmitted(event_id="s", occurred_at=700.0, job_id="j", spec=JobSpec(name="j", command=("true",)))
+    f.apply(Envelope(1, "corral.job.j.JobSubmitted", 1000.0, submitted))
+    assert f.state.jobs["j"].submitted_at == 700.0
+    assert f.clock.known

@@ -66,7 +66,7 @@ async def check_queue(bus: Bus, spec: JobSpec) -> None:
     async with aclosing(bus.replay(subjects=_QUEUE_EVENTS)) as batches:
         async for batch in batches:
             for env in batch:
-                state = evolve(state, env.event, env.seq, env.stream_time)
+                state = evolve(state, env.event, env.seq)
     defined = state.queues
     if not defined or spec.queue in defined:
         return

@@ -161,7 +161,7 @@ class Story:
         s, ev = self.state, env.event
         before = s.jobs.get(self.job_id)
         voids = s.voids
-        evolve(s, ev, env.seq, env.stream_time)
+        evolve(s, ev, env.seq)
         self.end = env.stream_time
         self.job = s.jobs.get(self.job_id, self.job)
         if isinstance(ev, Unknown):  # about this job if published on its subjects: its story shows the gap

@@ -40,7 +40,7 @@ async def gpu_time(source: LogSource, meter: GpuTime) -> tuple[ClusterState, int
         async for batch in batches:
             for env in batch:
                 if env.seq > state.seq:  # (a log file may repeat or skip positions: fold what it holds)
-                    state = meter.fold(state, env.event, env.seq, env.stream_time)
+                    state = meter.fold(state, env.event, env.seq)
                     events += 1
     return state, events
 

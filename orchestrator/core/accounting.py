@@ -53,24 +53,22 @@ class Accounted(NamedTuple):
     status: str
 
 
-def account(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0,
-            at: float | None = None) -> tuple[ClusterState, Accounted | None]:
-    """`evolve` (`at`: the stream time, as evolve's), and what the event released or finished (None: nothing about
-    a known job)."""
+def account(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> tuple[ClusterState, Accounted | None]:
+    """`evolve`, and what the event released or finished (None: nothing about a known job)."""
     job_id = getattr(event, "job_id", None)
     before = state.jobs.get(job_id) if isinstance(job_id, str) else None
     holding = before is not None and before.job_id in state.active
-    state = evolve(state, event, seq, at)
+    state = evolve(state, event, seq)
     if before is None or not isinstance(job_id, str):
         return state, None
     after = state.jobs.get(job_id)
-    when: float = at if at is not None else getattr(event, "occurred_at", 0.0)
+    at = getattr(event, "occurred_at", 0.0)
     released = before if holding and (job_id not in state.active or after is None
                                       or after.reserved_at != before.reserved_at) else None
     finished = None
     if after is not None and after.status in TERMINAL and before.status not in TERMINAL:
         finished = after if after.queue else before
-    return state, Accounted(when, released, finished, after.status if after is not None else before.status)
+    return state, Accounted(at, released, finished, after.status if after is not None else before.status)
 
 
 @dataclass
@@ -94,8 +92,8 @@ class GpuTime:
             return status or job.status
         return job.queue or resolve_queue(state, job.spec.queue)
 
-    def fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: float | None = None) -> ClusterState:
-        state, done = account(state, event, seq, at)
+    def fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> ClusterState:
+        state, done = account(state, event, seq)
         if done is None:
             return state
         if done.released is not None:

@@ -111,11 +111,12 @@ _NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUnc
 def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: float | None = None) -> ClusterState:
     """Apply `event` (at stream position `seq`, or the next one; stored at time `at`) in place and return the state.
 
-    The fold's clock is the log's (#30): `at` is when the stream stored the event (the Envelope's
-    stream_time, one server's clock for every publisher), so a reservation's age, a stop's grace
-    and a restart's backoff are never one machine's wall clock against another's. Without it (a
-    simulation, an event-only file, whose stream time is `occurred_at` anyway) the event's own
-    time is used, exactly as before.
+    Which clock dates an event (#30): `at`, when the stream stored it (the Envelope's stream_time,
+    one server's clock for every publisher), for the readers that judge time across machines (the
+    scheduler and the agents: a reservation's age, a stop's grace, a restart's backoff are then
+    never one machine's wall clock against another's). Without it (a simulation, an event-only
+    file, a reporting reader such as the CLI or the index, which keep a loaded log's history) the
+    event's own `occurred_at`, exactly as before.
     """
     state.seq = seq if seq > 0 else state.seq + 1
     voids = state.voids

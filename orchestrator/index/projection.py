@@ -256,7 +256,7 @@ class Projection:
         """Fold one event at the next position; recorded unless the tables already hold it."""
         event, seq = env.event, env.seq
         if seq <= self.seq:  # refolding after a restart: the tables have it, the fold needs it
-            self.state, _ = account(self.state, event, seq, env.stream_time)
+            self.state, _ = account(self.state, event, seq)
             return
         state = self.state
         job_id = getattr(event, "job_id", None)
@@ -264,7 +264,7 @@ class Projection:
         before = state.jobs.get(job_id) if job_id is not None else None
         holding = job_id is not None and job_id in state.active
         voids = state.voids
-        self.state, done = account(state, event, seq, env.stream_time)
+        self.state, done = account(state, event, seq)
         try:
             self._record(env, job_id, before, holding, voids, done)
         except Exception as e:  # the fold is right; a row this event would have changed is not

@@ -9,56 +9,42 @@ from typing import Any, TypeVar
 import pytest
 from nats.js.errors import BucketNotFoundError
 
-from events.bus import Bus, Envelope
+from events.bus import Bus
 from events.server import NatsServer
 from events.snapshots import SNAPSHOT_BUCKET, SnapshotStore
 from orchestrator.cli import main
 from orchestrator.cli.state_view import envelope_at, load_state, seq_at_time
-from orchestrator.core.evolve import evolve, fold
-from orchestrator.core.state import ClusterState, snapshot
+from orchestrator.core.evolve import fold
+from orchestrator.core.state import snapshot
 from tests.cli.test_top import EVENTS
-from tests.test_snapshots import workload
+from tests.test_snapshots import fold_to, workload
 
 S = TypeVar("S")
-
-
-async def stored(bus: Bus) -> list[Envelope]:
-    """The log as the stream holds it: a fold of it is a fold at the stream's times (#30), not the events' own."""
-    return [env async for batch in bus.replay() for env in batch]
-
-
-def fold_stored(log: list[Envelope], to_seq: int | None = None) -> ClusterState:
-    state = ClusterState()
-    for env in log[:to_seq]:
-        evolve(state, env.event, env.seq, env.stream_time)
-    return state
 
 
 async def test_fold_without_snapshot_and_no_bucket_created(bus: Bus) -> None:
     assert snapshot(await load_state(bus)) == snapshot(fold([]))
     await bus.append_many(EVENTS)
-    log = await stored(bus)
-    assert snapshot(await load_state(bus)) == snapshot(fold_stored(log))
-    assert snapshot(await load_state(bus, to_seq=5)) == snapshot(fold_stored(log, 5))
+    assert snapshot(await load_state(bus)) == snapshot(fold(EVENTS))
+    assert snapshot(await load_state(bus, to_seq=5)) == snapshot(fold(EVENTS[:5]))
     with pytest.raises(BucketNotFoundError):
         await bus.js.object_store(SNAPSHOT_BUCKET)  # a reader never creates it
 
 
 async def test_snapshot_used_only_when_not_past_the_position(bus: Bus) -> None:
     await bus.append_many(EVENTS)
-    log = await stored(bus)
     k = 10
-    marked = fold_stored(log, k)
+    marked = fold(EVENTS[:k])
     marked.voids = 999  # a mark only the snapshot carries: shows whether it was used
     await SnapshotStore(bus.js).save(marked)
 
     end = await load_state(bus)
     assert end.voids == 999 and end.seq == len(EVENTS)
     end.voids = 0
-    assert snapshot(end) == snapshot(fold_stored(log))
+    assert snapshot(end) == snapshot(fold(EVENTS))
     assert (await load_state(bus, to_seq=k)).voids == 999
     before = await load_state(bus, to_seq=k - 1)
-    assert before.voids == 0 and snapshot(before) == snapshot(fold_stored(log, k - 1))
+    assert before.voids == 0 and snapshot(before) == snapshot(fold(EVENTS[:k - 1]))
     assert (await load_state(bus, use_snapshot=False)).voids == 0
 
 
@@ -89,9 +75,8 @@ def test_jobs_nodes_and_replay_from_a_snapshot_print_what_a_full_fold_prints(
             if not await bus.last_seq():
                 await bus.append_many(log)
             if with_snapshots:
-                held = await stored(bus)
                 for seq in (len(log) // 3, 2 * len(log) // 3):
-                    await SnapshotStore(bus.js).save(fold_stored(held, seq))
+                    await SnapshotStore(bus.js).save(fold_to(log, seq))
             else:
                 await bus.js.delete_object_store(SNAPSHOT_BUCKET)
         finally:
