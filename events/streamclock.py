@@ -1,9 +1,9 @@
 """The log's clock as one reader can prove it: the time judgements across machines use this one (#30).
 
-Every event's time in the fold is the stream's (the server stored it then:
-`Envelope.stream_time`), so "now" must be on that clock too, never this
-machine's wall clock, which may be minutes off the server's and off every
-other machine's. A reader cannot ask the server the time, but every event it
+The scheduler's and the agents' folds date every event by the stream (the
+server stored it then: `Envelope.stream_time`; `Follower(stream_times=True)`),
+so their "now" must be on that clock too, never this machine's wall clock,
+which may be minutes off the server's and off every other machine's. A reader cannot ask the server the time, but every event it
 reads proves a lower bound: an event stored at server time T and read at
 monotonic time m means the server's time was at least T at m, so at any later
 monotonic m' it is at least T + (m' - m). `StreamClock` keeps the best such
