@@ -710,6 +710,19 @@ class Bus:
         info = await self.js.stream_info(self.stream)
         return int(info.state.last_seq)
 
+    async def server_time(self) -> float | None:
+        """The server's clock now, as its stream info says (`ts`, NATS 2.10+); None if it does not say or answer.
+
+        The "now" of a reader with no fold to prove one (a CLI view, a usage report) against the
+        stream's times (#30): this machine's wall clock may be minutes off the server's.
+        """
+        try:
+            msg = await self.nc.request(f"$JS.API.STREAM.INFO.{self.stream}", b"", timeout=2.0)
+            ts = json.loads(msg.data).get("ts")
+            return dt.datetime.fromisoformat(ts).timestamp() if isinstance(ts, str) else None
+        except (nats.errors.Error, TimeoutError, ValueError, AttributeError):
+            return None
+
     # -- reading ---------------------------------------------------------------
 
     async def missing(self, seq: int) -> str | None:

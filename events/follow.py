@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import structlog
 
 from events.bus import Bus, Envelope, LogGap
+from events.streamclock import StreamClock
 from schemas import AnyEvent, Unknown
 
 if TYPE_CHECKING:
@@ -46,27 +47,31 @@ class Positioned(Protocol):
 
 S = TypeVar("S", bound=Positioned)
 
-#: `fold(state, event, seq) -> state`: apply the event at log position `seq` (it may work in place).
-Fold = Callable[[S, AnyEvent | Unknown, int], S]
+#: `fold(state, event, seq, at) -> state`: apply the event at log position `seq` (it may work in place); `at` is
+#: when the stream stored it for a reader that dates events by the stream's clock, None for one that takes the
+#: publishers' `occurred_at` (#30: the scheduler and agents judge time, so they take the stream's).
+Fold = Callable[[S, AnyEvent | Unknown, int, float | None], S]
 
 #: Reads in a row that may miss the same position (which the log still holds) before a reader gives up.
 REREADS = 3
 
 
-def fold_batch(state: S, batch: list[Envelope], fold: Fold[S], *, contiguous: bool = True) -> S:
+def fold_batch(state: S, batch: list[Envelope], fold: Fold[S], *, contiguous: bool = True,
+               stream_times: bool = False) -> S:
     """Fold a replay batch into `state`, skipping positions it already holds (every reader's fold loop).
 
     `contiguous` (a read of the whole stream): an event beyond `state.seq + 1`
     raises LogGap; the events before it are folded (`evolve` works in place),
     and the caller reads again from `state.seq + 1`. A log file folds what it
-    holds: an export may be filtered or start anywhere.
+    holds: an export may be filtered or start anywhere. `stream_times`: `fold`'s `at` is each event's
+    stream time (Follower's `stream_times`).
     """
     for env in batch:
         seq = env.seq
         if seq > state.seq:
             if contiguous and seq != state.seq + 1:
                 raise LogGap(state.seq + 1, seq)
-            state = fold(state, env.event, seq)
+            state = fold(state, env.event, seq, env.stream_time if stream_times else None)
     return state
 
 
@@ -100,10 +105,17 @@ class Rereads:
 class Follower(Generic[S]):
     """`fold` over the log from `initial` (a fresh state, or a snapshot at its `seq`), kept in `state`."""
 
-    def __init__(self, bus: Bus | History, fold: Fold[S], initial: S) -> None:
+    def __init__(self, bus: Bus | History, fold: Fold[S], initial: S, *, stream_times: bool = False) -> None:
         self.bus = bus
         self.fold = fold
         self.state = initial
+        #: Date each event by when the stream stored it (`fold`'s `at`), not by its publisher's clock: what a
+        #: reader that judges time across machines folds (the scheduler, the agents; #30). Reporting readers
+        #: keep the publishers' times, so a log loaded from a simulation keeps its history.
+        self.stream_times = stream_times
+        #: The log's time as far as what this follower read proves it (events/streamclock.py): the "now"
+        #: of every time judgement against the fold's times.
+        self.clock = StreamClock()
         #: Set whenever an event was folded; consumers clear it when they have looked.
         self.changed = asyncio.Event()
         self._listeners: list[Callable[[Envelope], None]] = []
@@ -148,7 +160,8 @@ class Follower(Generic[S]):
             return False
         if seq != self.state.seq + 1:
             raise LogGap(self.state.seq + 1, seq)
-        self.state = self.fold(self.state, env.event, seq)
+        self.state = self.fold(self.state, env.event, seq, env.stream_time if self.stream_times else None)
+        self.clock.saw(env.stream_time)
         self._note_unknown(env)
         for listener in self._listeners:
             listener(env)
@@ -205,12 +218,14 @@ class Follower(Generic[S]):
             return
         before = self.state.seq
         try:
-            self.state = fold_batch(self.state, batch, self.fold)
+            self.state = fold_batch(self.state, batch, self.fold, stream_times=self.stream_times)
         finally:
             after = self.state.seq
             for env in batch:  # (a second pass: this loop's cost is one class check per event)
                 if env.event.__class__ is Unknown and before < env.seq <= after:
                     self._note_unknown(env)
+            if batch:
+                self.clock.saw(batch[-1].stream_time)  # the newest of the batch proves the most
             self.changed.set()
             if self._seq_waiters:
                 self._wake()

@@ -122,7 +122,7 @@ class Agent:
         self.config = config
         self.inventory = inventory
         self.runtime = runtime
-        self.follower = Follower(bus, evolve, ClusterState())
+        self.follower = Follower(bus, evolve, ClusterState(), stream_times=True)  # one clock for time (#30)
         self.incarnation = uuid.uuid4().hex[:12]
         self.workers: dict[WorkerKey, Tracked] = {}
         self._restarting: set[WorkerKey] = set()
@@ -138,6 +138,8 @@ class Agent:
         #: and start from `node_env`; a container starts in its image's directory with its image's env.
         self._on_host = bool(getattr(runtime, "on_host", False))
         self._node_env = (node_env() if self._on_host else {}) | dict(config.worker_env)
+        #: Seconds until the soonest gang-restart backoff the last reconcile pass waited on ends (None: none).
+        self._backoff_left: float | None = None
 
     @property
     def node_id(self) -> str:
@@ -320,7 +322,10 @@ class Agent:
     async def _reconcile_loop(self) -> None:
         while True:
             stop_if_cancelled()
-            await self.follower.wait_changed(self.config.tick_s)
+            # A backoff ending before the next tick wakes the pass then: nothing else happens in the log
+            # at that moment, and a tick late would stretch a 1 s backoff by half.
+            wake = self.config.tick_s if self._backoff_left is None else min(self.config.tick_s, self._backoff_left)
+            await self.follower.wait_changed(max(wake, 0.0))
             self.follower.changed.clear()
             await self.reconcile()
 
@@ -336,7 +341,8 @@ class Agent:
         # GPUs are held (`_held_gpus`).
         self._stop_unwanted()
         held = self._held_gpus(work)
-        wall = time.time()
+        log_now = self.follower.clock.now()  # the log's clock, as the backoff's end is (#30)
+        self._backoff_left = None
         for key in work:
             # Asked again of the state as it is now: the pass awaits each start, and meanwhile a
             # worker may have exited and been forgotten; by the pass's first reading it would
@@ -345,7 +351,7 @@ class Agent:
             tr = self.workers.get(key)
             if tr is None:
                 if (intent == "run" and key not in self._restarting and key not in self._failed_starts
-                        and not self._backing_off(key, wall) and not self._blocked(key, held)):
+                        and not self._backing_off(key, log_now) and not self._blocked(key, held)):
                     await self._start(key, restarts=self._next_generation(key))
             elif intent is not None:
                 await self._steer(key, tr, intent, now)
@@ -393,10 +399,21 @@ class Agent:
                     stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
                 )
 
-    def _backing_off(self, key: WorkerKey, wall: float) -> bool:
-        """Whether `key`'s attempt began with a gang restart whose backoff (Job.not_before) is not over."""
+    def _backing_off(self, key: WorkerKey, log_now: float | None) -> bool:
+        """Whether `key`'s attempt began with a gang restart whose backoff (Job.not_before) is not over.
+
+        Judged on the log's clock (`Follower.clock`), the one the fold put `not_before` on: this
+        node's wall clock may be minutes off the scheduler's and the server's. A lower bound, so the
+        backoff is never cut short, and it ends at most its length after this agent read the restart.
+        """
         job = self.follower.state.jobs.get(key[0])
-        return job is not None and job.attempt == key[1] and job.not_before > wall
+        if job is None or job.attempt != key[1] or job.not_before <= 0.0:
+            return False
+        if log_now is not None and job.not_before <= log_now:
+            return False
+        left = job.not_before - log_now if log_now is not None else self.config.tick_s
+        self._backoff_left = left if self._backoff_left is None else min(self._backoff_left, left)
+        return True
 
     def _next_generation(self, key: WorkerKey) -> int:
         """The generation to start: 0, or the one after a "restarting" rank's in the log.
@@ -545,6 +562,9 @@ class Agent:
             world_size=len(job.placement),
             shm_size_mb=job.spec.shm_size_mb,
         )
+        # Logged before the runtime starts it: a slow start (an image pull, a loaded node) shows as the
+        # time from this line to `worker_started`, apart from any backoff before it.
+        log.info("worker_starting", job_id=job_id, attempt=attempt, rank=rank, restarts=restarts)
         try:
             handle = await self.runtime.start(spec)
         except Exception as e:  # a worker that cannot start is a crash to report, not ours

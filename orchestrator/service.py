@@ -27,6 +27,13 @@ loudly all the same: an `election_refused` error line and the
 election was refused by the server, or its fold lacks the log's newest
 election -- says why in `cannot_lead`, which /readyz reports (503) until an
 election is folded again.
+
+One clock (#30). The fold's times are the stream's (when the server stored
+each event), and decide's "now" is the stream time this scheduler can prove
+(`Follower.clock`, events/streamclock.py), never its own wall clock: a leader
+whose clock is minutes off, or that took over from one that was, neither
+kills a job before its time limit nor preempts one inside its minimum runtime,
+and a gang restart's backoff lasts what it says on every node.
 """
 
 from __future__ import annotations
@@ -89,7 +96,7 @@ class Scheduler:
     def __init__(self, bus: Bus, config: SchedulerConfig | None = None) -> None:
         self.bus = bus
         self.config = config or SchedulerConfig()
-        self.follower = Follower(bus, self._fold, ClusterState())
+        self.follower = Follower(bus, self._fold, ClusterState(), stream_times=True)  # one clock for time (#30)
         self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded
@@ -112,12 +119,12 @@ class Scheduler:
         #: Why this scheduler cannot lead now ("" when it can, or has not tried): see `cannot_lead`.
         self._cannot_lead = ""
 
-    def _fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int) -> ClusterState:
+    def _fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int, at: float | None = None) -> ClusterState:
         """`evolve`, naming every election the fold refuses (module docstring); folds exactly as `evolve` does."""
         if type(event) is not SchedulerElected:
-            return evolve(state, event, seq)
+            return evolve(state, event, seq, at)
         voids = state.voids
-        state = evolve(state, event, seq)
+        state = evolve(state, event, seq, at)
         if state.voids > voids:
             metrics.ELECTIONS_REFUSED.inc()
             log.error("election_refused", seq=state.seq, epoch=event.epoch, scheduler_id=event.scheduler_id,
@@ -293,10 +300,11 @@ class Scheduler:
             stop_if_cancelled()
             await self.follower.wait_changed(self.config.tick_s)
             self.follower.changed.clear()
-            if not self._may_judge() or self.state.seq < self._awaiting:
+            now = self.follower.clock.now()
+            if not self._may_judge() or self.state.seq < self._awaiting or now is None:
                 continue
             t0 = time.perf_counter()
-            events = decide(self.state, time.time(), epoch=self.epoch, memo=self.memo)
+            events = decide(self.state, now, epoch=self.epoch, memo=self.memo)
             elapsed = time.perf_counter() - t0
             self.decide_seconds.append(elapsed)
             metrics.DECIDE_SECONDS.observe(elapsed)

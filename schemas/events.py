@@ -152,8 +152,9 @@ class GangRestarted(Event, tag="GangRestarted", frozen=True):
     attempt: int
     reason: str = ""
     epoch: int = 0
-    #: Wall-clock time (the scheduler's) before which no agent starts a worker of `attempt`: the
-    #: restart backoff, written into the log so every node of the gang waits the same (0: at once).
+    #: The scheduler's `occurred_at` plus the restart backoff: no agent starts a worker of `attempt`
+    #: before it (0: at once). Readers take `not_before - occurred_at` as the backoff (one machine's
+    #: clock) and count it from the event's stream time (#30), so every node of the gang waits the same.
     not_before: float = 0.0
 
 

@@ -62,10 +62,18 @@ async def log_source(args: argparse.Namespace) -> AsyncIterator[LogSource]:
 
 
 async def log_now(source: LogSource) -> float:
-    """The present for ages and `--at 10m`: the clock for the stream, the last event's time for a file."""
+    """The present for ages and `--at 10m`: the server's clock for the stream, the last event's time for a file.
+
+    The server's, not this machine's: the stream's times are the server's, and a laptop's clock may be
+    minutes off (#30). Only a server that does not say its time (before NATS 2.10) leaves ours.
+    """
+    from events.history import History
     from events.logfile import LogFile
 
-    return await source.last_time() if isinstance(source, LogFile) else time.time()
+    if isinstance(source, LogFile):
+        return await source.last_time()
+    server = await (source.bus if isinstance(source, History) else source).server_time()
+    return server if server is not None else time.time()
 
 
 async def newest_snapshot(bus: Bus | History, *, at_most: int) -> ClusterState | None:

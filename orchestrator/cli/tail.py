@@ -226,16 +226,22 @@ async def tail(args: argparse.Namespace) -> int:
     flt = build_filter(args)
     if args.since is not None and args.from_seq is not None:
         raise CliError("give --since or --from-seq, not both", USAGE)
-    since = parse_instant(args.since, time.time()) if args.since is not None else None
+    if args.since is not None:
+        parse_instant(args.since, time.time())  # a bad --since fails before connecting
     from_seq = args.from_seq
-    if flt.jobs and not flt.nodes and not flt.queues and since is None and from_seq is None:
-        from_seq = 1  # a job's own events: its history first, then what happens (like `kubectl logs -f`)
+    if from_seq is None and args.since is None:
+        if flt.jobs and not flt.nodes and not flt.queues:
+            from_seq = 1  # a job's own events: its history first, then what happens (like `kubectl logs -f`)
+        elif args.no_follow:
+            from_seq = 1  # without a start it follows from now; with --no-follow it prints the log from seq 1
     subjects = flt.subjects()
     out = sys.stdout
-    # Without a start it follows from now; with --no-follow it prints the log from seq 1.
-    from_seq = args.from_seq if args.from_seq is not None else 1 if args.no_follow and since is None else None
     async with connected(args) as stream:
         bus = with_archive(args, stream)
+        since = None
+        if args.since is not None:  # "10m" ago on the server's clock, the one the stream's times are on (#30)
+            server = await stream.server_time()
+            since = parse_instant(args.since, server if server is not None else time.time())
         await _history_held(bus, from_seq, since, args.since)
         if flt.queues:
             state = await load_state(bus)

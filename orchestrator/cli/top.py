@@ -30,7 +30,7 @@ from events.follow import Follower
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK
 from orchestrator.cli.render import line
-from orchestrator.cli.state_view import load_state
+from orchestrator.cli.state_view import load_state, log_now
 from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, readable, sorted_nodes
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
@@ -180,6 +180,12 @@ async def _recent(bus: Bus, seq: int, n: int) -> list[Envelope]:
     return out[-n:]
 
 
+def _now(follower: Follower[ClusterState]) -> float:
+    """The stream's time as what the view read proves it (events/streamclock.py), not this machine's clock (#30)."""
+    now = follower.clock.now()
+    return now if now is not None else time.time()
+
+
 async def top(args: argparse.Namespace) -> int:
     console = Console()
     async with connected(args) as bus:
@@ -188,16 +194,19 @@ async def top(args: argparse.Namespace) -> int:
         # Piped or redirected (`corral top | less`, a cron job, CI): one frame, as --once. A live view there
         # would draw nothing anyone sees and never end.
         if args.once or not console.is_terminal:
-            console.print(frame(state, recent, time.time()))
+            console.print(frame(state, recent, await log_now(bus)))
             return OK
         follower = Follower(bus, evolve, state)
+        server = await bus.server_time()
+        if server is not None:
+            follower.clock.saw(server)  # the server's time, read now: a bound as good as a live event's
         follower.on_event(recent.append)
         follow = asyncio.create_task(follower.follow(), name="top-follow")
         try:
-            with Live(frame(state, recent, time.time()), console=console, screen=args.screen,
+            with Live(frame(state, recent, await log_now(bus)), console=console, screen=args.screen,
                       auto_refresh=False, transient=False) as live:
                 while not follow.done():
-                    live.update(frame(follower.state, recent, time.time()), refresh=True)
+                    live.update(frame(follower.state, recent, _now(follower)), refresh=True)
                     await follower.wait_changed(1.0)
                     follower.changed.clear()
                     await asyncio.sleep(args.interval)

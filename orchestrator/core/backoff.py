@@ -3,7 +3,8 @@
 `rank`: the node agent restarts the worker itself and sleeps this delay first
 (nodeagent.backoff adds jitter). `gang`: the
 scheduler core decides the restart and writes `now + delay` into the
-GangRestarted as `not_before`, which every agent of the gang honours; so the
+GangRestarted as `not_before`, which every agent of the gang honours, counted
+from the event's stream time (#30: whatever each machine's clock says); so the
 delay is in the log, the same for every node, and survives an agent restart.
 """
 

@@ -116,46 +116,55 @@ _NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUnc
                 NodeHealthChecked)
 
 
-def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0) -> ClusterState:
-    """Apply `event` (at stream position `seq`, or the next one) in place and return the state."""
+def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: float | None = None) -> ClusterState:
+    """Apply `event` (at stream position `seq`, or the next one; stored at time `at`) in place and return the state.
+
+    Which clock dates an event (#30): `at`, when the stream stored it (the Envelope's stream_time,
+    one server's clock for every publisher), for the readers that judge time across machines (the
+    scheduler and the agents: a reservation's age, a stop's grace, a restart's backoff are then
+    never one machine's wall clock against another's). Without it (a simulation, an event-only
+    file, a reporting reader such as the CLI or the index, which keep a loaded log's history) the
+    event's own `occurred_at`, exactly as before.
+    """
     state.seq = seq if seq > 0 else state.seq + 1
     voids = state.voids
+    t = at if at is not None else getattr(event, "occurred_at", 0.0)
     # Ordered by frequency in a busy log: worker events dominate.
     match event:
         case WorkerStarted():
-            worker_started(state, event)
+            worker_started(state, event, t)
         case WorkerExited():
-            worker_exited(state, event)
+            worker_exited(state, event, t)
         case GangReserved():
-            gang_reserved(state, event)
+            gang_reserved(state, event, t)
         case JobSubmitted():
-            job_submitted(state, event)
+            job_submitted(state, event, t)
         case JobRunning():
-            job_running(state, event)
+            job_running(state, event, t)
         case JobCompleted():
-            job_completed(state, event)
+            job_completed(state, event, t)
         case JobWaiting():
-            job_waiting(state, event)
+            job_waiting(state, event, t)
         case Checkpointed():
             checkpointed(state, event)
         case PreemptionRequested():
-            preemption_requested(state, event)
+            preemption_requested(state, event, t)
         case Preempted():
-            preempted(state, event)
+            preempted(state, event, t)
         case GangRestarted():
-            gang_restarted(state, event)
+            gang_restarted(state, event, t)
         case JobRequeued():
-            job_requeued(state, event)
+            job_requeued(state, event, t)
         case JobFailed():
-            job_failed(state, event)
+            job_failed(state, event, t)
         case CancelRequested():
-            cancel_requested(state, event)
+            cancel_requested(state, event, t)
         case JobCancelled():
-            job_cancelled(state, event)
+            job_cancelled(state, event, t)
         case JobRejected():
-            job_rejected(state, event)
+            job_rejected(state, event, t)
         case NodeRegistered():
-            node_registered(state, event)
+            node_registered(state, event, t)
         case NodeFailed():
             node_failed(state, event)
         case NodeRecovered():

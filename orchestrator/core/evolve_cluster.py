@@ -24,7 +24,7 @@ def cluster_configured(state: ClusterState, e: ClusterConfigured) -> None:
     redrain_all(state)
 
 
-def node_registered(state: ClusterState, e: NodeRegistered) -> None:
+def node_registered(state: ClusterState, e: NodeRegistered, at: float) -> None:
     state.freed_seq = state.seq
     size = e.inventory.gpu_count
     old = state.nodes.get(e.node_id)
@@ -34,9 +34,9 @@ def node_registered(state: ClusterState, e: NodeRegistered) -> None:
             incarnation=e.incarnation,
             address=e.address,
             inventory=e.inventory,
-            registered_at=e.occurred_at,
+            registered_at=at,
         )
-        state.newest_node_at = max(state.newest_node_at, e.occurred_at)
+        state.newest_node_at = max(state.newest_node_at, at)
         state.owners[e.node_id] = (FREE,) * size
         return
     # A re-registration (agent restart, new inventory): keep owners of GPUs that still exist;

@@ -48,10 +48,10 @@ from schemas.events import (
 )
 
 
-def job_submitted(state: ClusterState, e: JobSubmitted) -> None:
+def job_submitted(state: ClusterState, e: JobSubmitted, at: float) -> None:
     if e.job_id in state.jobs:
         return  # a retried submit
-    job = Job(job_id=e.job_id, spec=e.spec, submitted_at=e.occurred_at, submit_seq=state.seq,
+    job = Job(job_id=e.job_id, spec=e.spec, submitted_at=at, submit_seq=state.seq,
               submitted_by=e.submitted_by)
     job = state.jobs[e.job_id] = gating.submitted(state, job)
     enqueue(state, job)
@@ -67,7 +67,7 @@ def dequeue(state: ClusterState, job: Job) -> None:
     gating.leave(state, job)
 
 
-def job_rejected(state: ClusterState, e: JobRejected) -> None:
+def job_rejected(state: ClusterState, e: JobRejected, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return
     job = state.jobs.get(e.job_id)
@@ -76,7 +76,7 @@ def job_rejected(state: ClusterState, e: JobRejected) -> None:
     clear_earmark(state, job)
     dequeue(state, job)
     job = state.jobs[e.job_id] = replace(
-        job, status="rejected", earmark=(), waiting=None, finished_at=e.occurred_at, end_reason="; ".join(e.reasons)
+        job, status="rejected", earmark=(), waiting=None, finished_at=at, end_reason="; ".join(e.reasons)
     )
     gating.ended(state, job)
     retire(state, e.job_id)
@@ -137,7 +137,7 @@ def reservation_problem(state: ClusterState, e: GangReserved) -> str | None:
     return None
 
 
-def gang_reserved(state: ClusterState, e: GangReserved) -> None:
+def gang_reserved(state: ClusterState, e: GangReserved, at: float) -> None:
     problem = reservation_problem(state, e)
     if problem is not None:
         void(state, e.event_id, problem)
@@ -147,7 +147,7 @@ def gang_reserved(state: ClusterState, e: GangReserved) -> None:
     set_owner(state, e.ranks, e.job_id)
     queue = resolve_queue(state, job.spec.queue)
     gpus = job.spec.total_gpus
-    charge(state, queue, gpus, e.occurred_at)
+    charge(state, queue, gpus, at)
     dequeue(state, job)
     state.active[e.job_id] = job.submit_seq
     state.ranks[e.job_id] = {}
@@ -159,7 +159,7 @@ def gang_reserved(state: ClusterState, e: GangReserved) -> None:
         gpus=gpus,
         master_port=e.master_port,
         epoch=e.epoch,
-        reserved_at=e.occurred_at,
+        reserved_at=at,
         running_at=0.0,
         started=0,
         live=0,
@@ -174,7 +174,7 @@ def gang_reserved(state: ClusterState, e: GangReserved) -> None:
     end_changed(state, job.end_key, True)
 
 
-def job_waiting(state: ClusterState, e: JobWaiting) -> None:
+def job_waiting(state: ClusterState, e: JobWaiting, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=False):
         return
     job = state.jobs.get(e.job_id)
@@ -184,12 +184,13 @@ def job_waiting(state: ClusterState, e: JobWaiting) -> None:
         # The scheduler no longer waits on a preemption for it: release what it held.
         clear_earmark(state, job)
         job = replace(job, earmark=())
-    if e.occurred_at >= state.newest_node_at + SETTLE_S:
+    if at >= state.newest_node_at + SETTLE_S:
         # Explained while nodes were still joining: stay "fresh" so the reject stage judges
         # capacity once more when the cluster has settled (facts.SETTLE_S).
         state.unexplained.pop(e.job_id, None)
-    state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=e.occurred_at,
-                                                            hold_ranks=e.hold_ranks, hold_until=e.hold_until,
+    state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=at,
+                                                            hold_ranks=e.hold_ranks,
+                                                            hold_until=rebased(e.hold_until, e.occurred_at, at),
                                                             seq=state.seq))
     if e.code == RESERVING:
         if e.job_id not in state.holders:
@@ -205,16 +206,16 @@ def active(state: ClusterState, job_id: str, attempt: int) -> Job | None:
     return job
 
 
-def job_running(state: ClusterState, e: JobRunning) -> None:
+def job_running(state: ClusterState, e: JobRunning, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return
     job = active(state, e.job_id, e.attempt)
     if job is None or job.status != "reserved":
         return
-    state.jobs[e.job_id] = replace(job, status="running", running_at=e.occurred_at)
+    state.jobs[e.job_id] = replace(job, status="running", running_at=at)
 
 
-def preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
+def preemption_requested(state: ClusterState, e: PreemptionRequested, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=False):
         return
     job = active(state, e.job_id, e.attempt)
@@ -228,7 +229,7 @@ def preemption_requested(state: ClusterState, e: PreemptionRequested) -> None:
         void(state, e.event_id, f"preemptor {e.preemptor_job_id} is gated: {gating.gate_reason(state, preemptor)}")
         return  # held (or waiting on others) since: no GPUs are earmarked for a job that may not start
     state.jobs[e.job_id] = replace(
-        job, status="preempting", preemptor=e.preemptor_job_id, preempt_at=e.occurred_at, preempt_grace_s=e.grace_s
+        job, status="preempting", preemptor=e.preemptor_job_id, preempt_at=at, preempt_grace_s=e.grace_s
     )
     plan = e.earmark or job.placement
     if plan == preemptor.earmark:
@@ -274,25 +275,25 @@ def requeue(
     enqueue(state, job)
 
 
-def preempted(state: ClusterState, e: Preempted) -> None:
+def preempted(state: ClusterState, e: Preempted, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return
     job = active(state, e.job_id, e.attempt)
     if job is None or job.status != "preempting":
         return
-    requeue(state, job, job.attempt + 1, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=True)
+    requeue(state, job, job.attempt + 1, e.resume_from or job.newest_checkpoint, at, rejoin=True)
 
 
-def job_requeued(state: ClusterState, e: JobRequeued) -> None:
+def job_requeued(state: ClusterState, e: JobRequeued, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=False):
         return
     job = active(state, e.job_id, e.attempt - 1)
     if job is None:
         return
-    requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, e.occurred_at, rejoin=False)
+    requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, at, rejoin=False)
 
 
-def gang_restarted(state: ClusterState, e: GangRestarted) -> None:
+def gang_restarted(state: ClusterState, e: GangRestarted, at: float) -> None:
     """Same GPUs, next attempt: agents replace every worker of the old attempt."""
     if stale(state, e.event_id, e.epoch, unstamped_ok=False):
         return
@@ -311,8 +312,22 @@ def gang_restarted(state: ClusterState, e: GangRestarted) -> None:
         lost=0,
         failure="",
         resume_from=job.newest_checkpoint,
-        not_before=e.not_before,
+        not_before=rebased(e.not_before, e.occurred_at, at),
     )
+
+
+def rebased(t: float, stamped_at: float, at: float) -> float:
+    """A time `t` the publisher wrote beside its `occurred_at` (`stamped_at`), moved onto the fold's clock.
+
+    The scheduler writes a backoff's end (`GangRestarted.not_before`) or a planned start
+    (`JobWaiting.hold_until`) as its "now" plus a delay: the difference is a duration on one
+    machine's clock, sound whatever that clock says, so the fold re-bases it on the stream time
+    `at`. 0 stays 0 ("none"); when `at` is the event's own time (a simulation, an event-only
+    file) `t` is kept as it is, bit for bit.
+    """
+    if t == 0.0 or at == stamped_at:
+        return t
+    return at + (t - stamped_at)
 
 
 def finish(state: ClusterState, job: Job, status: JobStatus, reason: str, at: float) -> None:
@@ -341,42 +356,42 @@ def retire(state: ClusterState, job_id: str) -> None:
         state.finished = {jid: state.finished[jid] for jid in order[excess:]}
 
 
-def job_completed(state: ClusterState, e: JobCompleted) -> None:
+def job_completed(state: ClusterState, e: JobCompleted, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return
     job = active(state, e.job_id, e.attempt)
     if job is not None:
-        record_run(state.durations, job, e.occurred_at)  # learned run times (estimates.py)
-        finish(state, job, "completed", "", e.occurred_at)
+        record_run(state.durations, job, at)  # learned run times (estimates.py)
+        finish(state, job, "completed", "", at)
 
 
-def job_failed(state: ClusterState, e: JobFailed) -> None:
+def job_failed(state: ClusterState, e: JobFailed, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return
     job = state.jobs.get(e.job_id)
     if job is None or job.status in TERMINAL or job.attempt != e.attempt:
         return
-    finish(state, job, "failed", e.reason, e.occurred_at)
+    finish(state, job, "failed", e.reason, at)
 
 
-def cancel_requested(state: ClusterState, e: CancelRequested) -> None:
+def cancel_requested(state: ClusterState, e: CancelRequested, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return  # (a user's cancel is unstamped; the scheduler's own stops carry its epoch)
     job = state.jobs.get(e.job_id)
     if job is None or job.status in TERMINAL or job.stop is not None:
         return
     stop = Stop(
-        reason=e.reason, requested_by=e.requested_by, requested_at=e.occurred_at, fail=e.requested_by == SCHEDULER
+        reason=e.reason, requested_by=e.requested_by, requested_at=at, fail=e.requested_by == SCHEDULER
     )
     state.stopping[e.job_id] = job.submit_seq
     state.jobs[e.job_id] = replace(job, stop=stop)
     state.freed_seq = state.seq  # it ends sooner than its time limit said
 
 
-def job_cancelled(state: ClusterState, e: JobCancelled) -> None:
+def job_cancelled(state: ClusterState, e: JobCancelled, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return
     job = state.jobs.get(e.job_id)
     if job is None or job.status in TERMINAL:
         return
-    finish(state, job, "cancelled", e.reason, e.occurred_at)
+    finish(state, job, "cancelled", e.reason, at)

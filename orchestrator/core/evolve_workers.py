@@ -36,7 +36,7 @@ def note_exited(state: ClusterState, e: WorkerExited) -> None:
             del state.unended[e.node_id]
 
 
-def worker_started(state: ClusterState, e: WorkerStarted) -> None:
+def worker_started(state: ClusterState, e: WorkerStarted, at: float) -> None:
     note_started(state, e)
     job = active(state, e.job_id, e.attempt)
     if job is None or rank_node(job, e.rank) != e.node_id:
@@ -53,11 +53,11 @@ def worker_started(state: ClusterState, e: WorkerStarted) -> None:
         live += 1
         if prev.exit_code == 0 and prev.reason == "completed":
             ok -= 1
-    book[e.rank] = RankState(node_id=e.node_id, status="started", restarts=e.restarts, started_at=e.occurred_at)
+    book[e.rank] = RankState(node_id=e.node_id, status="started", restarts=e.restarts, started_at=at)
     state.jobs[e.job_id] = replace(job, started=started, live=live, exited_ok=ok)
 
 
-def worker_exited(state: ClusterState, e: WorkerExited) -> None:
+def worker_exited(state: ClusterState, e: WorkerExited, at: float) -> None:
     note_exited(state, e)
     job = active(state, e.job_id, e.attempt)
     if job is None or rank_node(job, e.rank) != e.node_id:
@@ -71,11 +71,11 @@ def worker_exited(state: ClusterState, e: WorkerExited) -> None:
     started_at = prev.started_at if prev is not None else 0.0
     if e.will_restart:
         book[e.rank] = RankState(node_id=e.node_id, status="restarting", exit_code=e.exit_code, reason=e.reason,
-                                 restarts=e.restarts, started_at=started_at, exited_at=e.occurred_at)
+                                 restarts=e.restarts, started_at=started_at, exited_at=at)
         state.jobs[e.job_id] = replace(job, started=started, live=live + 1)
         return
     book[e.rank] = RankState(node_id=e.node_id, status="exited", exit_code=e.exit_code, reason=e.reason,
-                             restarts=e.restarts, started_at=started_at, exited_at=e.occurred_at)
+                             restarts=e.restarts, started_at=started_at, exited_at=at)
     ok = e.exit_code == 0 and e.reason == "completed"
     lost = job.lost + (1 if e.reason == "lost" else 0)
     failure = job.failure

@@ -237,8 +237,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: A finished job's ranks of its last attempt as (rank, state), the first FINAL_RANKS_KEPT:
     #: `ClusterState.ranks` holds only active jobs' ranks.
     final_ranks: tuple[tuple[int, RankState], ...] = ()
-    #: Wall-clock time before which the current attempt's workers do not start: the backoff of the
-    #: GangRestarted that began this attempt (its `not_before`; 0: none). Agents honour it.
+    #: Time before which the current attempt's workers do not start: the backoff of the GangRestarted
+    #: that began this attempt (0: none), on the fold's clock (evolve_jobs.rebased: the stream's, for
+    #: the agents, which honour it on their StreamClock, #30).
     not_before: float = 0.0
     #: Gates (core/gating.py): held by a user (JobHeld, or submitted held) until JobReleased; the jobs
     #: it depends on that have not ended yet; why a dependency can never be met ("" while it can).

@@ -104,13 +104,14 @@ async def test_a_node_recovers_from_every_failure(bus: Bus, tmp_path: Path) -> N
 
 async def test_a_gang_restart_waits_for_its_not_before(bus: Bus, tmp_path: Path) -> None:
     """The backoff is in the log: no worker of the restarted attempt starts before GangRestarted.not_before."""
-    sim = await placed(bus, "G", restart_policy="gang", max_restarts=2)
+    await placed(bus, "G", restart_policy="gang", max_restarts=2)
     runtime = SimulatedRuntime()
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path, tick_s=0.1), inventory(), runtime)
     async with running(agent):
         await wait_until(agent.follower, lambda s: s.ranks["G"][0].status == "started", 10, "G's worker")
-        not_before = time.time() + 1.5
-        await bus.append(GangRestarted(event_id="restart-G", occurred_at=sim.now, job_id="G", attempt=2, epoch=1,
+        now = time.time()  # a scheduler stamps both with one clock: the backoff is their difference (#30)
+        not_before = now + 1.5
+        await bus.append(GangRestarted(event_id="restart-G", occurred_at=now, job_id="G", attempt=2, epoch=1,
                                        not_before=not_before))
         await wait_until(agent.follower, lambda s: s.jobs["G"].attempt == 2 and 0 in s.ranks["G"], 10,
                          "attempt 2's worker")

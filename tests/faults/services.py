@@ -14,7 +14,7 @@ import json
 import signal
 import subprocess
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 from events.bus import Bus
@@ -27,25 +27,25 @@ Proc = subprocess.Popen[bytes]
 
 
 def scheduler_proc(url: str, sid: str, logs: Path, *, heartbeat_timeout: float = 60.0, lease_ttl: float = 1.5,
-                   min_runtime: float = 60.0, snapshot_every: int = 10_000) -> Proc:
-    """`corral scheduler` with test-sized timers; its JSON log goes to logs/<sid>.log."""
+                   min_runtime: float = 60.0, snapshot_every: int = 10_000, env: Mapping[str, str] | None = None) -> Proc:
+    """`corral scheduler` with test-sized timers; its JSON log goes to logs/<sid>.log (`env`: added variables)."""
     return start_corral(
         "--nats", url, "scheduler", "--id", sid, "--lease-ttl", str(lease_ttl), "--tick", "0.2",
         "--heartbeat-timeout", str(heartbeat_timeout), "--topology-levels", "block,leaf",
         "--min-runtime", str(min_runtime), "--snapshot-every", str(snapshot_every), "--log-level", "warning",
-        log=logs / f"{sid}.log",
+        log=logs / f"{sid}.log", env=env,
     )
 
 
 def agent_proc(url: str, node_id: str, data_dir: Path, *, runtime: str = "simulated", gpus: int = 8,
-               heartbeat: float = 0.5, index: int = 0) -> Proc:
+               heartbeat: float = 0.5, index: int = 0, env: Mapping[str, str] | None = None) -> Proc:
     """`corral agent` on fake GPUs; labels put two nodes per leaf and eight per block, like the harness."""
     return start_corral(
         "--nats", url, "agent", "--node-id", node_id, "--runtime", runtime, "--fake-gpus", str(gpus),
         "--labels", f"block=b{index // 8},leaf=l{index // 2}", "--data-dir", str(data_dir),
         "--checkpoint-root", str(data_dir / "checkpoints"), "--address", "127.0.0.1",
         "--heartbeat", str(heartbeat), "--log-level", "info",
-        log=data_dir / f"agent-{node_id}.log",
+        log=data_dir / f"agent-{node_id}.log", env=env,
     )
 
 

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 
 from events.bus import Bus
@@ -27,10 +27,10 @@ from schemas import ClusterConfigured
 CORRAL = str(Path(sys.executable).parent / "corral")
 
 
-def start_corral(*args: str, log: Path) -> subprocess.Popen[bytes]:
-    """A real `corral` process (its structlog JSON goes to `log`)."""
+def start_corral(*args: str, log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A real `corral` process (its structlog JSON goes to `log`); `env` adds to this process's environment."""
     out = open(log, "ab")  # noqa: SIM115 - owned by the process for its lifetime
-    proc = subprocess.Popen([CORRAL, *args], stdout=out, stderr=subprocess.STDOUT, env={**os.environ})
+    proc = subprocess.Popen([CORRAL, *args], stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     proc.corral_log = log  # type: ignore[attr-defined]  # read back when a test reports the process died
     return proc
 
