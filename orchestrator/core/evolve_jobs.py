@@ -11,11 +11,13 @@ from bisect import bisect_left, insort
 from msgspec.structs import replace
 
 from orchestrator.core.eligibility import gpu_matches
+from orchestrator.core.estimates import claim_of
 from orchestrator.core.estimates import record as record_run
 from orchestrator.core.evolve_fencing import stale, void
 from orchestrator.core.evolve_gpus import clear_earmark, end_changed, release, set_earmark, set_owner
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import (
+    BIG_GANG_GPUS,
     FINAL_RANKS_KEPT,
     FINISHED_KEPT,
     FREE,
@@ -56,7 +58,13 @@ def job_submitted(state: ClusterState, e: JobSubmitted) -> None:
 
 
 def enqueue(state: ClusterState, job: Job) -> None:
+    """Put `job` in its queue's line, at the place its claim of this moment gives it (kept while it waits)."""
+    claim, source = claim_of(state, job, resolve_queue(state, job.spec.queue))
+    if claim != job.claim or source != job.claim_from:
+        state.jobs[job.job_id] = job = replace(job, claim=claim, claim_from=source)
     state.pending[job.job_id] = job.submit_seq
+    if job.spec.total_gpus >= BIG_GANG_GPUS:
+        state.big_pending[job.job_id] = job.submit_seq
     state.unexplained[job.job_id] = job.submit_seq
     insort(state.lines.setdefault(job.spec.queue, []), job.line_key)
 
@@ -66,6 +74,7 @@ def dequeue(state: ClusterState, job: Job) -> None:
         return
     if job.job_id in state.holders:
         state.holders.remove(job.job_id)
+    state.big_pending.pop(job.job_id, None)
     state.unexplained.pop(job.job_id, None)
     line = state.lines[job.spec.queue]
     key = job.line_key

@@ -5,7 +5,8 @@
      GPUs earmarked for it; a job that ends before the backfill reservations
      start also on the GPUs held for them);
   c. preempt / reclaim: a minimal victim set, whose GPUs are earmarked
-     (preemption.py);
+     (preemption.py); a gang past the starvation bound may also stop the
+     cheapest running gangs (starving.py);
   d. backfill: a gang blocked by capacity, while fewer than
      `Policies.reservations` gangs hold GPUs, holds the GPUs it will start on
      (planned around the earlier holders' GPUs: reservations.py);
@@ -24,6 +25,7 @@ from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import BACKFILL, PLACED, PREEMPTING, QUOTA, Outcome
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
+from orchestrator.core.starving import is_starving
 from orchestrator.core.state import Job
 from orchestrator.policies import Ending
 from orchestrator.policies.placement import GangRequest, Placement
@@ -42,7 +44,7 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     """
     plan, pol = adm.plan, adm.c.policies
     req = pol.request(job)
-    if job.earmark or not pol.preemption.priority_or_reclaim_only:
+    if job.earmark or not pol.preemption.priority_or_reclaim_only or is_starving(adm.c, job):
         return judge(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
            _may_use_held(adm, job), plan.version, plan.charges)
@@ -80,6 +82,8 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
             return Outcome(PLACED, p.reason)
     # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
     outcome = preempt(adm, job, queue, req, base)
+    if outcome is None and is_starving(adm.c, job):  # past the starvation bound: it may stop the cheapest
+        outcome = preempt(adm, job, queue, req, base, pol.starvation_rule)
     if outcome is not None:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.

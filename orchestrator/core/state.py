@@ -49,11 +49,16 @@ FINISHED_KEPT = 10_000
 #: shows): a 1,000-rank gang keeps its first ones, so 10,000 finished jobs stay bounded.
 FINAL_RANKS_KEPT = 64
 
+#: Pending gangs of at least this many GPUs (more than one 8-GPU node) are the ones the starvation
+#: bound watches (`ClusterState.big_pending`, core/starving.py): small jobs get in as GPUs free up.
+BIG_GANG_GPUS = 9
+
 #: Marks a free GPU in `ClusterState.owners` / an un-earmarked one in `earmarks`.
 FREE = ""
 
-#: A pending job's place in its queue's line: higher priority, then earlier submit, then id.
-LineKey = tuple[int, float, str]
+#: A pending job's place in its queue's line: higher priority, then the smaller remaining claim
+#: (GPU-seconds, `Job.claim`), then the longer wait, then id (issue #29: shortest claim first).
+LineKey = tuple[int, float, float, str]
 
 #: An active gang's place in `ClusterState.ends`: (reserved_at + time limit, or inf; reserved_at; job id).
 EndKey = tuple[float, float, str]
@@ -132,6 +137,10 @@ class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     step: int
     attempt: int
     rank: int
+    #: Seconds its reporting worker had run when it checkpointed (the Checkpointed's time less that
+    #: worker's start, both on its node's clock; 0: unknown). Victim choice reads it: a gang just past
+    #: a checkpoint loses little (policies/victims.py), without comparing two machines' clocks.
+    after_s: float = 0.0
 
 
 class Stop(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -209,6 +218,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Wall-clock time before which the current attempt's workers do not start: the backoff of the
     #: GangRestarted that began this attempt (its `not_before`; 0: none). Agents honour it.
     not_before: float = 0.0
+    #: While pending: the GPU-seconds it still claims (its GPUs x time limit, else x the run time
+    #: learned from the log, less what earlier attempts held), fixed when it joined the line, so
+    #: its place in line does not move while it waits (estimates.claim_of).
+    claim: float = 0.0
+    #: Where `claim` came from: "limit", an estimate's source ("job", "gpus", "queue"), or "" (nothing known: 0).
+    claim_from: str = ""
 
     @property
     def waiting_since(self) -> float:
@@ -217,7 +232,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     @property
     def line_key(self) -> LineKey:
-        return (-self.spec.priority, self.waiting_since, self.job_id)
+        return (-self.spec.priority, self.claim, self.waiting_since, self.job_id)
 
     @property
     def newest_checkpoint(self) -> str | None:
@@ -275,6 +290,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: Queue name a spec asks for -> its pending jobs in line order, kept sorted by the fold
     #: so a decide cycle reads each queue's heads without sorting 10,000 jobs.
     lines: dict[str, list[LineKey]] = msgspec.field(default_factory=dict)
+    #: Pending gangs of BIG_GANG_GPUS or more, in the order they joined the line (value: submit seq):
+    #: the starvation bound (core/starving.py) reads these few, not the whole backlog.
+    big_pending: dict[str, int] = msgspec.field(default_factory=dict)
     #: Pending jobs with no JobWaiting yet (new or requeued): admission checks them once.
     unexplained: dict[str, int] = msgspec.field(default_factory=dict)
     #: Jobs with a stop requested that have not ended yet.
@@ -340,6 +358,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             self.lines.setdefault(job.spec.queue, []).append(job.line_key)
         for line in self.lines.values():
             line.sort()
+        self.big_pending = {jid: n for jid, n in self.pending.items() if self.jobs[jid].spec.total_gpus >= BIG_GANG_GPUS}
         self.unexplained = {jid: n for jid, n in self.pending.items() if self.jobs[jid].waiting is None}
         self.stopping = {
             jid: j.submit_seq for jid, j in self.jobs.items() if j.stop is not None and j.status not in TERMINAL
@@ -364,6 +383,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             pending=dict(self.pending),
             active=dict(self.active),
             lines={k: list(v) for k, v in self.lines.items()},
+            big_pending=dict(self.big_pending),
             unexplained=dict(self.unexplained),
             stopping=dict(self.stopping),
             watch=dict(self.watch),

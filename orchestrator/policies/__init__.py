@@ -20,7 +20,14 @@ from orchestrator.policies.backfill import Ending, earliest_start, longest_waiti
 from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
 from orchestrator.policies.reject import unfit_reasons
-from orchestrator.policies.victims import PRIORITY_AND_RECLAIM, Candidate, PreemptionAsk, PreemptionRule, find_victims
+from orchestrator.policies.victims import (
+    PRIORITY_AND_RECLAIM,
+    STARVATION,
+    Candidate,
+    PreemptionAsk,
+    PreemptionRule,
+    find_victims,
+)
 
 FitsFn = Callable[[GangRequest, FreeIndex], bool]
 PlaceFn = Callable[[GangRequest, FreeIndex, LinksOf], Placement | None]
@@ -46,8 +53,8 @@ class Policies:
     #: Capacity-only feasibility (same answer as `place` is not None, cheaper).
     fits: FitsFn = fits
     request: Callable[[Job], GangRequest] = request_of
-    #: Order inside a queue. None declares the fold's line order (`fairshare.job_order_key`:
-    #: higher priority, longest waiting, job id), which `ClusterState.lines` keeps sorted, so a
+    #: Order inside a queue. None declares the fold's line order (`fairshare.job_order_key`: higher
+    #: priority, smallest remaining claim, longest waiting, job id), which `ClusterState.lines` keeps sorted, so a
     #: cycle reads those lines as they are; a key function, even one ordering alike, sorts the
     #: pending jobs once per cycle (core/lines.py).
     job_key: Callable[[Job], JobKey] | None = None
@@ -76,6 +83,14 @@ class Policies:
     #: Aging: a queue head pending longer than this goes before the fair-share order, oldest
     #: first (off by default: under overload every head starves and the order becomes FIFO).
     starving_after_s: float = math.inf
+    #: The starvation bound (issue #29, core/starving.py): a pending gang of BIG_GANG_GPUS (9) or more
+    #: GPUs that has waited this long is judged before everyone but the preemptors with earmarked
+    #: GPUs, oldest first, and may stop the cheapest running gangs of queues at or above their
+    #: guarantee (`starvation_rule`). math.inf: off. The default is chosen from the sweep
+    #: (bench/RESULTS.md, issue #29): shorter bounds trade average JCT for the big gangs' wait.
+    starvation_bound_s: float = 36 * 3600.0
+    #: Who a starving gang may stop, and in which order (victims.STARVATION: cheapest first).
+    starvation_rule: PreemptionRule = STARVATION
     #: Whether a job ending at the given time may run on a reservation's held GPUs. None declares
     #: the default rule (`backfill.may_use_held`: only if it ends, by its time limit, before the
     #: reservation starts), which admission reads as one comparison with the earliest start of the

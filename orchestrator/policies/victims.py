@@ -17,8 +17,8 @@ if the gang still fits without it.
 
 Preemption pays for itself (issue #20). Inside a level the cheapest victim
 goes first: `victim_cost` = the GPU-seconds it would lose (its GPUs x its
-attempt's run time -- what the log cannot vouch for as checkpointed -- plus a
-restart, RESTART_COST_S per GPU) times one plus the times it was already
+attempt's run time since its newest checkpoint -- what the log cannot vouch
+for -- plus a restart, RESTART_COST_S per GPU) times one plus the times it was already
 stopped. So a reclaim for a 1-GPU job stops a
 borrower that has run a few minutes, not a 1-GPU job that has run for hours,
 and a job stopped before costs double, triple... Its protection grows too:
@@ -102,8 +102,8 @@ class Candidate(NamedTuple):
     attained: float = 0.0
     #: Times it was already stopped and put back in line (preempted or requeued): its attempts - 1 - gang restarts.
     interruptions: int = 0
-    #: GPU-seconds a stop now would throw away: its GPUs x the time since this attempt started
-    #: (the log holds no periodic checkpoint times; this is the work the log cannot vouch for).
+    #: GPU-seconds a stop now would throw away: its GPUs x the time since this attempt started,
+    #: less what its newest checkpoint of this attempt holds (the work the log cannot vouch for).
     at_risk: float = 0.0
 
 
@@ -184,6 +184,55 @@ class PreemptionRule(NamedTuple):
 
 PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True,
                                       level=victim_level)
+
+#: Stops after which a job is no longer a victim of the starvation bound (issue #29: <= 3 per job).
+STARVATION_STOPS_MAX = 3
+
+
+def why_starvation_victim(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad]) -> str | None:
+    """"starvation" if a starving gang (`ask`, core/starving.py) may stop `c`, else None.
+
+    Any preemptible gang of no higher priority, in a queue at or above its
+    guarantee (find_victims never takes one below it), protected as the
+    default rule protects (`protected_for`, doubling with each stop), and
+    stopped fewer than STARVATION_STOPS_MAX times before.
+
+    Anti-thrash. Let P (starving) stop V. V rejoins its line now, so it
+    starves again only a whole bound later; by priority it cannot take P
+    back (priority(V) <= priority(P), and priority preemption needs strictly
+    lower), nor by reclaim (V's queue stayed at or above its guarantee, so it
+    is owed nothing: the argument of the module docstring). And each job is
+    stopped by the bound fewer than STARVATION_STOPS_MAX times, after attempts
+    each protected twice as long as the one before.
+    """
+    if not c.preemptible or c.gpus <= 0 or c.priority > ask.priority or c.interruptions >= STARVATION_STOPS_MAX:
+        return None
+    if ask.now - c.started_at < protected_for(ask.min_runtime_s, c.interruptions):
+        return None
+    load = loads.get(c.queue)
+    if load is None or load.gpus < load.guaranteed:
+        return None
+    return "starvation"
+
+
+def cheapest_first(ask: PreemptionAsk) -> Callable[[Candidate], tuple[float, float, str]]:
+    """The victim that loses least first (`victim_cost`: work since its checkpoint, restarts), newest start, id."""
+    del ask
+
+    def key(c: Candidate) -> tuple[float, float, str]:
+        return (victim_cost(c), -c.started_at, c.job_id)
+
+    return key
+
+
+def _one_level(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int]]:
+    """Every starvation victim is alike in importance: the node-by-node search may pick among all."""
+    del ask
+    return lambda c: (0,)
+
+
+#: The rule of the starvation bound: who a starving gang may stop, cheapest first.
+STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:

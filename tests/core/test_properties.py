@@ -63,7 +63,8 @@ def check_invariants(state: ClusterState) -> None:
         assert state.jobs[jid].status == "pending"
     # the fold's queue lines hold exactly the pending jobs, sorted
     in_lines = [k for line in state.lines.values() for k in line]
-    assert sorted(k[2] for k in in_lines) == sorted(state.pending)
+    assert sorted(k[-1] for k in in_lines) == sorted(state.pending)
+    assert all(k == state.jobs[k[-1]].line_key for k in in_lines), "a line key moved while its job waited"
     assert all(line == sorted(line) for line in state.lines.values())
     # unexplained: the pending jobs without a reason, plus those explained while nodes were
     # still joining (their capacity verdict is due once the cluster settles)
