@@ -64,7 +64,7 @@ def enqueue(state: ClusterState, job: Job) -> None:
         state.jobs[job.job_id] = job = replace(job, claim=claim, claim_from=source)
     state.pending[job.job_id] = job.submit_seq
     if job.spec.total_gpus >= BIG_GANG_GPUS:
-        state.big_pending[job.job_id] = job.submit_seq
+        insort(state.big_pending, (job.waiting_since, job.job_id))
     state.unexplained[job.job_id] = job.submit_seq
     insort(state.lines.setdefault(job.spec.queue, []), job.line_key)
 
@@ -74,7 +74,11 @@ def dequeue(state: ClusterState, job: Job) -> None:
         return
     if job.job_id in state.holders:
         state.holders.remove(job.job_id)
-    state.big_pending.pop(job.job_id, None)
+    if job.spec.total_gpus >= BIG_GANG_GPUS:
+        big = state.big_pending
+        i = bisect_left(big, (job.waiting_since, job.job_id))
+        if i < len(big) and big[i][1] == job.job_id:
+            del big[i]
     state.unexplained.pop(job.job_id, None)
     line = state.lines[job.spec.queue]
     key = job.line_key

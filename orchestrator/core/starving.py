@@ -12,8 +12,8 @@ policies/victims.py: protection doubling with each stop, no job stopped more
 than STARVATION_STOPS_MAX times). So a big gang's wait is about T plus its
 victims' grace, whatever the load (measured in bench/RESULTS.md).
 
-The fold keeps the big pending gangs apart (`ClusterState.big_pending`), so
-a cycle reads those few, not the backlog.
+The fold keeps the big pending gangs apart, sorted by how long they waited
+(`ClusterState.big_pending`), so a cycle reads only those past the bound.
 """
 
 from __future__ import annotations
@@ -39,18 +39,22 @@ def is_starving(c: Cycle, job: Job) -> bool:
 def starving_gangs(c: Cycle, busy: set[str]) -> list[tuple[Job, str]]:
     """The pending gangs past the bound, oldest first (by waiting since, then id), with their queues.
 
-    A preemptor whose GPUs are earmarked waits on its victims, not on the bound: it is judged
-    before these (`earmarked`).
+    The fold keeps them sorted so (`ClusterState.big_pending`): a cycle reads the prefix past the
+    bound. A preemptor whose GPUs are earmarked waits on its victims, not on the bound: it is
+    judged before these (`earmarked`).
     """
-    state = c.state
-    found: list[tuple[float, str, Job]] = []
-    for jid in state.big_pending:
+    state, bound = c.state, c.policies.starvation_bound_s
+    out: list[tuple[Job, str]] = []
+    if bound == float("inf"):
+        return out
+    for since, jid in state.big_pending:
+        if since + bound > c.now:
+            break
         job = state.jobs[jid]
-        if jid in busy or job.earmark or job.status != "pending" or not is_starving(c, job):
+        if jid in busy or job.earmark or job.status != "pending":
             continue
-        found.append((job.waiting_since, jid, job))
-    found.sort(key=lambda f: (f[0], f[1]))
-    return [(job, resolve_queue(state, job.spec.queue)) for _, _, job in found]
+        out.append((job, resolve_queue(state, job.spec.queue)))
+    return out
 
 
 def earmarked(state: ClusterState, busy: set[str]) -> list[tuple[Job, str]]:

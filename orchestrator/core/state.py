@@ -290,9 +290,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: Queue name a spec asks for -> its pending jobs in line order, kept sorted by the fold
     #: so a decide cycle reads each queue's heads without sorting 10,000 jobs.
     lines: dict[str, list[LineKey]] = msgspec.field(default_factory=dict)
-    #: Pending gangs of BIG_GANG_GPUS or more, in the order they joined the line (value: submit seq):
-    #: the starvation bound (core/starving.py) reads these few, not the whole backlog.
-    big_pending: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Pending gangs of BIG_GANG_GPUS or more as (waiting since, job id), sorted: the starvation bound
+    #: (core/starving.py) reads the prefix that waited longest, not the whole backlog.
+    big_pending: list[tuple[float, str]] = msgspec.field(default_factory=list)
     #: Pending jobs with no JobWaiting yet (new or requeued): admission checks them once.
     unexplained: dict[str, int] = msgspec.field(default_factory=dict)
     #: Jobs with a stop requested that have not ended yet.
@@ -358,7 +358,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             self.lines.setdefault(job.spec.queue, []).append(job.line_key)
         for line in self.lines.values():
             line.sort()
-        self.big_pending = {jid: n for jid, n in self.pending.items() if self.jobs[jid].spec.total_gpus >= BIG_GANG_GPUS}
+        self.big_pending = sorted((j.waiting_since, jid) for jid in self.pending
+                                  if (j := self.jobs[jid]).spec.total_gpus >= BIG_GANG_GPUS)
         self.unexplained = {jid: n for jid, n in self.pending.items() if self.jobs[jid].waiting is None}
         self.stopping = {
             jid: j.submit_seq for jid, j in self.jobs.items() if j.stop is not None and j.status not in TERMINAL
@@ -383,7 +384,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             pending=dict(self.pending),
             active=dict(self.active),
             lines={k: list(v) for k, v in self.lines.items()},
-            big_pending=dict(self.big_pending),
+            big_pending=list(self.big_pending),
             unexplained=dict(self.unexplained),
             stopping=dict(self.stopping),
             watch=dict(self.watch),

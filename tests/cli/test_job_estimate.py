@@ -175,4 +175,5 @@ def test_a_gang_past_the_bound_reads_starving_since() -> None:
     line = job_line(job, T0 + 10**7)
     assert line is not None and line["starving"]
     (_, claim), (_, starving) = line_lines(line, job, T0 + 10**7)
+    assert claim.startswith("none known yet")
     assert starving.startswith(f"starving since {LogClock().instant(T0 + line['starvation_bound_s'])}")

@@ -18,7 +18,7 @@ from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.node_work import node_work, rank_intent
-from orchestrator.core.state import FREE, HOLDING, ClusterState, needs_look, restore, snapshot
+from orchestrator.core.state import BIG_GANG_GPUS, FREE, HOLDING, ClusterState, needs_look, restore, snapshot
 from orchestrator.core.usage import ancestors
 from schemas.events import (
     GangReserved,
@@ -65,6 +65,8 @@ def check_invariants(state: ClusterState) -> None:
     in_lines = [k for line in state.lines.values() for k in line]
     assert sorted(k[-1] for k in in_lines) == sorted(state.pending)
     assert all(k == state.jobs[k[-1]].line_key for k in in_lines), "a line key moved while its job waited"
+    big = [(j.waiting_since, jid) for jid in state.pending if (j := state.jobs[jid]).spec.total_gpus >= BIG_GANG_GPUS]
+    assert state.big_pending == sorted(big), "the starvation bound's index is not the big pending gangs"
     assert all(line == sorted(line) for line in state.lines.values())
     # unexplained: the pending jobs without a reason, plus those explained while nodes were
     # still joining (their capacity verdict is due once the cluster settles)
