@@ -98,6 +98,8 @@ def _earmarked_first(adm: AdmitContext, lines: dict[str, Line]) -> list[str]:
     out of the loop's order).
     """
     first: list[str] = []
+    if not adm.c.policies.earmarked_first:
+        return first
     for job, q in earmarked(adm.c.state, adm.plan.busy):
         _look_first(adm, lines, job, q, looked_first=False)
         first.append(job.job_id)

@@ -87,7 +87,8 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
     if outcome is not None:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
-    if over is None and not kept and len(plan.holds) < pol.reservations:
+    if (over is None and not kept and len(plan.holds) < pol.reservations
+            and adm.c.now - job.waiting_since >= pol.reserve_after_s):
         outcome = give_reservation(adm, job, queue, req, base)
         if outcome is not None:
             return outcome

@@ -80,6 +80,10 @@ class Policies:
     #: EASY backfill is 1). Each later one is planned around the earlier ones' GPUs; a job
     #: uses held GPUs only if it ends before every reservation starts.
     reservations: int = 2
+    #: A blocked gang holds a backfill reservation only once it has waited this long (issue #29: no
+    #: reservations for young gangs -- held GPUs idle while shorter claims could use them; the
+    #: starvation bound serves the old ones). 0: any blocked gang may hold one.
+    reserve_after_s: float = 0.0
     #: Aging: a queue head pending longer than this goes before the fair-share order, oldest
     #: first (off by default: under overload every head starves and the order becomes FIFO).
     starving_after_s: float = math.inf
@@ -91,6 +95,10 @@ class Policies:
     starvation_bound_s: float = 36 * 3600.0
     #: Who a starving gang may stop, and in which order (victims.STARVATION: cheapest first).
     starvation_rule: PreemptionRule = STARVATION
+    #: Judge the preemptors whose GPUs are earmarked before every other head (core/starving.py:
+    #: `earmarked`): in a line ordered by claim a big preemptor may sit where a cycle never looks.
+    #: False: in their line's order, as the baselines do.
+    earmarked_first: bool = True
     #: Whether a job ending at the given time may run on a reservation's held GPUs. None declares
     #: the default rule (`backfill.may_use_held`: only if it ends, by its time limit, before the
     #: reservation starts), which admission reads as one comparison with the earliest start of the

@@ -86,9 +86,10 @@ def no_reservation(
 #: What the baselines share: no aging of queue heads, one reservation (if any) for the first
 #: blocked gang in the policy's own order -- not corral's longest-waiting pair -- and, inside a
 #: queue, priority then arrival: corral's fold orders its lines by claim (issue #29), and a
-#: baseline that read them would no longer be the scheduler it is named after.
+#: baseline that read them would no longer be the scheduler it is named after; nor do they
+#: take #29's starvation bound, its earmarked-first step or its young-gang rule.
 BASELINE = replace(DEFAULT_POLICIES, job_key=arrival_order_key, starving_after_s=math.inf, reservation_order=None,
-                   reservations=1)
+                   reservations=1, reserve_after_s=0.0, starvation_bound_s=math.inf, earmarked_first=False)
 
 
 def policies_for(name: str) -> Policies:
