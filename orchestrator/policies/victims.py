@@ -1,7 +1,8 @@
 """Preemption and reclaim: which running gangs make room for a pending one.
 
 Two reasons to preempt, both only of `preemptible` gangs that have run for at
-least the cluster's min_runtime_s:
+least the cluster's min_runtime_s (doubled with each earlier stop) and were
+stopped fewer than STOPS_MAX times:
 
 * priority -- a pending job may preempt strictly lower-priority gangs of its
   own queue;
@@ -66,7 +67,9 @@ So in a window of T seconds a job is preempted at most
 1 + log2(T / min_runtime_s) times, each attempt runs at least as long as all
 earlier ones together, and the work it loses per stop is at most what the
 next attempt is protected for. With min_runtime_s = 600 s a fourth
-preemption needs an attempt of 80 min. Tested by
+preemption would need an attempt of 80 min -- and there is none: a job
+stopped STOPS_MAX (3) times is no longer a victim (issue #29), of this rule
+or of the starvation bound's. Tested by
 `test_protection_doubles_with_each_preemption` and
 `test_reclaim_stops_the_borrower_with_less_work_at_risk` in
 tests/core/test_victims.py.
@@ -107,6 +110,11 @@ class Candidate(NamedTuple):
     at_risk: float = 0.0
 
 
+#: Stops after which a job is no longer a victim of the default rule or of the starvation bound: it
+#: runs to its end like a non-preemptible one (issue #29: <= 3 preemptions per job; the doubling
+#: protection alone let a job be stopped 6 times once the starvation bound stopped gangs too).
+STOPS_MAX = 3
+
 #: What any stop costs a GPU besides the work lost: the restart, reloading the checkpoint, the
 #: rendezvous (the simulator charges 120 s; real jobs minutes). Without it a gang that has just
 #: started looks free to stop, whatever its size: a 4x8 gang would go for an 8-GPU preemptor.
@@ -137,7 +145,8 @@ class PreemptionAsk(NamedTuple):
 
 def why_preemptible(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad]) -> str | None:
     """"priority" or "reclaim" if `ask` may preempt `c`, else None."""
-    if not c.preemptible or c.gpus <= 0 or ask.now - c.started_at < protected_for(ask.min_runtime_s, c.interruptions):
+    if (not c.preemptible or c.gpus <= 0 or c.interruptions >= STOPS_MAX
+            or ask.now - c.started_at < protected_for(ask.min_runtime_s, c.interruptions)):
         return None
     if c.queue == ask.queue:
         return "priority" if c.priority < ask.priority else None
@@ -185,8 +194,8 @@ class PreemptionRule(NamedTuple):
 PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True,
                                       level=victim_level)
 
-#: Stops after which a job is no longer a victim of the starvation bound (issue #29: <= 3 per job).
-STARVATION_STOPS_MAX = 3
+#: The starvation bound's cap is the same as the default rule's (`STOPS_MAX`).
+STARVATION_STOPS_MAX = STOPS_MAX
 
 
 def why_starvation_victim(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad]) -> str | None:
@@ -205,7 +214,7 @@ def why_starvation_victim(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, 
     stopped by the bound fewer than STARVATION_STOPS_MAX times, after attempts
     each protected twice as long as the one before.
     """
-    if not c.preemptible or c.gpus <= 0 or c.priority > ask.priority or c.interruptions >= STARVATION_STOPS_MAX:
+    if not c.preemptible or c.gpus <= 0 or c.priority > ask.priority or c.interruptions >= STOPS_MAX:
         return None
     if ask.now - c.started_at < protected_for(ask.min_runtime_s, c.interruptions):
         return None

@@ -110,3 +110,24 @@ def test_a_job_stopped_three_times_is_no_longer_a_victim() -> None:
         else:
             assert stopped == [], "stopped a fourth time"
     assert s.job("victim").attempt == STARVATION_STOPS_MAX + 1
+
+
+def test_no_rule_stops_a_job_a_fourth_time() -> None:
+    """Priority preemption too: after STOPS_MAX stops a job runs to its end like a non-preemptible one."""
+    s = Sim(policies=DEFAULT_POLICIES, min_runtime_s=60)
+    s.node("n0")
+    s.submit("low", gpus_per_rank=8, preemptible=True)
+    s.run()
+    for k in range(STARVATION_STOPS_MAX + 1):
+        s.tick(60 * 2**k + 1)  # past its doubled protection
+        s.submit(f"high{k}", gpus_per_rank=8, priority=10, time_limit_s=60)
+        stopped = [p.job_id for p in _preempted(s.run())]
+        if k == STARVATION_STOPS_MAX:
+            assert stopped == [], "stopped a fourth time"
+            break
+        assert stopped == ["low"], k
+        s.tick(10)
+        s.finish(f"high{k}")
+        s.run()
+        assert s.job("low").status == "running"
+    assert s.job("low").attempt == STARVATION_STOPS_MAX + 1
