@@ -81,9 +81,10 @@ class Policies:
     #: uses held GPUs only if it ends before every reservation starts.
     reservations: int = 2
     #: A blocked gang holds a backfill reservation only once it has waited this long (issue #29: no
-    #: reservations for young gangs -- held GPUs idle while shorter claims could use them; the
-    #: starvation bound serves the old ones). 0: any blocked gang may hold one.
-    reserve_after_s: float = 0.0
+    #: reservations for young gangs -- held GPUs idle while shorter claims could use them -- so,
+    #: by default, only gangs past the starvation bound that found no victims hold one).
+    #: 0: any blocked gang may hold one (before #29).
+    reserve_after_s: float = 36 * 3600.0
     #: Aging: a queue head pending longer than this goes before the fair-share order, oldest
     #: first (off by default: under overload every head starves and the order becomes FIFO).
     starving_after_s: float = math.inf
