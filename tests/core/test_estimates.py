@@ -117,7 +117,7 @@ def test_history_is_bounded_in_samples_and_keys_and_survives_snapshot_and_copy()
 
 def test_a_backfill_plan_without_time_limits_names_an_estimated_start() -> None:
     """Gangs without time limits block a big gang: its reservation names when they end by their learned run times."""
-    s = Sim()
+    s = Sim(policies=replace(DEFAULT_POLICIES, reserve_after_s=0.0))  # (a young gang holds one too, as before #29)
     s.node("n0")
     for i in range(2):  # history: `w` ran 1,000 s twice
         _submit(s, f"h{i}", "w", gpus_per_rank=8)
@@ -161,7 +161,7 @@ def test_a_queued_jobs_first_reason_tells_its_expected_run_time() -> None:
 
 
 def test_without_history_the_plan_still_says_when_running_jobs_end() -> None:
-    s = Sim()
+    s = Sim(policies=replace(DEFAULT_POLICIES, reserve_after_s=0.0))  # (a young gang holds one too, as before #29)
     s.node("n0")
     _submit(s, "w1", "w", gpus_per_rank=8)
     s.agents(s.decide())
