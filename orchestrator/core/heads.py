@@ -9,7 +9,9 @@
      cheapest running gangs (starving.py);
   d. backfill: a gang blocked by capacity, while fewer than
      `Policies.reservations` gangs hold GPUs, holds the GPUs it will start on
-     (planned around the earlier holders' GPUs: reservations.py);
+     (planned around the earlier holders' GPUs: reservations.py) -- a gang of
+     BIG_GANG_GPUS or more only once it waited `Policies.reserve_after_s`
+     (the starvation bound serves the young ones: starving.py);
   e. otherwise it is told why it waits (`blocked_verdict`): its queue is at
      its limit or its freed quota is kept for an older gang ("quota"), the
      free GPUs it would fit are held by backfill, or capacity.
@@ -26,7 +28,7 @@ from orchestrator.core.explain import BACKFILL, PLACED, PREEMPTING, QUOTA, Outco
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.starving import is_starving
-from orchestrator.core.state import Job
+from orchestrator.core.state import BIG_GANG_GPUS, Job
 from orchestrator.policies import Ending
 from orchestrator.policies.placement import GangRequest, Placement
 from schemas.events import GangReserved
@@ -88,7 +90,7 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
     if (over is None and not kept and len(plan.holds) < pol.reservations
-            and adm.c.now - job.waiting_since >= pol.reserve_after_s):
+            and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s)):
         outcome = give_reservation(adm, job, queue, req, base)
         if outcome is not None:
             return outcome

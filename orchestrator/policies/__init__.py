@@ -80,9 +80,11 @@ class Policies:
     #: EASY backfill is 1). Each later one is planned around the earlier ones' GPUs; a job
     #: uses held GPUs only if it ends before every reservation starts.
     reservations: int = 2
-    #: A blocked gang holds a backfill reservation only once it has waited this long (issue #29: no
-    #: reservations for young gangs -- held GPUs idle while shorter claims could use them -- so,
-    #: by default, only gangs past the starvation bound that found no victims hold one).
+    #: A blocked gang of BIG_GANG_GPUS (9) or more holds a backfill reservation only once it has
+    #: waited this long (issue #29: no reservations for young gangs -- their held GPUs idle while
+    #: shorter claims could use them -- so, by default, only big gangs past the starvation bound
+    #: that found no victims hold one). Smaller gangs keep theirs: on a full cluster their
+    #: reservations are how fair share decides who gets each GPU that comes back (issue #20).
     #: 0: any blocked gang may hold one (before #29).
     reserve_after_s: float = 36 * 3600.0
     #: Aging: a queue head pending longer than this goes before the fair-share order, oldest

@@ -91,7 +91,6 @@ def test_an_aged_gang_takes_the_reservation_before_fair_share_and_keeps_it_until
     blocked head, gets the reservation, and keeps it while shares move."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
     from orchestrator.policies.backfill import longest_waiting
 
     s = Sim(policies=replace(RESERVING, reservation_order=longest_waiting, reservation_aging_s=0.0,
@@ -149,7 +148,6 @@ def test_without_a_reservation_order_it_goes_in_fair_share_order_and_is_sticky()
     it; a later change of shares does not move it."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
 
     s = Sim(policies=replace(RESERVING, reservation_order=None, reservations=1))
     s.queue("a")
@@ -176,7 +174,6 @@ def test_two_reservations_the_second_planned_around_the_first() -> None:
     first will not start on, and a job that would outlast either reservation uses neither's GPUs."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
 
     def scenario(reservations: int) -> tuple[Sim, dict[str, JobWaiting], list[str]]:
         s = Sim(policies=replace(RESERVING, reservations=reservations))
@@ -217,7 +214,6 @@ def test_a_told_reservation_is_kept_from_the_log_until_gpus_come_back() -> None:
     new one, as soon as a gang ends."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
 
     s = Sim(policies=replace(RESERVING, reservations=1))
     for n in ("n0", "n1", "n2", "n3"):
@@ -255,7 +251,6 @@ def _one_reservation_counting_plans() -> tuple[Sim, list[str]]:
     reservation at a time, and the ids of the gangs backfill plans for, in order."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
     from orchestrator.policies.backfill import earliest_start
 
     plans: list[str] = []
@@ -336,7 +331,6 @@ def test_an_older_head_that_fits_now_starts_before_a_younger_gang_takes_the_free
     the older head would start on, and the older one waits behind a job submitted after it."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
 
     s = Sim(policies=replace(RESERVING, reservations=1, reservation_aging_s=0.0))
     s.queue("a")
