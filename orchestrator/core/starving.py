@@ -18,6 +18,8 @@ The fold keeps the big pending gangs apart, sorted by how long they waited
 
 from __future__ import annotations
 
+import math
+
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.state import BIG_GANG_GPUS, FREE, ClusterState, Job
 from orchestrator.core.usage import resolve_queue
@@ -26,7 +28,7 @@ from orchestrator.core.usage import resolve_queue
 def starving_from(job: Job, bound_s: float) -> float | None:
     """When `job` starts starving under the bound `bound_s` (its wait since joining the line + T), or None
     if it never does (too small a gang, or no bound)."""
-    if job.spec.total_gpus < BIG_GANG_GPUS or bound_s == float("inf"):
+    if job.spec.total_gpus < BIG_GANG_GPUS or not math.isfinite(bound_s):
         return None
     return job.waiting_since + bound_s
 
@@ -45,7 +47,7 @@ def starving_gangs(c: Cycle, busy: set[str]) -> list[tuple[Job, str]]:
     """
     state, bound = c.state, c.policies.starvation_bound_s
     out: list[tuple[Job, str]] = []
-    if bound == float("inf"):
+    if not math.isfinite(bound):
         return out
     for since, jid in state.big_pending:
         if since + bound > c.now:
