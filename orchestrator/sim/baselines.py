@@ -5,11 +5,12 @@ unchanged, only the functions in the record differ -- so a difference in the
 results is a difference of policy, not of implementation:
 
 * corral        -- DEFAULT_POLICIES: weighted fair share across queues (owed
-                   guarantees first), priority then submit order inside one,
-                   gang/topology best fit, backfill reservations for the
-                   two longest-waiting blocked queue heads, preemption for
-                   priority and for reclaiming guarantees; inside a queue
-                   the smallest remaining claim first (issue #29).
+                   guarantees first), priority then the smallest remaining
+                   claim inside one (issue #29), gang/topology best fit,
+                   backfill reservations for the two longest-waiting blocked
+                   queue heads (gangs of 9+ GPUs only past the starvation
+                   bound), preemption for priority, for reclaiming
+                   guarantees and for gangs past the starvation bound.
 * fifo          -- one line across all queues in submit order (priority
                    ignored); the first gang that does not fit holds every
                    free GPU, so nothing behind it starts (no backfill, no
