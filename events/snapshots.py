@@ -75,7 +75,8 @@ CLUSTER = "scheduler"
 MAGIC = b"CORRALSN"
 #: Bump when the header or a stored state's layout changes incompatibly: an older corral then
 #: refuses the new snapshots by name ("written by a newer corral"), and a newer one skips the old.
-FORMAT = 3  # 3: this container, several snapshots by position; ClusterState.unended, Node.failed_seq, Job.not_before
+FORMAT = 4  # 3: this container, several snapshots by position; ClusterState.unended, Node.failed_seq, Job.not_before
+# 4: the line key holds the job's claim (Job.claim, ClusterState.lines: issue #29)
 # (Formats 1-2 were a bare msgpack ClusterState in one object, `scheduler.v<N>`: skipped, and deleted by the next save.)
 #
 # Not bumped for fields added with a default, which every version decodes (unknown fields are

@@ -24,7 +24,15 @@ from orchestrator.cli.position import add_at_arg, log_clock, resolve_at
 from orchestrator.cli.state_view import LogSource, add_log_arg, envelope_at, load_state, log_source
 from orchestrator.cli.timeline import Entry, Run, Story, pending_by_reason, runs, story_summary
 from orchestrator.cli.timespec import LogClock
-from orchestrator.cli.views import cluster_summary, estimate_lines, gpu_map, job_estimate, queues_rows
+from orchestrator.cli.views import (
+    cluster_summary,
+    estimate_lines,
+    gpu_map,
+    job_estimate,
+    job_line,
+    line_lines,
+    queues_rows,
+)
 from orchestrator.core.gating import gate_reason, has_gates
 from orchestrator.core.state import TERMINAL
 from orchestrator.index import api
@@ -174,9 +182,10 @@ async def explain(args: argparse.Namespace) -> int:
     estimate = job_estimate(story.state, job, story.end) if job is not None else None
     # Held, waiting for the jobs it depends on, or for a slot of its array (core/gating.py).
     gate = gate_reason(story.state, story.state.jobs[job_id]) if job_id in story.state.gated else None
+    line = job_line(job, story.end) if job is not None else None
     if args.json:
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
-                    "summary": summary, "pending_s": pending, "estimate": estimate, "gate": gate,
+                    "summary": summary, "pending_s": pending, "estimate": estimate, "gate": gate, "line": line,
                     "timeline": [e.to_dict() for e in entries]})
         return OK if job is not None else NOT_FOUND
     print(summary)
@@ -187,6 +196,9 @@ async def explain(args: argparse.Namespace) -> int:
         print(f"  pending {human_duration(sum(pending.values()))} in all: {reasons}")
     if job is not None and estimate is not None:  # no history yet: the story has nothing to add
         for key, value in estimate_lines(estimate, job, story.end):
+            print(f"  {key}: {value}")
+    if job is not None:
+        for key, value in line_lines(line, job, story.end):
             print(f"  {key}: {value}")
     print("\n".join(story_lines(entries, clock, every=args.all)))
     return OK if job is not None else NOT_FOUND  # a story without its submission is not the job's story

@@ -15,9 +15,10 @@ import msgspec
 from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
-from orchestrator.core.estimates import estimated_end
+from orchestrator.core.estimates import LIMIT, estimated_end
 from orchestrator.core.gating import gate_reason
 from orchestrator.core.plan import QueueLoad
+from orchestrator.core.starving import starving_from
 from orchestrator.core.state import (
     FINAL_RANKS_KEPT,
     FREE,
@@ -203,9 +204,9 @@ def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | 
     end = estimated_end(est, job, now) if job.status in _ENDS_BY_ESTIMATE else None
     # Its queue's median is other jobs' run time: say so, and that this one has outrun it once it has.
     text = est.describe()
-    if est.source == "queue":
+    if est.source != "job":
         text += f" (no completed run of {job.spec.name!r} of its own yet)"
-    outrun = end is None and est.source == "queue" and job.status in _ENDS_BY_ESTIMATE
+    outrun = end is None and est.source != "job" and job.status in _ENDS_BY_ESTIMATE
     return {"seconds": est.seconds, "source": est.source, "samples": est.samples, "about": est.about,
             "text": text, "expected_end": end, "outrun": outrun}
 
@@ -224,6 +225,54 @@ def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> lis
         clock = LogClock(simulated=now < SIMULATED_BEFORE_S)
         late = "now: it has run past its estimate" if end <= now else f"in {human_duration(end - now)}, by the estimate"
         out.append(("ends", f"{clock.instant(end)} ({late})"))
+    return out
+
+
+_CLAIM_FROM = {LIMIT: "its time limit", "job": "the learned run time of its name's past runs",
+               "gpus": "the learned run time of its queue's jobs of its size", "queue": "the learned run time of its queue's jobs"}
+
+
+def job_line(job: Job, now: float) -> dict[str, Any] | None:
+    """A pending job's place in its queue's line (its claim and where it comes from) and its starvation bound.
+
+    The claim is what the fold ordered its line by when it joined (estimates.claim_of:
+    GPUs x time limit, else x the learned run time, less the service already attained);
+    `starving_from` is when a gang of BIG_GANG_GPUS or more may stop running gangs to start
+    (core/starving.py, `Policies.starvation_bound_s`); None for smaller jobs. None: not pending.
+    """
+    if job.status != "pending":
+        return None
+    from orchestrator.policies import DEFAULT_POLICIES  # (the policies' code: only a pending job's bound needs it)
+
+    bound = DEFAULT_POLICIES.starvation_bound_s
+    at = starving_from(job, bound)
+    return {"claim_gpu_s": job.claim, "claim_from": job.claim_from or None, "waiting_since": job.waiting_since,
+            "starving_from": at, "starvation_bound_s": bound if at is not None else None,
+            "starving": at is not None and now >= at}
+
+
+def line_lines(line: dict[str, Any] | None, job: Job, now: float) -> list[tuple[str, str]]:
+    """`claim` and, for a big gang, `starvation` (key, value) for the human views of a pending job."""
+    if line is None:
+        return []
+    clock = LogClock(simulated=now < SIMULATED_BEFORE_S)
+    source = line["claim_from"]
+    if source is None:
+        claim = "none known yet (no time limit, nothing like it completed): in arrival order, ahead of claims"
+    else:
+        earlier = f", less {job.attained_s / 3600:.1f} GPU-h served before" if job.attained_s > 0 else ""
+        claim = (f"{line['claim_gpu_s'] / 3600:.1f} GPU-h ({job.spec.total_gpus} GPUs x "
+                 f"{_CLAIM_FROM.get(source, source)}{earlier}): smaller claims go first in its queue")
+    out = [("claim", claim)]
+    at = line["starving_from"]
+    if at is not None:
+        bound = human_duration(line["starvation_bound_s"])
+        if line["starving"]:
+            out.append(("starvation", f"starving since {clock.instant(at)} (pending past the {bound} bound): "
+                                      "may preempt the cheapest running gangs to start"))
+        else:
+            out.append(("starvation", f"not yet: starving from {clock.instant(at)}, will preempt at "
+                                      f"{clock.instant(at)} if it still waits ({bound} bound)"))
     return out
 
 
@@ -262,6 +311,7 @@ def job_detail(state: ClusterState, job: Job, now: float) -> dict[str, Any]:
         "failure": job.failure or None,
         "earmark": _builtins(job.earmark),
         "estimate": job_estimate(state, job, now),
+        "line": job_line(job, now),
         "rank_states": rank_rows,
         "spec": _builtins(job.spec),
     }
@@ -299,6 +349,7 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
         w = job.waiting
         kv.append(("pending", f"{w.code}: {readable(w.message, now)}" if w else "not looked at by the scheduler yet"))
     kv.extend(estimate_lines(d["estimate"], job, now))
+    kv.extend(line_lines(d["line"], job, now))
     if job.status == "preempting":
         kv.append(("preempted for", job.preemptor))
     if job.stop is not None:

@@ -3,8 +3,10 @@
 One cycle's admission, in the order `admit` runs it:
   1. quota: per limited queue, the head its limit blocks first keeps the quota
      the queue frees (reservations.quota_holds);
-  2. holders first: the gangs the log says hold backfill reservations are
-     judged before anyone else -- each starts, or keeps holding
+  2. first the preemptors whose GPUs are earmarked (wherever they are in
+     line), then the gangs past the starvation bound, oldest first, which
+     may stop the cheapest running gangs (starving.py), then the gangs the
+     log says hold backfill reservations -- each starts, or keeps holding
      (reservations.holders; reservations are sticky);
   3. free reservations out of turn: while one is free, an aged head blocked by
      capacity is judged next, after the aged heads before it that fit now
@@ -32,11 +34,12 @@ from typing import NamedTuple
 from orchestrator.core.completeness import complete, final_verdicts, note_verdict
 from orchestrator.core.context import AdmitContext
 from orchestrator.core.cycle import Cycle
-from orchestrator.core.explain import PLACED, Outcome
+from orchestrator.core.explain import PLACED, PREEMPTING, Outcome
 from orchestrator.core.heads import admit_one
 from orchestrator.core.lines import Line, Ranks, queue_rank
 from orchestrator.core.plan import Plan
 from orchestrator.core.reservations import holders, quota_holds, reservation_turn
+from orchestrator.core.starving import earmarked, starving_gangs
 from orchestrator.core.state import Job
 from schemas.events import Event
 
@@ -53,12 +56,15 @@ def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
     adm = AdmitContext(c, plan)
     # 1. Quota: the quota a limit frees is kept for the head it blocked first.
     adm.quota_holds = quota_holds(adm, lines)
-    # 2. The gangs holding backfill reservations go first: each starts, or keeps holding.
-    first = _holders_first(adm, lines)
+    # 2. Preemptors with earmarked GPUs, then the gangs past the starvation bound, oldest first;
+    #    then the gangs holding backfill reservations: each starts, or keeps holding.
+    first = _earmarked_first(adm, lines)
+    first += _starving_first(adm, lines)
+    first += _holders_first(adm, lines)
     # 3. Free reservations: the aged heads blocked by capacity first, in reservation order,
     #    after the heads before them in that order that start now.
     first += _aged_first(adm, lines)
-    # 4. Fair-share order across queues, then the heads' line order (priority, submit time, id).
+    # 4. Fair-share order across queues, then the heads' line order (priority, claim, waiting since, id).
     _in_fair_share_order(adm, lines)
     # 5. A head looked at first that still waits is pending again: explain tells it why.
     for jid in first:
@@ -75,13 +81,40 @@ def _judged(adm: AdmitContext, job: Job, queue: str, *, looked_first: bool = Fal
     return o
 
 
-def _look_first(adm: AdmitContext, lines: dict[str, Line], job: Job, queue: str) -> None:
+def _look_first(adm: AdmitContext, lines: dict[str, Line], job: Job, queue: str, *, looked_first: bool = True) -> None:
     """Judge `job` before the fair-share loop (its line skips it during that loop)."""
     adm.plan.busy.add(job.job_id)
     line = lines.get(queue)
     if line is not None and line.head is not None and line.head[1].job_id == job.job_id:
         line.pop()
-    _judged(adm, job, queue, looked_first=True)
+    _judged(adm, job, queue, looked_first=looked_first)
+
+
+def _earmarked_first(adm: AdmitContext, lines: dict[str, Line]) -> list[str]:
+    """Step 2a: the preemptors whose GPUs are earmarked (starving.earmarked), wherever they are in line.
+
+    A preemptor still waiting on its victims gets the same verdict in a repeat call, like a
+    head of the loop; one that does not start now makes the cycle incomplete (it was looked at
+    out of the loop's order).
+    """
+    first: list[str] = []
+    if not adm.c.policies.earmarked_first:
+        return first
+    for job, q in earmarked(adm.c.state, adm.plan.busy):
+        _look_first(adm, lines, job, q, looked_first=False)
+        first.append(job.job_id)
+        if adm.outcomes[job.job_id].code not in (PLACED, PREEMPTING):
+            adm.holders_differ = True
+    return first
+
+
+def _starving_first(adm: AdmitContext, lines: dict[str, Line]) -> list[str]:
+    """Step 2b: the gangs past the starvation bound (core/starving.py), oldest first."""
+    first: list[str] = []
+    for job, q in starving_gangs(adm.c, adm.plan.busy):
+        _look_first(adm, lines, job, q)
+        first.append(job.job_id)
+    return first
 
 
 def _holders_first(adm: AdmitContext, lines: dict[str, Line]) -> list[str]:

@@ -17,7 +17,7 @@ from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import Outcome, capacity_outcome
 from orchestrator.core.plan import Plan
 from orchestrator.core.running import RunningGangs, running_gangs
-from orchestrator.core.state import Job, LineKey, attained_service
+from orchestrator.core.state import Job, attained_service
 from orchestrator.policies import Candidate, Ending
 from orchestrator.policies.links import Links
 from orchestrator.policies.placement import GangRequest, Placement
@@ -29,6 +29,16 @@ Shape = tuple[object, ...]
 
 def shape_of(req: GangRequest) -> Shape:
     return (req.cls, req.ranks, req.gpus_per_rank, req.level, req.required)
+
+
+def _since_checkpoint(job: Job, now: float) -> float:
+    """Seconds of its attempt's work a stop now would lose: since the attempt began, less what its newest
+    checkpoint of this attempt holds (issue #29: a victim just past a checkpoint loses little)."""
+    ran = max(0.0, now - job.reserved_at)
+    ckpt = job.checkpoint
+    if ckpt is None or ckpt.attempt != job.attempt:
+        return ran
+    return max(0.0, ran - ckpt.after_s)
 
 
 class AdmitContext:
@@ -65,7 +75,7 @@ class AdmitContext:
         self.holders_differ = False
         #: Limited queue -> the queue head its limit blocked first (in line order): its quota is
         #: kept for that gang (set once per cycle, before any head is judged: see quota_holds).
-        self.quota_holds: dict[str, tuple[LineKey, str]] = {}
+        self.quota_holds: dict[str, tuple[tuple[object, ...], str]] = {}
         #: A reservation was given in the fair-share loop (not to a head looked at first).
         self.loop_holds = False
         #: Per queue, the blocked heads the fair-share loop judged.
@@ -158,7 +168,7 @@ class AdmitContext:
                     placement=j.placement,
                     attained=attained_service(j, now),
                     interruptions=max(0, j.attempt - 1 - j.restarts),
-                    at_risk=j.gpus * max(0.0, now - j.reserved_at),
+                    at_risk=j.gpus * _since_checkpoint(j, now),
                 )
                 for j in self._eligible()
             ]

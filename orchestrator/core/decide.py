@@ -67,7 +67,7 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     plan: Plan = tentative_plan(c, followups)
     # 3. Reject: pending specs that can never fit this cluster.
     rejections = reject_unfit(c, plan, backlog.fresh)
-    # 4. Heads: each queue's line of pending jobs (priority, submit time, id: kept sorted by the fold).
+    # 4. Heads: each queue's line of pending jobs (priority, claim, waiting since, id: kept sorted by the fold).
     lines = queue_lines(c, plan)
     # 5. Admit in fair-share order: allocate, else preempt / reclaim, else hold a
     #    backfill reservation for the first blocked gang, else wait (quota, backfill, capacity).

@@ -2,7 +2,8 @@
 
 The fold records how long each completed job held its GPUs (all attempts: a
 preempted job's earlier attempts count, the wait between them does not) under
-two keys: the job's (queue, submitted_by, name) and its queue alone. Only jobs
+three keys: the job's (queue, submitted_by, name), its (queue, GPU count) and
+its queue alone. Only jobs
 that completed count: a failed or cancelled run says little about a full one.
 Per key the state keeps the newest SAMPLES_KEPT run times, and at most KEYS_KEPT
 keys (the least recently updated leave first, deterministically by log order),
@@ -10,9 +11,17 @@ so a long-lived cluster's state and snapshot stay bounded.
 
 The estimate (the policy `Policies.estimate`, `learned_estimate` by default) is
 the median of the most specific key's samples -- the job's own key, else its
-queue's -- with its source (which key, how many runs). Backfill reads it when
-no time limit says when a running gang ends: a reservation behind such gangs
-names an estimated start (reservations.py) instead of "when running jobs end".
+queue's jobs of its size, else its queue's -- with its source (which key, how
+many runs). Backfill reads it when no time limit says when a running gang
+ends: a reservation behind such gangs names an estimated start
+(reservations.py) instead of "when running jobs end".
+
+The fold reads it too: a pending job's place in its queue's line is its
+remaining claim (`claim_of`: GPUs x run time - GPU-seconds attained), fixed
+when it joins the line, from its time limit or else the estimate of that
+moment (issue #29: shortest claim first inside a queue, without a sort per
+cycle; a trace whose jobs carry neither a time limit nor a user orders each
+queue by its (queue, GPU count) history alone).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ class Estimate(NamedTuple):
     """A learned run time (seconds a job holds its GPUs in all) and where it comes from."""
 
     seconds: float
-    #: "job" (same queue, user and name) or "queue" (same queue).
+    #: "job" (same queue, user and name), "gpus" (same queue and GPU count) or "queue" (same queue).
     source: str
     #: Runs it is the median of.
     samples: int
@@ -47,6 +56,10 @@ class Estimate(NamedTuple):
 
 def job_key(queue: str, user: str, name: str) -> str:
     return _SEP.join(("job", queue, user, name))
+
+
+def gpus_key(queue: str, gpus: int) -> str:
+    return _SEP.join(("gpus", queue, str(gpus)))
 
 
 def queue_key(queue: str) -> str:
@@ -64,7 +77,9 @@ def record(durations: dict[str, tuple[float, ...]], job: Job, at: float) -> None
     seconds = run_seconds(job, at)
     if not math.isfinite(seconds):
         return
-    for key in (job_key(job.queue, job.submitted_by, job.spec.name), queue_key(job.queue)):
+    keys = (job_key(job.queue, job.submitted_by, job.spec.name), gpus_key(job.queue, job.spec.total_gpus),
+            queue_key(job.queue))
+    for key in keys:
         kept = durations.pop(key, ())  # re-inserted last: the dict's order is the update order
         durations[key] = (*kept[-(SAMPLES_KEPT - 1):], seconds)
     while len(durations) > KEYS_KEPT:
@@ -72,17 +87,46 @@ def record(durations: dict[str, tuple[float, ...]], job: Job, at: float) -> None
 
 
 def learned_estimate(state: ClusterState, job: Job, queue: str) -> Estimate | None:
-    """The median run time of the newest completed runs like `job` (its own key, else `queue`'s), or None."""
+    """The median run time of the newest completed runs like `job` (its own key, else its size's in `queue`, else
+    `queue`'s), or None."""
     durations = state.durations
     name, user = job.spec.name, job.submitted_by
     runs = durations.get(job_key(queue, user, name))
     if runs:
         who = f" of {user}" if user else ""
         return Estimate(_median(runs), "job", len(runs), f"name {name!r}{who} in queue {queue}")
+    gpus = job.spec.total_gpus
+    runs = durations.get(gpus_key(queue, gpus))
+    if runs:
+        return Estimate(_median(runs), "gpus", len(runs), f"{gpus}-GPU jobs in queue {queue}")
     runs = durations.get(queue_key(queue))
     if runs:
         return Estimate(_median(runs), "queue", len(runs), f"queue {queue}")
     return None
+
+
+#: Where a pending job's claim comes from besides a learned estimate's source: its time limit, or nothing yet.
+LIMIT, UNKNOWN = "limit", ""
+
+
+def claim_of(state: ClusterState, job: Job, queue: str) -> tuple[float, str]:
+    """GPU-seconds `job` still claims, and the claim's source (LIMIT, an `Estimate.source`, or UNKNOWN).
+
+    Its GPUs x its run time -- the time limit if it has one, else the run time
+    learned from the log -- less the GPU-seconds its earlier attempts held
+    (never below 0). With nothing known the claim is 0: such a job keeps its
+    arrival order ahead of estimated ones (a cold cluster is FIFO inside a
+    queue) rather than starving behind jobs that joined the line after it.
+    """
+    limit = job.spec.time_limit_s
+    if limit is not None:
+        seconds, source = limit, LIMIT
+    else:
+        est = learned_estimate(state, job, queue)
+        if est is None:
+            return 0.0, UNKNOWN
+        seconds, source = est.seconds, est.source
+    return max(0.0, job.spec.total_gpus * seconds - job.attained_s), source
 
 
 def _median(xs: tuple[float, ...]) -> float:
@@ -102,6 +146,6 @@ def estimated_end(estimate: Estimate, job: Job, now: float) -> float | None:
     if job.status not in HOLDING:
         return now + estimate.seconds
     end = job.reserved_at + estimate.seconds - (job.attained_s / job.gpus if job.gpus > 0 else 0.0)
-    if end < now and estimate.source == "queue":
+    if end < now and estimate.source != "job":  # the queue's jobs (of its size or all), not its own
         return None
     return max(now, end)

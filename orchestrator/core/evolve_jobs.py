@@ -12,11 +12,13 @@ from msgspec.structs import replace
 
 from orchestrator.core import gating
 from orchestrator.core.eligibility import gpu_matches
+from orchestrator.core.estimates import claim_of
 from orchestrator.core.estimates import record as record_run
 from orchestrator.core.evolve_fencing import stale, void
 from orchestrator.core.evolve_gpus import clear_earmark, end_changed, release, set_earmark, set_owner
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import (
+    BIG_GANG_GPUS,
     FINAL_RANKS_KEPT,
     FINISHED_KEPT,
     FREE,
@@ -58,7 +60,11 @@ def job_submitted(state: ClusterState, e: JobSubmitted, at: float) -> None:
 
 
 def enqueue(state: ClusterState, job: Job) -> None:
-    """Pending again (or for the first time): in its queue's line, or gated (gating.py)."""
+    """Pending again (or for the first time): in its queue's line at the place its claim of this moment gives
+    it (kept while it waits), or gated (gating.py)."""
+    claim, source = claim_of(state, job, resolve_queue(state, job.spec.queue))
+    if claim != job.claim or source != job.claim_from:
+        state.jobs[job.job_id] = job = replace(job, claim=claim, claim_from=source)
     state.pending[job.job_id] = job.submit_seq
     gating.enter(state, job)
 

@@ -116,5 +116,7 @@ def checkpointed(state: ClusterState, e: Checkpointed) -> None:
                 del pending_votes[step]
             if not pending_votes:
                 del state.checkpoint_votes[e.job_id]
-        ckpt = Checkpoint(path=e.path, step=e.step, attempt=e.attempt, rank=e.rank)
+        rs = state.ranks.get(e.job_id, {}).get(e.rank)
+        ran = e.occurred_at - rs.started_at if rs is not None and rs.status == "started" else 0.0
+        ckpt = Checkpoint(path=e.path, step=e.step, attempt=e.attempt, rank=e.rank, after_s=max(0.0, ran))
         state.jobs[e.job_id] = replace(job, checkpoint=ckpt)

@@ -31,7 +31,7 @@ from bisect import bisect_left, insort
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_gpus import clear_earmark
-from orchestrator.core.state import HOLDING, TERMINAL, ClusterState, Job
+from orchestrator.core.state import BIG_GANG_GPUS, HOLDING, TERMINAL, ClusterState, Job
 from schemas.events import JobHeld, JobReleased
 from schemas.jobspec import Gates
 
@@ -56,6 +56,8 @@ def line_in(state: ClusterState, job: Job) -> None:
     if job.waiting is None:
         state.unexplained[job.job_id] = job.submit_seq
     insort(state.lines.setdefault(job.spec.queue, []), job.line_key)
+    if job.spec.total_gpus >= BIG_GANG_GPUS:  # what the starvation bound watches (core/starving.py)
+        insort(state.big_pending, (job.waiting_since, job.job_id))
 
 
 def line_out(state: ClusterState, job: Job) -> None:
@@ -63,6 +65,11 @@ def line_out(state: ClusterState, job: Job) -> None:
     if job.job_id in state.holders:
         state.holders.remove(job.job_id)
     state.unexplained.pop(job.job_id, None)
+    if job.spec.total_gpus >= BIG_GANG_GPUS:
+        big = state.big_pending
+        i = bisect_left(big, (job.waiting_since, job.job_id))
+        if i < len(big) and big[i][1] == job.job_id:
+            del big[i]
     line = state.lines.get(job.spec.queue)
     if line is None:
         return

@@ -5,10 +5,13 @@
      GPUs earmarked for it; a job that ends before the backfill reservations
      start also on the GPUs held for them);
   c. preempt / reclaim: a minimal victim set, whose GPUs are earmarked
-     (preemption.py);
+     (preemption.py); a gang past the starvation bound may also stop the
+     cheapest running gangs (starving.py);
   d. backfill: a gang blocked by capacity, while fewer than
      `Policies.reservations` gangs hold GPUs, holds the GPUs it will start on
-     (planned around the earlier holders' GPUs: reservations.py);
+     (planned around the earlier holders' GPUs: reservations.py) -- a gang of
+     BIG_GANG_GPUS or more only once it waited `Policies.reserve_after_s`
+     (the starvation bound serves the young ones: starving.py);
   e. otherwise it is told why it waits (`blocked_verdict`): its queue is at
      its limit or its freed quota is kept for an older gang ("quota"), the
      free GPUs it would fit are held by backfill, or capacity.
@@ -24,7 +27,8 @@ from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import BACKFILL, PLACED, PREEMPTING, QUOTA, Outcome
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
-from orchestrator.core.state import Job
+from orchestrator.core.starving import is_starving
+from orchestrator.core.state import BIG_GANG_GPUS, Job
 from orchestrator.policies import Ending
 from orchestrator.policies.placement import GangRequest, Placement
 from schemas.events import GangReserved
@@ -42,7 +46,7 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     """
     plan, pol = adm.plan, adm.c.policies
     req = pol.request(job)
-    if job.earmark or not pol.preemption.priority_or_reclaim_only:
+    if job.earmark or not pol.preemption.priority_or_reclaim_only or is_starving(adm.c, job):
         return judge(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
            _may_use_held(adm, job), plan.version, plan.charges)
@@ -80,10 +84,13 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
             return Outcome(PLACED, p.reason)
     # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
     outcome = preempt(adm, job, queue, req, base)
+    if outcome is None and is_starving(adm.c, job):  # past the starvation bound: it may stop the cheapest
+        outcome = preempt(adm, job, queue, req, base, pol.starvation_rule)
     if outcome is not None:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
-    if over is None and not kept and len(plan.holds) < pol.reservations:
+    if (over is None and not kept and len(plan.holds) < pol.reservations
+            and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s)):
         outcome = give_reservation(adm, job, queue, req, base)
         if outcome is not None:
             return outcome

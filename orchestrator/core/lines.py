@@ -57,7 +57,7 @@ def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
             by_queue.setdefault(resolve_queue(state, name), []).append(keys)
         jobs = state.jobs
         return {
-            q: Line(((k, jobs[k[2]]) for k in (ks[0] if len(ks) == 1 else merge(*ks))), busy)
+            q: Line(((k, jobs[k[-1]]) for k in (ks[0] if len(ks) == 1 else merge(*ks))), busy)
             for q, ks in by_queue.items()
         }
     custom: dict[str, list[tuple[JobKey, Job]]] = {}

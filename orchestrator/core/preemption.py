@@ -15,7 +15,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.context import AdmitContext
 from orchestrator.core.explain import PREEMPTING, Outcome
 from orchestrator.core.state import Job
-from orchestrator.policies import Candidate, PreemptionAsk
+from orchestrator.policies import Candidate, PreemptionAsk, PreemptionRule
 from orchestrator.policies.placement import GangRequest
 from schemas.events import PreemptionRequested
 
@@ -26,7 +26,9 @@ def waiting_for(victims: list[str]) -> str:
     return f"waiting for preemption of job {ids[0]}{more}"
 
 
-def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
+def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex,
+            rule: PreemptionRule | None = None) -> Outcome | None:
+    """`rule`: who `job` may stop (default `Policies.preemption`; the starvation bound passes its own)."""
     c, plan, pol = adm.c, adm.plan, adm.c.policies
     if pol.preemption_searches <= 0:
         return None
@@ -34,7 +36,7 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
     q = c.state.queues.get(queue)
     guaranteed = q.guaranteed_gpus if q is not None else 0
     owed = plan.gpus.get(queue, 0) + req.gpus <= guaranteed
-    rule = pol.preemption
+    rule = pol.preemption if rule is None else rule
     if rule.priority_or_reclaim_only and not adm.could_preempt(queue, priority, owed):
         return None  # nobody it could preempt: do not spend a search
     # Candidates and free GPUs only shrink during a cycle: a shape that found no victims
@@ -91,6 +93,10 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
             why = f"priority {job.spec.priority} > {v.priority} in queue {queue}; {room}"
         elif kind == "reclaim":
             why = f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}; {room}"
+        elif kind == "starvation":
+            waited = c.now - job.waiting_since
+            why = (f"job {job.job_id} ({req.gpus} GPUs) is past the starvation bound: pending {waited / 3600:.1f} h"
+                   f" >= {pol.starvation_bound_s / 3600:g} h; {room}")
         else:
             why = f"{kind}: job {job.job_id} goes before it; {room}"
         adm.events.append(

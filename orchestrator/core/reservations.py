@@ -34,10 +34,10 @@ from orchestrator.core.explain import BACKFILL_HEAD, Outcome
 from orchestrator.core.lines import Line
 from orchestrator.core.plan import Hold
 from orchestrator.core.running import ends_at
-from orchestrator.core.state import FREE, HOLDING, RESERVING, Job, LineKey, Waiting
+from orchestrator.core.state import FREE, HOLDING, RESERVING, Job, Waiting
 from orchestrator.core.usage import ancestors, resolve_queue
 from orchestrator.policies import Ending
-from orchestrator.policies.fairshare import JobKey
+from orchestrator.policies.fairshare import JobKey, arrival_order_key
 from orchestrator.policies.placement import GangRequest
 from schemas.events import RankPlacement
 
@@ -290,7 +290,7 @@ def _back_early(adm: AdmitContext, w: Waiting) -> bool:
 # The quota a limit frees is kept for the gang it blocked first.
 
 
-def quota_holds(adm: AdmitContext, lines: dict[str, Line]) -> dict[str, tuple[LineKey, str]]:
+def quota_holds(adm: AdmitContext, lines: dict[str, Line]) -> dict[str, tuple[JobKey, str]]:
     """Per limited queue, the head its limit blocks that is first in line order: the quota it frees is kept.
 
     Without that, a gang blocked by its own queue's limit never starts while
@@ -302,7 +302,7 @@ def quota_holds(adm: AdmitContext, lines: dict[str, Line]) -> dict[str, tuple[Li
     the quota from the next cycle on.
     """
     plan, pol = adm.plan, adm.c.policies
-    first: dict[str, tuple[LineKey, str]] = {}
+    first: dict[str, tuple[JobKey, str]] = {}
     for q, line in lines.items():
         if line.head is None:
             continue
@@ -313,9 +313,16 @@ def quota_holds(adm: AdmitContext, lines: dict[str, Line]) -> dict[str, tuple[Li
         if over is None:
             continue
         found = first.get(over[0])
-        if found is None or job.line_key < found[0]:
-            first[over[0]] = (job.line_key, job.job_id)
+        key = _in_line(adm, job)
+        if found is None or key < found[0]:
+            first[over[0]] = (key, job.job_id)
     return first
+
+
+def _in_line(adm: AdmitContext, job: Job) -> JobKey:
+    """`job`'s place in line for the quota: the fold's line key, or -- for a policy ordering its own
+    way (`Policies.job_key`) -- priority then arrival, the fold's line order before claims (#29)."""
+    return job.line_key if adm.c.policies.job_key is None else arrival_order_key(job)
 
 
 def quota_kept(adm: AdmitContext, job: Job, queue: str) -> tuple[str, str] | None:
@@ -325,6 +332,6 @@ def quota_kept(adm: AdmitContext, job: Job, queue: str) -> tuple[str, str] | Non
         return None
     for name in ancestors(adm.c.state.queues, queue):
         holder = holds.get(name)
-        if holder is not None and holder[0] < job.line_key:
+        if holder is not None and holder[0] < _in_line(adm, job):
             return name, holder[1]
     return None

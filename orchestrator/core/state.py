@@ -52,11 +52,16 @@ FINISHED_KEPT = 10_000
 #: shows): a 1,000-rank gang keeps its first ones, so 10,000 finished jobs stay bounded.
 FINAL_RANKS_KEPT = 64
 
+#: Pending gangs of at least this many GPUs (more than one 8-GPU node) are the ones the starvation
+#: bound watches (`ClusterState.big_pending`, core/starving.py): small jobs get in as GPUs free up.
+BIG_GANG_GPUS = 9
+
 #: Marks a free GPU in `ClusterState.owners` / an un-earmarked one in `earmarks`.
 FREE = ""
 
-#: A pending job's place in its queue's line: higher priority, then earlier submit, then id.
-LineKey = tuple[int, float, str]
+#: A pending job's place in its queue's line: higher priority, then the smaller remaining claim
+#: (GPU-seconds, `Job.claim`), then the longer wait, then id (issue #29: shortest claim first).
+LineKey = tuple[int, float, float, str]
 
 #: An active gang's place in `ClusterState.ends`: (reserved_at + time limit, or inf; reserved_at; job id).
 EndKey = tuple[float, float, str]
@@ -160,6 +165,10 @@ class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     step: int
     attempt: int
     rank: int
+    #: Seconds its reporting worker had run when it checkpointed (the Checkpointed's time less that
+    #: worker's start, both on its node's clock; 0: unknown). Victim choice reads it: a gang just past
+    #: a checkpoint loses little (policies/victims.py), without comparing two machines' clocks.
+    after_s: float = 0.0
 
 
 class Stop(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -246,6 +255,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     held: bool = False
     blocked_on: tuple[str, ...] = ()
     doomed: str = ""
+    #: While pending: the GPU-seconds it still claims (its GPUs x time limit, else x the run time
+    #: learned from the log, less what earlier attempts held), fixed when it joined the line, so
+    #: its place in line does not move while it waits (estimates.claim_of).
+    claim: float = 0.0
+    #: Where `claim` came from: "limit", an estimate's source ("job", "gpus", "queue"), or "" (nothing known: 0).
+    claim_from: str = ""
 
     @property
     def waiting_since(self) -> float:
@@ -254,7 +269,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     @property
     def line_key(self) -> LineKey:
-        return (-self.spec.priority, self.waiting_since, self.job_id)
+        return (-self.spec.priority, self.claim, self.waiting_since, self.job_id)
 
     @property
     def newest_checkpoint(self) -> str | None:
@@ -313,6 +328,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: Queue name a spec asks for -> its pending jobs in line order, kept sorted by the fold
     #: so a decide cycle reads each queue's heads without sorting 10,000 jobs.
     lines: dict[str, list[LineKey]] = msgspec.field(default_factory=dict)
+    #: Pending gangs of BIG_GANG_GPUS or more as (waiting since, job id), sorted: the starvation bound
+    #: (core/starving.py) reads the prefix that waited longest, not the whole backlog.
+    big_pending: list[tuple[float, str]] = msgspec.field(default_factory=list)
     #: Pending jobs with no JobWaiting yet (new or requeued): admission checks them once.
     unexplained: dict[str, int] = msgspec.field(default_factory=dict)
     #: Pending jobs kept out of their lines by a gate (core/gating.py): held, waiting for the jobs
@@ -391,6 +409,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
                 self.lines.setdefault(job.spec.queue, []).append(job.line_key)
         for line in self.lines.values():
             line.sort()
+        self.big_pending = sorted((j.waiting_since, jid) for jid in self.pending
+                                  if jid not in self.gated and (j := self.jobs[jid]).spec.total_gpus >= BIG_GANG_GPUS)
         self.unexplained = {jid: n for jid, n in self.pending.items()
                             if self.jobs[jid].waiting is None and jid not in self.gated}
         self.stopping = {
@@ -416,6 +436,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             pending=dict(self.pending),
             active=dict(self.active),
             lines={k: list(v) for k, v in self.lines.items()},
+            big_pending=list(self.big_pending),
             unexplained=dict(self.unexplained),
             gated=dict(self.gated),
             doomed=dict(self.doomed),

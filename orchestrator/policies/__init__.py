@@ -20,7 +20,14 @@ from orchestrator.policies.backfill import Ending, earliest_start, longest_waiti
 from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
 from orchestrator.policies.reject import unfit_reasons
-from orchestrator.policies.victims import PRIORITY_AND_RECLAIM, Candidate, PreemptionAsk, PreemptionRule, find_victims
+from orchestrator.policies.victims import (
+    PRIORITY_AND_RECLAIM,
+    STARVATION,
+    Candidate,
+    PreemptionAsk,
+    PreemptionRule,
+    find_victims,
+)
 
 FitsFn = Callable[[GangRequest, FreeIndex], bool]
 PlaceFn = Callable[[GangRequest, FreeIndex, LinksOf], Placement | None]
@@ -46,8 +53,8 @@ class Policies:
     #: Capacity-only feasibility (same answer as `place` is not None, cheaper).
     fits: FitsFn = fits
     request: Callable[[Job], GangRequest] = request_of
-    #: Order inside a queue. None declares the fold's line order (`fairshare.job_order_key`:
-    #: higher priority, longest waiting, job id), which `ClusterState.lines` keeps sorted, so a
+    #: Order inside a queue. None declares the fold's line order (`fairshare.job_order_key`: higher
+    #: priority, smallest remaining claim, longest waiting, job id), which `ClusterState.lines` keeps sorted, so a
     #: cycle reads those lines as they are; a key function, even one ordering alike, sorts the
     #: pending jobs once per cycle (core/lines.py).
     job_key: Callable[[Job], JobKey] | None = None
@@ -73,9 +80,28 @@ class Policies:
     #: EASY backfill is 1). Each later one is planned around the earlier ones' GPUs; a job
     #: uses held GPUs only if it ends before every reservation starts.
     reservations: int = 2
+    #: A blocked gang of BIG_GANG_GPUS (9) or more holds a backfill reservation only once it has
+    #: waited this long (issue #29: no reservations for young gangs -- their held GPUs idle while
+    #: shorter claims could use them -- so, by default, only big gangs past the starvation bound
+    #: that found no victims hold one). Smaller gangs keep theirs: on a full cluster their
+    #: reservations are how fair share decides who gets each GPU that comes back (issue #20).
+    #: 0: any blocked gang may hold one (before #29).
+    reserve_after_s: float = 36 * 3600.0
     #: Aging: a queue head pending longer than this goes before the fair-share order, oldest
     #: first (off by default: under overload every head starves and the order becomes FIFO).
     starving_after_s: float = math.inf
+    #: The starvation bound (issue #29, core/starving.py): a pending gang of BIG_GANG_GPUS (9) or more
+    #: GPUs that has waited this long is judged before everyone but the preemptors with earmarked
+    #: GPUs, oldest first, and may stop the cheapest running gangs of queues at or above their
+    #: guarantee (`starvation_rule`). math.inf: off. The default is chosen from the sweep
+    #: (bench/RESULTS.md, issue #29): shorter bounds trade average JCT for the big gangs' wait.
+    starvation_bound_s: float = 36 * 3600.0
+    #: Who a starving gang may stop, and in which order (victims.STARVATION: cheapest first).
+    starvation_rule: PreemptionRule = STARVATION
+    #: Judge the preemptors whose GPUs are earmarked before every other head (core/starving.py:
+    #: `earmarked`): in a line ordered by claim a big preemptor may sit where a cycle never looks.
+    #: False: in their line's order, as the baselines do.
+    earmarked_first: bool = True
     #: Whether a job ending at the given time may run on a reservation's held GPUs. None declares
     #: the default rule (`backfill.may_use_held`: only if it ends, by its time limit, before the
     #: reservation starts), which admission reads as one comparison with the earliest start of the

@@ -1,7 +1,8 @@
 """Service-aware order inside a queue (issue #20 point 2): discretised service levels with bounded delay.
 
 Opt-in (`Policies(job_key=service_order_key)`); the default order stays the
-fold's line (priority, then arrival), which needs no per-cycle sort.
+fold's line (priority, then the smallest claim, then arrival: issue #29),
+which needs no per-cycle sort.
 
 As in Tiresias's discretised 2D-LAS, a job's GPU-service puts it in a level
 (SERVICE_LEVELS_GPU_S: 1, 8, 64 GPU-hours); what the log knows of its service

@@ -1,7 +1,8 @@
 """Preemption and reclaim: which running gangs make room for a pending one.
 
 Two reasons to preempt, both only of `preemptible` gangs that have run for at
-least the cluster's min_runtime_s:
+least the cluster's min_runtime_s (doubled with each earlier stop) and were
+stopped fewer than STOPS_MAX times:
 
 * priority -- a pending job may preempt strictly lower-priority gangs of its
   own queue;
@@ -17,8 +18,8 @@ if the gang still fits without it.
 
 Preemption pays for itself (issue #20). Inside a level the cheapest victim
 goes first: `victim_cost` = the GPU-seconds it would lose (its GPUs x its
-attempt's run time -- what the log cannot vouch for as checkpointed -- plus a
-restart, RESTART_COST_S per GPU) times one plus the times it was already
+attempt's run time since its newest checkpoint -- what the log cannot vouch
+for -- plus a restart, RESTART_COST_S per GPU) times one plus the times it was already
 stopped. So a reclaim for a 1-GPU job stops a
 borrower that has run a few minutes, not a 1-GPU job that has run for hours,
 and a job stopped before costs double, triple... Its protection grows too:
@@ -66,7 +67,9 @@ So in a window of T seconds a job is preempted at most
 1 + log2(T / min_runtime_s) times, each attempt runs at least as long as all
 earlier ones together, and the work it loses per stop is at most what the
 next attempt is protected for. With min_runtime_s = 600 s a fourth
-preemption needs an attempt of 80 min. Tested by
+preemption would need an attempt of 80 min -- and there is none: a job
+stopped STOPS_MAX (3) times is no longer a victim (issue #29), of this rule
+or of the starvation bound's. Tested by
 `test_protection_doubles_with_each_preemption` and
 `test_reclaim_stops_the_borrower_with_less_work_at_risk` in
 tests/core/test_victims.py.
@@ -102,10 +105,15 @@ class Candidate(NamedTuple):
     attained: float = 0.0
     #: Times it was already stopped and put back in line (preempted or requeued): its attempts - 1 - gang restarts.
     interruptions: int = 0
-    #: GPU-seconds a stop now would throw away: its GPUs x the time since this attempt started
-    #: (the log holds no periodic checkpoint times; this is the work the log cannot vouch for).
+    #: GPU-seconds a stop now would throw away: its GPUs x the time since this attempt started,
+    #: less what its newest checkpoint of this attempt holds (the work the log cannot vouch for).
     at_risk: float = 0.0
 
+
+#: Stops after which a job is no longer a victim of the default rule or of the starvation bound: it
+#: runs to its end like a non-preemptible one (issue #29: <= 3 preemptions per job; the doubling
+#: protection alone let a job be stopped 6 times once the starvation bound stopped gangs too).
+STOPS_MAX = 3
 
 #: What any stop costs a GPU besides the work lost: the restart, reloading the checkpoint, the
 #: rendezvous (the simulator charges 120 s; real jobs minutes). Without it a gang that has just
@@ -137,7 +145,8 @@ class PreemptionAsk(NamedTuple):
 
 def why_preemptible(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad]) -> str | None:
     """"priority" or "reclaim" if `ask` may preempt `c`, else None."""
-    if not c.preemptible or c.gpus <= 0 or ask.now - c.started_at < protected_for(ask.min_runtime_s, c.interruptions):
+    if (not c.preemptible or c.gpus <= 0 or c.interruptions >= STOPS_MAX
+            or ask.now - c.started_at < protected_for(ask.min_runtime_s, c.interruptions)):
         return None
     if c.queue == ask.queue:
         return "priority" if c.priority < ask.priority else None
@@ -184,6 +193,55 @@ class PreemptionRule(NamedTuple):
 
 PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True,
                                       level=victim_level)
+
+#: The starvation bound's cap is the same as the default rule's (`STOPS_MAX`).
+STARVATION_STOPS_MAX = STOPS_MAX
+
+
+def why_starvation_victim(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad]) -> str | None:
+    """"starvation" if a starving gang (`ask`, core/starving.py) may stop `c`, else None.
+
+    Any preemptible gang of no higher priority, in a queue at or above its
+    guarantee (find_victims never takes one below it), protected as the
+    default rule protects (`protected_for`, doubling with each stop), and
+    stopped fewer than STARVATION_STOPS_MAX times before.
+
+    Anti-thrash. Let P (starving) stop V. V rejoins its line now, so it
+    starves again only a whole bound later; by priority it cannot take P
+    back (priority(V) <= priority(P), and priority preemption needs strictly
+    lower), nor by reclaim (V's queue stayed at or above its guarantee, so it
+    is owed nothing: the argument of the module docstring). And each job is
+    stopped by the bound fewer than STARVATION_STOPS_MAX times, after attempts
+    each protected twice as long as the one before.
+    """
+    if not c.preemptible or c.gpus <= 0 or c.priority > ask.priority or c.interruptions >= STOPS_MAX:
+        return None
+    if ask.now - c.started_at < protected_for(ask.min_runtime_s, c.interruptions):
+        return None
+    load = loads.get(c.queue)
+    if load is None or load.gpus < load.guaranteed:
+        return None
+    return "starvation"
+
+
+def cheapest_first(ask: PreemptionAsk) -> Callable[[Candidate], tuple[float, float, str]]:
+    """The victim that loses least first (`victim_cost`: work since its checkpoint, restarts), newest start, id."""
+    del ask
+
+    def key(c: Candidate) -> tuple[float, float, str]:
+        return (victim_cost(c), -c.started_at, c.job_id)
+
+    return key
+
+
+def _one_level(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int]]:
+    """Every starvation victim is alike in importance: the node-by-node search may pick among all."""
+    del ask
+    return lambda c: (0,)
+
+
+#: The rule of the starvation bound: who a starving gang may stop, cheapest first.
+STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:

@@ -5,10 +5,12 @@ unchanged, only the functions in the record differ -- so a difference in the
 results is a difference of policy, not of implementation:
 
 * corral        -- DEFAULT_POLICIES: weighted fair share across queues (owed
-                   guarantees first), priority then submit order inside one,
-                   gang/topology best fit, backfill reservations for the
-                   two longest-waiting blocked queue heads, preemption for
-                   priority and for reclaiming guarantees.
+                   guarantees first), priority then the smallest remaining
+                   claim inside one (issue #29), gang/topology best fit,
+                   backfill reservations for the two longest-waiting blocked
+                   queue heads (gangs of 9+ GPUs only past the starvation
+                   bound), preemption for priority, for reclaiming
+                   guarantees and for gangs past the starvation bound.
 * fifo          -- one line across all queues in submit order (priority
                    ignored); the first gang that does not fit holds every
                    free GPU, so nothing behind it starts (no backfill, no
@@ -18,7 +20,8 @@ results is a difference of policy, not of implementation:
                    their time limit ends first, other free GPUs go to whoever
                    fits (EASY backfill, no preemption).
 * drf           -- queues in order of the GPUs they hold per weight (DRF with
-                   one resource), greedy, no reservation, no preemption.
+                   one resource), priority then arrival inside one, greedy,
+                   no reservation, no preemption.
 * las           -- least attained service, Tiresias-like
                    (orchestrator/policies/las.py): one line across queues,
                    jobs by level of attained GPU-seconds (read from the fold)
@@ -37,7 +40,7 @@ from orchestrator.core.plan import Hold, QueueLoad
 from orchestrator.core.state import Job
 from orchestrator.policies import DEFAULT_POLICIES, Ending, Policies
 from orchestrator.policies.backfill import FitsFn, PlaceFn
-from orchestrator.policies.fairshare import JobKey, QueueKey
+from orchestrator.policies.fairshare import JobKey, QueueKey, arrival_order_key
 from orchestrator.policies.las import LEAST_ATTAINED_SERVICE, least_attained_first
 from orchestrator.policies.placement import GangRequest, LinksOf
 from schemas.events import RankPlacement
@@ -82,8 +85,12 @@ def no_reservation(
 
 
 #: What the baselines share: no aging of queue heads, one reservation (if any) for the first
-#: blocked gang in the policy's own order -- not corral's longest-waiting pair.
-BASELINE = replace(DEFAULT_POLICIES, starving_after_s=math.inf, reservation_order=None, reservations=1)
+#: blocked gang in the policy's own order -- not corral's longest-waiting pair -- and, inside a
+#: queue, priority then arrival: corral's fold orders its lines by claim (issue #29), and a
+#: baseline that read them would no longer be the scheduler it is named after; nor do they
+#: take #29's starvation bound, its earmarked-first step or its young-gang rule.
+BASELINE = replace(DEFAULT_POLICIES, job_key=arrival_order_key, starving_after_s=math.inf, reservation_order=None,
+                   reservations=1, reserve_after_s=0.0, starvation_bound_s=math.inf, earmarked_first=False)
 
 
 def policies_for(name: str) -> Policies:

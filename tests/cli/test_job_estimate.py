@@ -58,6 +58,9 @@ def _history() -> list[Event]:
         QueueDefined(event_id="q", occurred_at=T0, queue="q"),
         QueueDefined(event_id="r", occurred_at=T0, queue="r"),
         SchedulerElected(event_id="e", occurred_at=T0, epoch=1, scheduler_id="s"),
+        # A 16-GPU gang this one-node cluster cannot start (it is never rejected here: no decide runs).
+        JobSubmitted(event_id="s-gang", occurred_at=T0 + 5, job_id="gang", submitted_by="carol",
+                     spec=JobSpec(name="big", queue="q", ranks=2, gpus_per_rank=8, time_limit_s=7200)),
     ]
     at = T0 + 10
     for job_id, name, user, seconds in [("d1", "train", "alice", 500), ("d2", "train", "alice", 600),
@@ -111,7 +114,8 @@ def test_job_shows_the_estimate_its_source_and_a_running_jobs_end(log: Path, cap
     assert "ends" not in waiting  # not placed: no end to expect yet
 
     by_queue = _fields(corral(capsys, "job", "--log", str(log), "new-name"))
-    assert by_queue["estimate"] == "~550 s, median of 4 runs of queue q (no completed run of 'sweep' of its own yet)"
+    assert by_queue["estimate"] == ("~550 s, median of 4 runs of 1-GPU jobs in queue q "
+                                    "(no completed run of 'sweep' of its own yet)")
     assert _fields(corral(capsys, "job", "--log", str(log), "lonely"))["estimate"].startswith("none yet")
     # Running 1,120 s with no run of its own: its queue's 550 s says nothing of when it ends.
     outran = _fields(corral(capsys, "job", "--log", str(log), "outran"))
@@ -127,9 +131,9 @@ def test_job_json_has_the_estimate(log: Path, capsys: pytest.CaptureFixture[str]
     waiting = json.loads(corral(capsys, "job", "--log", str(log), "waiting", "--json"))["estimate"]
     assert (waiting["seconds"], waiting["source"], waiting["expected_end"]) == (600.0, "job", None)
     by_queue = json.loads(corral(capsys, "job", "--log", str(log), "new-name", "--json"))["estimate"]
-    assert (by_queue["seconds"], by_queue["source"], by_queue["samples"]) == (550.0, "queue", 4)
+    assert (by_queue["seconds"], by_queue["source"], by_queue["samples"]) == (550.0, "gpus", 4)
     outran = json.loads(corral(capsys, "job", "--log", str(log), "outran", "--json"))["estimate"]
-    assert (outran["source"], outran["expected_end"], outran["outrun"]) == ("queue", None, True)
+    assert (outran["source"], outran["expected_end"], outran["outrun"]) == ("gpus", None, True)
     for job_id in ("lonely", "d1"):
         assert json.loads(corral(capsys, "job", "--log", str(log), job_id, "--json"))["estimate"] is None
 
@@ -144,4 +148,40 @@ def test_explain_tells_the_estimate_of_a_job_not_over(log: Path, capsys: pytest.
     assert "estimate" not in corral(capsys, "explain", "--log", str(log), "d1")
     assert "estimate" not in corral(capsys, "explain", "--log", str(log), "lonely")  # no history: nothing to add
     story = json.loads(corral(capsys, "explain", "--log", str(log), "new-name", "--json"))
-    assert (story["estimate"]["seconds"], story["estimate"]["source"]) == (550.0, "queue")
+    assert (story["estimate"]["seconds"], story["estimate"]["source"]) == (550.0, "gpus")
+
+
+def test_job_and_explain_show_a_pending_jobs_claim_and_a_big_gangs_starvation_bound(
+        log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #29: the claim its line is ordered by, where it comes from, and when a big gang may preempt."""
+    waiting = json.loads(corral(capsys, "job", "--log", str(log), "waiting", "--json"))["line"]
+    assert (waiting["claim_gpu_s"], waiting["claim_from"], waiting["starving_from"]) == (600.0, "job", None)
+    fields = _fields(corral(capsys, "job", "--log", str(log), "waiting"))
+    assert fields["claim"].startswith("0.2 GPU-h (1 GPUs x the learned run time of its name's past runs)")
+    assert "starvation" not in fields  # a 1-GPU job is not bounded: it gets in as GPUs free up
+    lonely = _fields(corral(capsys, "job", "--log", str(log), "lonely"))
+    assert lonely["claim"].startswith("none known yet")
+    gang = json.loads(corral(capsys, "job", "--log", str(log), "gang", "--json"))["line"]
+    bound = gang["starvation_bound_s"]
+    assert (gang["claim_gpu_s"], gang["claim_from"]) == (16 * 7200.0, "limit")
+    assert gang["starving_from"] == T0 + 5 + bound and not gang["starving"]
+    fields = _fields(corral(capsys, "job", "--log", str(log), "gang"))
+    when = LogClock().instant(T0 + 5 + bound)
+    assert fields["claim"].startswith("32.0 GPU-h (16 GPUs x its time limit)")
+    assert fields["starvation"].startswith(f"not yet: starving from {when}, will preempt at {when}")
+    out = corral(capsys, "explain", "--log", str(log), "gang")
+    assert f"  starvation: not yet: starving from {when}" in out
+    assert "line" in json.loads(corral(capsys, "explain", "--log", str(log), "gang", "--json"))
+    assert json.loads(corral(capsys, "job", "--log", str(log), "running", "--json"))["line"] is None
+
+
+def test_a_gang_past_the_bound_reads_starving_since() -> None:
+    from orchestrator.cli.views import job_line, line_lines
+    from orchestrator.core.state import Job
+
+    job = Job(job_id="g", spec=JobSpec(name="g", ranks=2, gpus_per_rank=8), submitted_at=T0)
+    line = job_line(job, T0 + 10**7)
+    assert line is not None and line["starving"]
+    (_, claim), (_, starving) = line_lines(line, job, T0 + 10**7)
+    assert claim.startswith("none known yet")
+    assert starving.startswith(f"starving since {LogClock().instant(T0 + line['starvation_bound_s'])}")

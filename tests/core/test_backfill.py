@@ -10,9 +10,13 @@ from orchestrator.policies import DEFAULT_POLICIES
 from schemas.events import GangReserved, JobWaiting
 from tests.core.harness import Sim, of_type
 
+#: Reservations for any blocked gang, as before #29 (the default holds them only for gangs past the
+#: starvation bound, `Policies.reserve_after_s`): these tests are about the reservations themselves.
+RESERVING = replace(DEFAULT_POLICIES, reserve_after_s=0.0)
+
 
 def test_64_gpu_gang_is_not_starved_by_a_stream_of_1_gpu_jobs() -> None:
-    s = Sim()
+    s = Sim(policies=RESERVING)
     for i in range(8):
         s.node(f"n{i}")
     n = 0
@@ -46,7 +50,7 @@ def test_64_gpu_gang_is_not_starved_by_a_stream_of_1_gpu_jobs() -> None:
 
 
 def test_short_job_backfills_held_gpus_long_job_waits() -> None:
-    s = Sim()
+    s = Sim(policies=RESERVING)
     s.node("n0")
     s.node("n1")
     s.submit("long", gpus_per_rank=8, time_limit_s=1000)  # n0 until ~t+1040
@@ -67,7 +71,7 @@ def test_short_job_backfills_held_gpus_long_job_waits() -> None:
 
 
 def test_jobs_away_from_the_held_gpus_still_run() -> None:
-    s = Sim()
+    s = Sim(policies=RESERVING)
     for i in range(3):
         s.node(f"n{i}")
     s.submit("a", gpus_per_rank=8, time_limit_s=100)  # n0
@@ -87,10 +91,9 @@ def test_an_aged_gang_takes_the_reservation_before_fair_share_and_keeps_it_until
     blocked head, gets the reservation, and keeps it while shares move."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
     from orchestrator.policies.backfill import longest_waiting
 
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_order=longest_waiting, reservation_aging_s=0.0,
+    s = Sim(policies=replace(RESERVING, reservation_order=longest_waiting, reservation_aging_s=0.0,
                              reservations=1))
     for q in ("a", "b", "c"):
         s.queue(q)
@@ -123,7 +126,7 @@ def test_an_aged_gang_takes_the_reservation_before_fair_share_and_keeps_it_until
     assert s.state.holders == ["big-b"]
 
     # Without aging the same reservation goes in fair-share order: c holds nothing, its job is first.
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_aging_s=math.inf, reservations=1))
+    s = Sim(policies=replace(RESERVING, reservation_aging_s=math.inf, reservations=1))
     for q in ("a", "b", "c"):
         s.queue(q)
     for n in ("n0", "n1", "n2"):
@@ -145,9 +148,8 @@ def test_without_a_reservation_order_it_goes_in_fair_share_order_and_is_sticky()
     it; a later change of shares does not move it."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
 
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservation_order=None, reservations=1))
+    s = Sim(policies=replace(RESERVING, reservation_order=None, reservations=1))
     s.queue("a")
     s.queue("b")
     for n in ("n0", "n1", "n2"):
@@ -172,10 +174,9 @@ def test_two_reservations_the_second_planned_around_the_first() -> None:
     first will not start on, and a job that would outlast either reservation uses neither's GPUs."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
 
     def scenario(reservations: int) -> tuple[Sim, dict[str, JobWaiting], list[str]]:
-        s = Sim(policies=replace(DEFAULT_POLICIES, reservations=reservations))
+        s = Sim(policies=replace(RESERVING, reservations=reservations))
         for n in ("n0", "n1", "n2", "n3"):
             s.node(n)
         s.submit("r0", gpus_per_rank=8, time_limit_s=100)  # a node until ~t+140
@@ -213,9 +214,8 @@ def test_a_told_reservation_is_kept_from_the_log_until_gpus_come_back() -> None:
     new one, as soon as a gang ends."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
 
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1))
+    s = Sim(policies=replace(RESERVING, reservations=1))
     for n in ("n0", "n1", "n2", "n3"):
         s.node(n)
     for jid, limit in (("r0", 1000), ("r1", 2000), ("r2", 3000)):
@@ -251,7 +251,6 @@ def _one_reservation_counting_plans() -> tuple[Sim, list[str]]:
     reservation at a time, and the ids of the gangs backfill plans for, in order."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
     from orchestrator.policies.backfill import earliest_start
 
     plans: list[str] = []
@@ -260,7 +259,7 @@ def _one_reservation_counting_plans() -> tuple[Sim, list[str]]:
         plans.append(req.job_id)
         return earliest_start(req, *args)
 
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1, backfill=counted))
+    s = Sim(policies=replace(RESERVING, reservations=1, backfill=counted))
     for n in ("n0", "n1", "n2", "n3"):
         s.node(n)
     for jid, limit in (("r0", 1000), ("r1", 2000), ("r2", 3000)):
@@ -332,9 +331,8 @@ def test_an_older_head_that_fits_now_starts_before_a_younger_gang_takes_the_free
     the older head would start on, and the older one waits behind a job submitted after it."""
     from dataclasses import replace
 
-    from orchestrator.policies import DEFAULT_POLICIES
 
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1, reservation_aging_s=0.0))
+    s = Sim(policies=replace(RESERVING, reservations=1, reservation_aging_s=0.0))
     s.queue("a")
     s.queue("b")
     for n in ("n0", "n1", "n2", "n3"):
@@ -367,7 +365,7 @@ def test_an_older_head_that_fits_now_starts_before_a_younger_gang_takes_the_free
 def test_a_placement_on_held_gpus_leaves_nothing_for_the_next_cycle_to_decide() -> None:
     """It ends before the reservation starts, so the told reservation stands; the heads judged before it are
     told their reasons on the final plan. Admission is complete: the next round only marks it running."""
-    s = Sim(policies=replace(DEFAULT_POLICIES, reservations=1), min_runtime_s=60)
+    s = Sim(policies=replace(RESERVING, reservations=1), min_runtime_s=60)
     s.node("n0")
     s.node("n1")
     s.submit("long", gpus_per_rank=8, time_limit_s=1000)

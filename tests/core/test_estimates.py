@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.core.estimates import KEYS_KEPT, SAMPLES_KEPT, job_key, learned_estimate, queue_key, record
+from orchestrator.core.estimates import KEYS_KEPT, SAMPLES_KEPT, gpus_key, job_key, learned_estimate, queue_key, record
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, Job, restore, snapshot
 from orchestrator.policies import DEFAULT_POLICIES
@@ -47,9 +47,13 @@ def test_the_estimate_converges_to_the_run_time_of_a_queues_identical_jobs() -> 
     assert seen[1] == ("job", 1, 600)
     assert seen[-1] == ("job", SAMPLES_KEPT, 600)
     assert [n for _, n, _ in seen[1:]] == [min(i, SAMPLES_KEPT) for i in range(1, 12)]  # bounded
-    # Another user's job of the same name has no history of its own: the queue's (mostly train's 600 s).
+    # Another user's job of the same name has no history of its own: its size's in the queue (train's 600 s).
     _submit(s, "other", "train", user="bob", queue="q", gpus_per_rank=2)
     est = learned_estimate(s.state, s.job("other"), "q")
+    assert est is not None and (est.source, est.samples, est.seconds) == ("gpus", SAMPLES_KEPT, 600)
+    # A size the queue never ran: the queue's.
+    _submit(s, "wide", "train", user="bob", queue="q", gpus_per_rank=4)
+    est = learned_estimate(s.state, s.job("wide"), "q")
     assert est is not None and (est.source, est.samples, est.seconds) == ("queue", SAMPLES_KEPT, 600)
 
 
@@ -81,7 +85,8 @@ def test_only_completed_runs_count_and_a_preempted_jobs_earlier_attempts_do() ->
     job = Job(job_id="p", spec=JobSpec(name="x", gpus_per_rank=4), submitted_at=0.0, queue="default", status="running",
               gpus=4, attained_s=4 * 100.0, reserved_at=1000.0, submitted_by="alice")
     record(durations, job, 1200.0)
-    assert durations == {job_key("default", "alice", "x"): (300.0,), queue_key("default"): (300.0,)}
+    assert durations == {job_key("default", "alice", "x"): (300.0,), gpus_key("default", 4): (300.0,),
+                         queue_key("default"): (300.0,)}
 
 
 def test_history_is_bounded_in_samples_and_keys_and_survives_snapshot_and_copy() -> None:
@@ -112,7 +117,7 @@ def test_history_is_bounded_in_samples_and_keys_and_survives_snapshot_and_copy()
 
 def test_a_backfill_plan_without_time_limits_names_an_estimated_start() -> None:
     """Gangs without time limits block a big gang: its reservation names when they end by their learned run times."""
-    s = Sim()
+    s = Sim(policies=replace(DEFAULT_POLICIES, reserve_after_s=0.0))  # (a young gang holds one too, as before #29)
     s.node("n0")
     for i in range(2):  # history: `w` ran 1,000 s twice
         _submit(s, f"h{i}", "w", gpus_per_rank=8)
@@ -151,12 +156,12 @@ def test_a_queued_jobs_first_reason_tells_its_expected_run_time() -> None:
         "in queue default behind jobs that go first; expected to run ~1000 s, median of 1 run of name 'w' of alice"
         " in queue default"
     )
-    # No history under its name: the queue's.
-    assert waits["other"].message.endswith("expected to run ~1000 s, median of 1 run of queue default")
+    # No history under its name: its size's in its queue.
+    assert waits["other"].message.endswith("expected to run ~1000 s, median of 1 run of 8-GPU jobs in queue default")
 
 
 def test_without_history_the_plan_still_says_when_running_jobs_end() -> None:
-    s = Sim()
+    s = Sim(policies=replace(DEFAULT_POLICIES, reserve_after_s=0.0))  # (a young gang holds one too, as before #29)
     s.node("n0")
     _submit(s, "w1", "w", gpus_per_rank=8)
     s.agents(s.decide())

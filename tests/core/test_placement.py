@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.eligibility import ANY_GPU
 from orchestrator.core.explain import capacity_outcome
 from orchestrator.core.topology import build_topology
+from orchestrator.policies import DEFAULT_POLICIES
 from orchestrator.policies.links import best_gpu_set, set_score
 from orchestrator.policies.placement import GangRequest, place_gang
 from schemas.events import GangReserved, JobWaiting
@@ -112,7 +115,8 @@ def test_required_leaf_waits_with_numbers_and_preferred_spreads() -> None:
     assert reserved(events, "req") is not None  # the untouched leaf
     assert reserved(events, "pref") is None  # 12 GPUs left: 1 whole node + 4
     # Leaf l0 = {a, a2}, l1 = {b}; one GPU of `a` taken: no leaf has two whole nodes free.
-    s2 = Sim(levels=("leaf",))
+    # (Reservations for young gangs too, as before #29: the reason below is a holder's.)
+    s2 = Sim(levels=("leaf",), policies=replace(DEFAULT_POLICIES, reserve_after_s=0.0))
     s2.node("a", labels={"leaf": "l0"})
     s2.node("a2", labels={"leaf": "l0"})
     s2.node("b", labels={"leaf": "l1"})

@@ -18,7 +18,7 @@ from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.node_work import node_work, rank_intent
-from orchestrator.core.state import FREE, HOLDING, ClusterState, needs_look, restore, snapshot
+from orchestrator.core.state import BIG_GANG_GPUS, FREE, HOLDING, ClusterState, needs_look, restore, snapshot
 from orchestrator.core.usage import ancestors
 from schemas.events import (
     GangReserved,
@@ -63,7 +63,11 @@ def check_invariants(state: ClusterState) -> None:
         assert state.jobs[jid].status == "pending"
     # the fold's queue lines hold exactly the pending jobs not gated (core/gating.py), sorted
     in_lines = [k for line in state.lines.values() for k in line]
-    assert sorted(k[2] for k in in_lines) == sorted(set(state.pending) - set(state.gated))
+    assert sorted(k[-1] for k in in_lines) == sorted(set(state.pending) - set(state.gated))
+    assert all(k == state.jobs[k[-1]].line_key for k in in_lines), "a line key moved while its job waited"
+    big = [(j.waiting_since, jid) for jid in state.pending
+           if jid not in state.gated and (j := state.jobs[jid]).spec.total_gpus >= BIG_GANG_GPUS]
+    assert state.big_pending == sorted(big), "the starvation bound's index is not the big pending gangs in lines"
     assert all(line == sorted(line) for line in state.lines.values())
     # unexplained: the pending jobs without a reason, plus those explained while nodes were
     # still joining (their capacity verdict is due once the cluster settles)

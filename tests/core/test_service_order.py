@@ -7,6 +7,7 @@ from dataclasses import replace
 from msgspec.structs import replace as sreplace
 
 from orchestrator.policies import DEFAULT_POLICIES
+from orchestrator.policies.fairshare import arrival_order_key
 from orchestrator.policies.service import LEVEL_DELAY_S, service_level, service_order_key
 from schemas.events import GangReserved
 from tests.core.harness import Sim, of_type
@@ -35,8 +36,8 @@ def test_a_job_claiming_less_service_goes_first_inside_its_queue() -> None:
     s.submit("small", gpus_per_rank=8, time_limit_s=1800)  # 4 GPU-hours: level 1
     assert (service_level(s.job("big")), service_level(s.job("small"))) == (3, 1)
     assert _started_when_freed(s)[:1] == ["small"]
-    # The default order (arrival) starts big: the test tells the two apart.
-    s = _full_node(replace(DEFAULT_POLICIES, reservations=0))
+    # Arrival order starts big: the test tells the two apart.
+    s = _full_node(replace(DEFAULT_POLICIES, job_key=arrival_order_key, reservations=0))
     s.submit("big", gpus_per_rank=8, time_limit_s=10 * 3600)
     s.tick(10)
     s.submit("small", gpus_per_rank=8, time_limit_s=1800)

@@ -1,0 +1,133 @@
+"""The starvation bound (issue #29, core/starving.py): a big gang pending T may stop the cheapest running gangs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from orchestrator.core.starving import starving_from
+from orchestrator.policies import DEFAULT_POLICIES, Policies
+from orchestrator.policies.victims import STARVATION_STOPS_MAX
+from schemas.events import GangReserved, PreemptionRequested
+from tests.core.harness import Sim, of_type
+
+T = 3600.0
+BOUND = replace(DEFAULT_POLICIES, starvation_bound_s=T)
+
+
+def _full(policies: Policies, smalls: int = 16) -> Sim:
+    """Two 8-GPU nodes full of 1-GPU preemptible jobs of queue `a` (guarantee 0), a 16-GPU gang of `b` pending."""
+    s = Sim(policies=policies)
+    s.node("n0")
+    s.node("n1")
+    s.queue("a")
+    s.queue("b")
+    for i in range(smalls):
+        s.submit(f"s{i:02d}", queue="a", gpus_per_rank=1, time_limit_s=100_000, preemptible=True)
+    s.run()
+    s.tick(60)
+    s.submit("big", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
+    return s
+
+
+def _preempted(events: list[object]) -> list[PreemptionRequested]:
+    return of_type(events, PreemptionRequested)  # type: ignore[arg-type]
+
+
+def test_a_big_gang_stops_others_only_once_past_the_bound() -> None:
+    s = _full(BOUND)
+    assert not _preempted(s.run())
+    assert starving_from(s.job("big"), T) == s.job("big").waiting_since + T
+    s.tick(T - 1)
+    assert not _preempted(s.run()), "stopped others before the bound"
+    s.tick(1)
+    events = s.run()
+    stops = _preempted(events)
+    assert {p.job_id for p in stops} == {f"s{i:02d}" for i in range(16)}
+    assert all(p.preemptor_job_id == "big" and "starvation bound" in p.reason for p in stops)
+    assert "big" in {e.job_id for e in of_type(events, GangReserved)}
+
+
+def test_without_the_bound_the_big_gang_waits() -> None:
+    s = _full(replace(DEFAULT_POLICIES, starvation_bound_s=math.inf))
+    s.tick(100 * T)
+    assert not _preempted(s.run())
+    assert s.job("big").status == "pending"
+
+
+def test_small_jobs_never_starve_into_preemption() -> None:
+    """Only gangs of BIG_GANG_GPUS or more are bounded: an 8-GPU job waits in its line."""
+    s = _full(BOUND)
+    s.submit("eight", queue="b", gpus_per_rank=8, time_limit_s=3600)
+    s.tick(2 * T)
+    stops = _preempted(s.run())
+    assert {p.preemptor_job_id for p in stops} == {"big"}
+
+
+def _three_running(checkpoint: str | None) -> list[str]:
+    """Three 8-GPU jobs of `a` started 10 min apart on three nodes; a 16-GPU gang of `b` past the bound."""
+    s = Sim(policies=BOUND)
+    for n in ("n0", "n1", "n2"):
+        s.node(n)
+    s.queue("a")
+    s.queue("b")
+    for job in ("old", "mid", "new"):
+        s.submit(job, queue="a", gpus_per_rank=8, time_limit_s=10_000_000, preemptible=True)
+        s.run()
+        s.tick(600)
+    s.submit("big", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
+    s.tick(T)
+    if checkpoint is not None:
+        s.checkpoint(checkpoint, 100, f"/ckpt/{checkpoint}")  # everything it did is saved
+    return sorted(p.job_id for p in _preempted(s.run()))
+
+
+def test_the_cheapest_victims_go_first_and_a_fresh_checkpoint_makes_one_cheap() -> None:
+    assert _three_running(None) == ["mid", "new"]  # the least work since their starts
+    assert _three_running("old") == ["new", "old"]  # old just saved everything it did
+
+
+def test_a_job_stopped_three_times_is_no_longer_a_victim() -> None:
+    s = Sim(policies=BOUND)
+    s.node("n0")
+    s.node("n1")
+    s.queue("a")
+    s.queue("b")
+    s.submit("victim", queue="a", ranks=2, gpus_per_rank=8, time_limit_s=10_000_000, preemptible=True)
+    s.run()
+    for k in range(STARVATION_STOPS_MAX + 1):
+        s.tick(T * 2 ** (k + 1))  # past its doubled protection
+        s.submit(f"big{k}", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=60)
+        s.tick(T)
+        events = s.run()
+        stopped = [p.job_id for p in _preempted(events)]
+        if k < STARVATION_STOPS_MAX:
+            assert stopped == ["victim"], k
+            s.tick(60)
+            s.finish(f"big{k}")
+            s.run()
+            assert s.job("victim").status == "running"
+        else:
+            assert stopped == [], "stopped a fourth time"
+    assert s.job("victim").attempt == STARVATION_STOPS_MAX + 1
+
+
+def test_no_rule_stops_a_job_a_fourth_time() -> None:
+    """Priority preemption too: after STOPS_MAX stops a job runs to its end like a non-preemptible one."""
+    s = Sim(policies=DEFAULT_POLICIES, min_runtime_s=60)
+    s.node("n0")
+    s.submit("low", gpus_per_rank=8, preemptible=True)
+    s.run()
+    for k in range(STARVATION_STOPS_MAX + 1):
+        s.tick(60 * 2**k + 1)  # past its doubled protection
+        s.submit(f"high{k}", gpus_per_rank=8, priority=10, time_limit_s=60)
+        stopped = [p.job_id for p in _preempted(s.run())]
+        if k == STARVATION_STOPS_MAX:
+            assert stopped == [], "stopped a fourth time"
+            break
+        assert stopped == ["low"], k
+        s.tick(10)
+        s.finish(f"high{k}")
+        s.run()
+        assert s.job("low").status == "running"
+    assert s.job("low").attempt == STARVATION_STOPS_MAX + 1
