@@ -18,7 +18,6 @@ from orchestrator.core.evolve_fencing import stale, void
 from orchestrator.core.evolve_gpus import clear_earmark, end_changed, release, set_earmark, set_owner
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.state import (
-    BIG_GANG_GPUS,
     FINAL_RANKS_KEPT,
     FINISHED_KEPT,
     FREE,
