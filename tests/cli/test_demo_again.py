@@ -19,7 +19,7 @@ def _demo(data: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CORRAL_LOG_LEVEL": "warning", "WORKER_FAIL_AT_STEP": "3"}
     return subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "up", "--demo", "--port", "0", "--nodes", "2",
-         "--gpus-per-node", "2", "--duration", "150", "--data-dir", str(data)],
+         "--gpus-per-node", "2", "--duration", "150", "--data-dir", str(data), "--worker-env", "WORKER_FAIL_AT_STEP"],
         capture_output=True, text=True, env=env, cwd=cwd, timeout=200)
 
 
