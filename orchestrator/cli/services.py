@@ -44,8 +44,17 @@ async def until_signalled(coro: Coroutine[Any, Any, None]) -> int:
     """Run a service until it ends or SIGTERM/SIGINT arrives; a signal is a clean stop (exit 0)."""
     task = asyncio.ensure_future(coro)
     loop = asyncio.get_running_loop()
+    armed: list[object] = []
+
+    def stop() -> None:
+        task.cancel()
+        if not armed:  # a stop that hangs still ends, saying where it hung (orchestrator/cli/hard_stop.py)
+            from orchestrator.cli import hard_stop
+
+            armed.append(hard_stop.arm(loop))
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, stop)
     try:
         await task
     except asyncio.CancelledError:
