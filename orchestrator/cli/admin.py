@@ -19,7 +19,7 @@ from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import print_json
 from orchestrator.cli.queuefile import queue_problems
 from orchestrator.cli.state_view import load_state
-from orchestrator.core.state import ClusterState, Queue
+from orchestrator.core.state import ClusterState, Node, Queue
 from orchestrator.core.usage import ancestors
 
 NONE_WORDS = ("none", "-", "")
@@ -85,15 +85,21 @@ async def queue_set(args: argparse.Namespace) -> int:
     return OK
 
 
+def known_node(state: ClusterState, node_id: str) -> Node:
+    """The node the log registered as `node_id`, or a NOT_FOUND error naming the known ones."""
+    node = state.nodes.get(node_id)
+    if node is None:
+        known = ", ".join(state.nodes) or "none registered"
+        raise CliError(f"unknown node {node_id!r}; known: {known}", NOT_FOUND)
+    return node
+
+
 async def node_cordon(args: argparse.Namespace) -> int:
     node_id = checked_id(args.node, "node id")
     cordon = args.node_command == "cordon"
     async with connected(args) as bus:
         state = await load_state(bus)
-        node = state.nodes.get(node_id)
-        if node is None:
-            known = ", ".join(state.nodes) or "none registered"
-            raise CliError(f"unknown node {node_id!r}; known: {known}", NOT_FOUND)
+        known_node(state, node_id)
         client = Client(bus)
         seq = await (client.cordon(node_id, reason=args.reason) if cordon else client.uncordon(node_id))
     if args.json:
@@ -120,10 +126,7 @@ async def gpu_drain(args: argparse.Namespace) -> int:
     drain = args.gpu_command == "drain"
     async with connected(args) as bus:
         state = await load_state(bus)
-        node = state.nodes.get(node_id)
-        if node is None:
-            known = ", ".join(state.nodes) or "none registered"
-            raise CliError(f"unknown node {node_id!r}; known: {known}", NOT_FOUND)
+        node = known_node(state, node_id)
         gpus = node.inventory.gpus
         # (a GPU that fell off the bus may be gone from the inventory the agent registered since: undrain it anyway)
         if not 0 <= index < len(gpus) and (drain or index not in node.unhealthy_gpus):
