@@ -52,6 +52,7 @@ from events.bus import Bus, Envelope  # noqa: E402
 from events.follow import Follower  # noqa: E402
 from events.sdk import Client  # noqa: E402
 from events.server import NatsServer  # noqa: E402
+from events.streamclock import StreamClock  # noqa: E402
 from nodeagent.agent import Agent, AgentConfig  # noqa: E402
 from nodeagent.fake_gpus import fake_inventory  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
@@ -86,6 +87,11 @@ class SharedView:
     def state(self) -> ClusterState:
         return self._shared.state
 
+    @property
+    def clock(self) -> StreamClock:
+        """The shared fold's proof of the server's time (what an agent judges backoffs by, #30)."""
+        return self._shared.clock
+
     async def catch_up(self, to_seq: int | None = None) -> None:
         await self._ready.wait()
 
@@ -108,7 +114,7 @@ def share_one_fold(bus: Bus, agents: list[Agent], ready: asyncio.Event) -> Follo
     The agents' catch-up waits for `ready`: set it once the shared fold has caught up (or at once, when
     the shared fold's own follow() catches up).
     """
-    shared = Follower(bus, evolve, ClusterState())
+    shared = Follower(bus, evolve, ClusterState(), stream_times=True)  # as an agent folds (#30)
     views: dict[str, SharedView] = {}
     job_nodes: dict[str, tuple[str, ...]] = {}
 

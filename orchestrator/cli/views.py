@@ -18,7 +18,6 @@ from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
 from orchestrator.core.estimates import LIMIT, estimated_end
 from orchestrator.core.gating import gate_reason
 from orchestrator.core.plan import QueueLoad
-from orchestrator.core.starving import starving_from
 from orchestrator.core.state import (
     FINAL_RANKS_KEPT,
     FREE,
@@ -242,7 +241,8 @@ def job_line(job: Job, now: float) -> dict[str, Any] | None:
     """
     if job.status != "pending":
         return None
-    from orchestrator.policies import DEFAULT_POLICIES  # (the policies' code: only a pending job's bound needs it)
+    from orchestrator.core.starving import starving_from  # (it and the policies: only a pending job's bound needs them)
+    from orchestrator.policies import DEFAULT_POLICIES
 
     bound = DEFAULT_POLICIES.starvation_bound_s
     at = starving_from(job, bound)

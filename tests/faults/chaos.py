@@ -143,7 +143,9 @@ class RawLog:
                 while not self.messages or self.messages[-1].seq < last:
                     for m in await psub.fetch(1000, timeout=5):
                         md = m.metadata
-                        self.messages.append(Stored(md.sequence.stream, md.timestamp.timestamp(), m.data))
+                        # The stream time to the nanosecond, as a reader's Envelope has it (the reply subject's
+                        # second-to-last token): the services fold on it (#30); metadata's datetime keeps microseconds.
+                        self.messages.append(Stored(md.sequence.stream, int(m.reply.split(".")[-2]) / 1e9, m.data))
                         n += 1
             finally:
                 with contextlib.suppress(Exception):

@@ -30,7 +30,7 @@ def fresh_fold(log: list[Stored]) -> tuple[int, int]:
     """(position, digest) of the code under test's own fold of the whole log, from nothing."""
     state = ClusterState()
     for m in log:
-        state = evolve(state, decode(m.data), m.seq)
+        state = evolve(state, decode(m.data), m.seq, m.time)  # on the stream's clock, as the services fold (#30)
     return state.seq, state_digest(state)
 
 

@@ -38,7 +38,8 @@ NODES = ["n1", "n2"]
 PASSWORDS = passwords(NODES)
 #: Entity of each tag the `client` and `admin` roles may append.
 _ENTITY = {"JobSubmitted": "job", "CancelRequested": "job", "QueueDefined": "queue", "QueueDeleted": "queue",
-           "NodeCordoned": "node", "NodeUncordoned": "node"}
+           "NodeCordoned": "node", "NodeUncordoned": "node", "JobHeld": "job", "JobReleased": "job",
+           "GpuUnhealthy": "node", "GpuHealthy": "node"}
 #: What each role may append, from the permissions themselves (deploy/nats/permissions.py), so a tag given to
 #: `client` or `admin` later is poisoned too; `admin` publishes only what `client` may not.
 SUBJECTS = {role: [f"corral.{_ENTITY[tag]}.p-{{i}}.{tag}" for tag in APPENDS[role]] for role in ("client", "admin")}
