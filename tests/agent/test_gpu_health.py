@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,26 +16,7 @@ from nodeagent.fake_gpus import fake_gpu_uuid
 from nodeagent.fake_nvml import FakeNvml
 from nodeagent.gpu_health import GpuHealthWatch, HealthPolicy, parse_xids
 from tests.agent.fixture_paths import FIXTURES
-
-
-class Scenario:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data: dict[str, Any] = {"xids": [], "gpus": {}}
-        self.write()
-
-    def write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data))
-        tmp.replace(self.path)
-
-    def xid(self, gpu: int, xid: int) -> None:
-        self.data["xids"].append({"gpu": gpu, "xid": xid})
-        self.write()
-
-    def gpu(self, index: int, **facts: Any) -> None:
-        self.data["gpus"].setdefault(str(index), {}).update(facts)
-        self.write()
+from tests.nvml_scenario import Scenario
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ was placed or started on a GPU while a fatal fault held it out
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -31,30 +30,9 @@ from tests.faults.ledger import ledger_command, overlaps, placements, read_ledge
 from tests.faults.logcheck import check_log, read_log
 from tests.faults.services import Proc, observer, scheduler_proc, stop_all, until
 from tests.integration.harness import CORRAL, start_corral
+from tests.nvml_scenario import Scenario
 
 pytestmark = pytest.mark.slow
-
-
-class Scenario:
-    """One agent's fake NVML scenario file (nodeagent/fake_nvml.py), rewritten atomically."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.data: dict[str, Any] = {"xids": [], "gpus": {}}
-        self.write()
-
-    def write(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data))
-        tmp.replace(self.path)
-
-    def xid(self, gpu: int, xid: int) -> None:
-        self.data["xids"].append({"gpu": gpu, "xid": xid})
-        self.write()
-
-    def gpu(self, index: int, **facts: Any) -> None:
-        self.data["gpus"].setdefault(str(index), {}).update(facts)
-        self.write()
 
 
 def health_agent(url: str, node: str, data_dir: Path, index: int, *extra: str, runtime: str = "process") -> Proc:
