@@ -166,13 +166,18 @@ class GatedLog:
         return await self.bus.last_seq()
 
     async def replay(self, from_seq: int = 1) -> AsyncGenerator[list[Envelope], None]:
+        passed = 0  # replay's batches have any size (a loaded machine gives short ones): count across them
         async with aclosing(self.bus.replay(from_seq=from_seq)) as batches:
             async for items in batches:
                 if not self.go.is_set():
-                    yield items[:100]
-                    self.held.set()
-                    await self.go.wait()
-                    items = items[100:]
+                    take = max(0, 100 - passed)
+                    if take:
+                        passed += len(items[:take])
+                        yield items[:take]
+                    items = items[take:]
+                    if passed >= 100:
+                        self.held.set()
+                        await self.go.wait()
                 if items:
                     yield items
 
