@@ -51,7 +51,7 @@ class Codec:
     def encode(self, event: Event) -> bytes:
         return self._enc.encode(event)
 
-    def decode(self, raw: bytes | memoryview) -> AnyEvent | Unknown:
+    def decode(self, raw: bytes | bytearray | memoryview) -> AnyEvent | Unknown:
         """The event in `raw`, or `Unknown` saying why not: never raises, whatever the bytes.
 
         msgspec raises DecodeError/ValidationError for bad JSON or fields, but

@@ -107,6 +107,10 @@ class DataSink:
         self.seen.append(("msg", 7, subject, reply, data, b"H"))  # headers: a reader skips them
         return len(self.seen) % 3 == 0  # ask for more now and then: an await mid-chunk
 
+    def _on_frame(self, subject: bytes, sseq: int, ts: int, pending: bytes, data: bytes) -> bool:
+        """A data frame matched whole: recorded as the reply it was parsed from (the wire's v1 form)."""
+        return self._on_data(subject, b"$JS.ACK.S.C.1.%d.%d.%d.%s" % (sseq, sseq, ts, pending), data)
+
     async def _fill(self) -> None:
         await asyncio.sleep(0)
 
@@ -118,7 +122,10 @@ def wire() -> bytes:
     for i in range(40):
         data = b'{"n":%d,"pad":"%s"}' % (i, b"z" * (i * 37 % 300))
         sid = 7 if i % 4 else 9
-        frames.append(b"HMSG s.%d %d r.%d %d %d\r\n" % (i, sid, i, len(hdr), len(hdr) + len(data)) + hdr + data
+        # A replay's reply (v1, the data frame matched whole), a v2 one and a plain one (the general path).
+        reply = (b"$JS.ACK.S.C.1.%d.%d.%d.%d" % (i, i, 1_700_000_000_000_000_000 + i, 40 - i) if i % 3 == 0
+                 else b"$JS.ACK.D.H.S.C.1.%d.%d.%d.%d.t" % (i, i, i, 40 - i) if i % 3 == 1 else b"r.%d" % i)
+        frames.append(b"HMSG s.%d %d %s %d %d\r\n" % (i, sid, reply, len(hdr), len(hdr) + len(data)) + hdr + data
                       + b"\r\n")
         if i % 9 == 0:
             frames.append(b"HMSG inbox 7 %d %d\r\n" % (len(status), len(status)) + status + b"\r\n")
