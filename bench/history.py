@@ -393,12 +393,16 @@ def scrape_fold(svc: Service) -> tuple[int, int] | None:
 
 
 async def full_fold_digest(url: str, upto: int) -> int:
-    """The digest of `evolve` over positions 1..upto read from the stream into a fresh state (no snapshot)."""
+    """The digest of `evolve` over positions 1..upto read from the stream into a fresh state (no snapshot).
+
+    On the stream's times, as every service folds (`Follower(stream_times=True)`): the events'
+    own times give another state (a job's times, what ages out), so another digest.
+    """
     bus = await Bus.connect(url)
     try:
         state = ClusterState()
         async for batch in bus.replay(1, to_seq=upto, stall_timeout=120.0):
-            state = fold_batch(state, batch, evolve)
+            state = fold_batch(state, batch, evolve, stream_times=True)
         if state.seq != upto:
             raise RuntimeError(f"the full fold ended at {state.seq}, not {upto}")
         return digest(snapshot(state))

@@ -53,3 +53,5 @@ def test_bench_script_runs_at_its_tiniest_size(script: str, tmp_path: Path) -> N
     assert lines, f"bench/{script} printed nothing"
     figures = json.loads(lines[-1])
     assert isinstance(figures, dict) and figures, f"bench/{script}: last line is not one JSON object: {lines[-1]}"
+    if script == "history.py":  # acceptance 4 of #28: the restarted agent holds what a fresh fold does
+        assert figures["readers"]["agent"]["digest"]["equal"] is True, figures["readers"]["agent"]
