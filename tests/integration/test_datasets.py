@@ -1,0 +1,192 @@
+"""Datasets staged onto every node of a gang before its ranks start (#33), with a real scheduler, agents with the
+process runtime, a real nats-server and a real HTTP server (`python -m http.server`) on loopback.
+
+Cache entries are judged by the test's own checksums of their files (tests/dataset_source.py). Event order is
+judged by stream sequence, never by clocks. `CORRAL_STAGE_BIG=1` stages 1 GB instead of 24 MB (by hand).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from events.bus import Bus
+from events.follow import Follower
+from events.sdk import Client
+from orchestrator.core.evolve import evolve
+from orchestrator.core.state import ClusterState
+from schemas import (
+    DatasetEvicted,
+    DatasetFailed,
+    DatasetReady,
+    DatasetStaging,
+    GangRestarted,
+    JobSpec,
+    WorkerStarted,
+)
+from schemas.datasets import Dataset
+from tests.dataset_source import http_server, make_tar, make_tree, tree_sum, unused_url
+from tests.integration.harness import CORRAL, agents, processes, scheduler, wait_until
+
+MB = 1 << 20
+SIZE = 1024 * MB if os.environ.get("CORRAL_STAGE_BIG") == "1" else 24 * MB
+#: A rank that fails unless its dataset is there, whole (the files make_tree writes).
+CHECK = 'test -d "$CORRAL_DATASET_PILE/b/c" && test "$(ls "$CORRAL_DATASET_PILE/a" | wc -l)" = 4'
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, str]]:
+    """(URL of a tar of a SIZE-byte random tree, sha256 of the tar, tree_sum of the tree)."""
+    root = tmp_path_factory.mktemp("source")
+    want = make_tree(root / "tree", SIZE)
+    (root / "www").mkdir()
+    sha = make_tar(root / "tree", root / "www" / "pile.tar")
+    with http_server(root / "www") as url:
+        yield f"{url}/pile.tar", sha, want
+
+
+@pytest.fixture
+async def follower(bus: Bus) -> AsyncIterator[Follower[ClusterState]]:
+    f = Follower(bus, evolve, ClusterState())
+    task = asyncio.create_task(f.follow())
+    yield f
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def log_of(bus: Bus) -> list[tuple[int, object]]:
+    return [(env.seq, env.event) async for batch in bus.replay() for env in batch]
+
+
+def ended(job_id: str):  # type: ignore[no-untyped-def]
+    return lambda s: job_id in s.jobs and s.jobs[job_id].status in ("completed", "failed", "cancelled")
+
+
+def cli(url: str, *args: str) -> str:
+    out = subprocess.run([CORRAL, "--nats", url, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+async def test_a_gang_starts_only_once_every_node_staged_and_a_second_job_hits_the_cache(
+        bus: Bus, follower: Follower[ClusterState], tmp_path: Path, source: tuple[str, str, str],
+        nats_server: object) -> None:
+    url, sha, want = source
+    pile = Dataset(name="pile", source=url, digest=f"sha256:{sha}", mount="/data/pile")
+    spec = JobSpec(name="train", ranks=2, gpus_per_rank=8, datasets=(pile,), command=("sh", "-c", CHECK))
+    async with scheduler(bus), agents(bus, 2, tmp_path, runtime=processes):
+        await Client(bus).submit(spec, job_id="first")
+        await wait_until(follower, ended("first"), 120, "the first job to end")
+        await Client(bus).submit(spec, job_id="second")
+        await wait_until(follower, ended("second"), 60, "the second job to end")
+    state = follower.state
+    assert state.jobs["first"].status == "completed", state.jobs["first"].end_reason
+    assert state.jobs["second"].status == "completed", state.jobs["second"].end_reason
+    log = await log_of(bus)
+    nodes = {p.node_id for p in state.jobs["first"].placement}
+    assert nodes == {"n0", "n1"}
+
+    ready = {(e.job_id, e.node_id): (seq, e) for seq, e in log if isinstance(e, DatasetReady)}
+    starts = {e.job_id: [] for _, e in log if isinstance(e, WorkerStarted)}  # type: ignore[var-annotated]
+    for seq, e in log:
+        if isinstance(e, WorkerStarted):
+            starts[e.job_id].append(seq)
+    # Staged once per node, by the first job: the whole archive; both nodes ready before any rank started.
+    for node in nodes:
+        seq, e = ready[("first", node)]
+        assert not e.cached and e.staged_bytes > SIZE  # the archive: the files and their tar headers
+        assert e.size_bytes == SIZE
+    assert min(starts["first"]) > max(ready[("first", n)][0] for n in nodes), "a rank started before both were ready"
+    # The second job: a cache hit on both nodes, 0 bytes staged, no staging progress at all.
+    for node in nodes:
+        seq, e = ready[("second", node)]
+        assert e.cached and e.staged_bytes == 0
+    assert min(starts["second"]) > max(ready[("second", n)][0] for n in nodes)
+    assert not [e for _, e in log if isinstance(e, DatasetStaging) and e.job_id == "second"]
+    assert sum(1 for _, e in log if isinstance(e, DatasetReady) and not e.cached) == 2
+    # Each node's cache holds the tree, as the test itself sums it.
+    for node in nodes:
+        assert tree_sum(tmp_path / node / "datasets" / pile.key / "data") == want
+        assert state.nodes[node].datasets == (pile.key,)
+    # `corral explain` and `corral job` tell both stories.
+    server_url = nats_server.url  # type: ignore[attr-defined]
+    story = cli(server_url, "explain", "first")
+    assert "staging dataset pile on n0" in story and "all datasets ready on every node after" in story
+    assert "dataset pile ready on n1" in story and "(staged" in story
+    again = cli(server_url, "explain", "second")
+    assert again.count("cache hit, 0 bytes staged") == 2 and "staging dataset" not in again
+    shown = cli(server_url, "job", "second")
+    assert "staging" in shown and "all ready after" in shown and "pile on n0: ready" in shown
+
+
+async def test_a_digest_mismatch_and_an_unreachable_source_end_the_attempt_with_the_reason(
+        bus: Bus, follower: Follower[ClusterState], tmp_path: Path, source: tuple[str, str, str],
+        nats_server: object) -> None:
+    url, _, _ = source
+    wrong = Dataset(name="pile", source=url, digest="sha256:" + "0" * 64, mount="/d")
+    gone = Dataset(name="pile", source=unused_url(), mount="/d")
+    async with scheduler(bus), agents(bus, 1, tmp_path, runtime=processes):
+        await Client(bus).submit(JobSpec(name="m", gpus_per_rank=8, datasets=(wrong,), max_restarts=1,
+                                         command=("true",)), job_id="mismatch")
+        await wait_until(follower, ended("mismatch"), 90, "the mismatched job to end")
+        await Client(bus).submit(JobSpec(name="u", gpus_per_rank=8, datasets=(gone,), max_restarts=0,
+                                         command=("true",)), job_id="unreachable")
+        await wait_until(follower, ended("unreachable"), 90, "the unreachable job to end")
+    state = follower.state
+    m, u = state.jobs["mismatch"], state.jobs["unreachable"]
+    assert m.status == "failed" and u.status == "failed"
+    assert m.end_reason.startswith("dataset pile on n0: digest mismatch: ") and "1 used" in m.end_reason
+    assert u.end_reason.startswith("dataset pile on n0: cannot fetch http://127.0.0.1:"), u.end_reason
+    log = await log_of(bus)
+    restarts = [e for _, e in log if isinstance(e, GangRestarted) and e.job_id == "mismatch"]
+    assert len(restarts) == 1 and "digest mismatch" in restarts[0].reason, "retried once, with backoff"
+    assert [e.attempt for _, e in log if isinstance(e, DatasetFailed) and e.job_id == "mismatch"] == [1, 2]
+    assert not [e for _, e in log if isinstance(e, WorkerStarted)], "no rank ever started"
+    assert not [p for p in (tmp_path / "n0" / "datasets").iterdir() if p.name != ".tmp"], "nothing cached"
+    assert not list((tmp_path / "n0" / "datasets" / ".tmp").iterdir())
+    shown = cli(nats_server.url, "job", "unreachable")  # type: ignore[attr-defined]
+    assert "cannot fetch http://127.0.0.1:" in shown
+
+
+async def test_a_full_cache_evicts_the_least_recently_used_dataset_no_job_uses(
+        bus: Bus, follower: Follower[ClusterState], tmp_path: Path) -> None:
+    """Room for three: A stays in use by a running job, B then E complete; C evicts B (least recently used),
+    never A (in use, and older than both)."""
+    www = tmp_path / "www"
+    www.mkdir()
+    sets = {}
+    for i, name in enumerate("ABEC"):
+        make_tree(tmp_path / name, 2 * MB, seed=i + 1)
+        sets[name] = Dataset(name="pile", source=f"/{name}", mount="/d",
+                             digest="sha256:" + make_tar(tmp_path / name, www / f"{name}.tar"))
+    hold = tmp_path / "release-A"
+    with http_server(www) as base:
+        sets = {n: Dataset(name="pile", source=f"{base}/{n}.tar", mount="/d", digest=d.digest) for n, d in sets.items()}
+        limit = 3 * 2 * MB + MB // 2
+        async with scheduler(bus), agents(bus, 1, tmp_path, runtime=processes, dataset_cache_bytes=limit):
+            c = Client(bus)
+            await c.submit(JobSpec(name="a", gpus_per_rank=4, datasets=(sets["A"],),
+                                   command=("sh", "-c", f"while [ ! -e {hold} ]; do sleep 0.1; done")), job_id="A")
+            await wait_until(follower, lambda s: s.jobs["A"].status == "running", 60, "A running")
+            for name in "BE":
+                await c.submit(JobSpec(name=name, gpus_per_rank=4, datasets=(sets[name],), command=("true",)),
+                               job_id=name)
+                await wait_until(follower, ended(name), 60, f"{name} to end")
+            await c.submit(JobSpec(name="c", gpus_per_rank=4, datasets=(sets["C"],), command=("true",)), job_id="C")
+            await wait_until(follower, ended("C"), 60, "C to end")
+            hold.touch()
+            await wait_until(follower, ended("A"), 60, "A to end")
+    assert all(follower.state.jobs[j].status == "completed" for j in "ABEC")
+    log = await log_of(bus)
+    evicted = [e.key for _, e in log if isinstance(e, DatasetEvicted)]
+    assert evicted == [sets["B"].key]
+    cache = tmp_path / "n0" / "datasets"
+    assert sorted(p.name for p in cache.iterdir() if p.name != ".tmp") == sorted(sets[n].key for n in "AEC")
+    for n in "AEC":
+        assert tree_sum(cache / sets[n].key / "data") == tree_sum(tmp_path / n)
+    assert follower.state.nodes["n0"].datasets == tuple(sorted(sets[n].key for n in "AEC"))
