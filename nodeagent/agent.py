@@ -418,9 +418,10 @@ class Agent:
         """Whether every node of `key`'s gang holds every dataset of its attempt (the fold says); if not,
         make sure this node stages its part (core/staging.py, nodeagent/datasets/)."""
         job = self.follower.state.jobs[key[0]]
-        if staged(job):
+        ready = staged(job)
+        if ready and self.stager.holds(job):
             return True
-        self.stager.ensure(job)
+        self.stager.ensure(job, again=ready)  # (ready, yet not here: the cache was wiped under us)
         return False
 
     async def _announce_datasets(self, registered: int) -> None:

@@ -96,15 +96,21 @@ class Stager:
 
     # --- what the agent asks ---------------------------------------------------------
 
-    def ensure(self, job: Job) -> None:
-        """Stage every dataset of `job`'s current attempt here, once (reconcile calls it every pass)."""
+    def ensure(self, job: Job, *, again: bool = False) -> None:
+        """Stage every dataset of `job`'s current attempt here, once (reconcile calls it every pass); `again`:
+        also those whose request ended but whose entry is not here (the log says ready, the disk disagrees)."""
         for ds in job.spec.dataset_list:
             rk = (job.job_id, job.attempt, ds.name)
-            if rk not in self._requests:
+            old = self._requests.get(rk)
+            if old is None or (again and old.done() and self.cache.get(ds.key) is None):
                 self._requests[rk] = self._spawn(self._request(job.job_id, job.attempt, ds))
         for rk, task in list(self._requests.items()):
             if task.done() and not self._current(rk[0], rk[1]):
                 del self._requests[rk]
+
+    def holds(self, job: Job) -> bool:
+        """Whether this node's cache has every dataset of `job` (a rank never starts on a path that is not there)."""
+        return all((self.cache.root / ds.key / "entry.json").is_file() for ds in job.spec.dataset_list)
 
     def env(self, job: Job, *, on_host: bool) -> dict[str, str]:
         """CORRAL_DATASET_<NAME> of each dataset: its cache path on the host, or its mount in a container."""
