@@ -8,6 +8,7 @@ judged by stream sequence, never by clocks. `CORRAL_STAGE_BIG=1` stages 1 GB ins
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -190,3 +191,26 @@ async def test_a_full_cache_evicts_the_least_recently_used_dataset_no_job_uses(
     for n in "AEC":
         assert tree_sum(cache / sets[n].key / "data") == tree_sum(tmp_path / n)
     assert follower.state.nodes["n0"].datasets == tuple(sorted(sets[n].key for n in "AEC"))
+
+
+async def test_a_directory_on_shared_storage_is_copied_to_each_node_and_checked_against_its_manifest(
+        bus: Bus, follower: Follower[ClusterState], tmp_path: Path) -> None:
+    shared = tmp_path / "shared" / "set"
+    want = make_tree(shared, 4 * MB, seed=7)
+    # The manifest digest as the README defines it, computed here (not by nodeagent/datasets/verify.py).
+    lines = sorted((f"{hashlib.sha256(p.read_bytes()).hexdigest()} {p.stat().st_size} "
+                    f"{p.relative_to(shared).as_posix()}\n" for p in shared.rglob("*") if p.is_file()),
+                   key=lambda ln: ln.split(" ", 2)[2])
+    digest = hashlib.sha256("".join(lines).encode()).hexdigest()
+    pile = Dataset(name="pile", source=f"file://{shared}", digest=f"sha256:{digest}", mount="/data/pile")
+    spec = JobSpec(name="dir", ranks=2, gpus_per_rank=8, datasets=(pile,), command=("sh", "-c", CHECK))
+    async with scheduler(bus), agents(bus, 2, tmp_path, runtime=processes):
+        await Client(bus).submit(spec, job_id="dir")
+        await wait_until(follower, ended("dir"), 90, "the job to end")
+    assert follower.state.jobs["dir"].status == "completed", follower.state.jobs["dir"].end_reason
+    for node in ("n0", "n1"):
+        assert tree_sum(tmp_path / node / "datasets" / f"sha256-{digest}" / "data") == want
+    log = await log_of(bus)
+    ready = [(seq, e) for seq, e in log if isinstance(e, DatasetReady)]
+    assert sorted(e.node_id for _, e in ready) == ["n0", "n1"] and all(e.staged_bytes == 4 * MB for _, e in ready)
+    assert min(seq for seq, e in log if isinstance(e, WorkerStarted)) > max(seq for seq, _ in ready)
