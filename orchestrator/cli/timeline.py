@@ -177,8 +177,8 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
             line = f"dataset {ev.dataset} ready on {ev.node_id}: {mb(ev.size_bytes)} ({how})"
             after = state.jobs.get(job_id)
             stg = after.staging if after is not None else None
-            if stg is not None and stg.attempt == ev.attempt and stg.ready_at and (
-                    before is None or before.staging is None or not before.staging.ready_at
+            if stg is not None and stg.attempt == ev.attempt and stg.ready and (
+                    before is None or before.staging is None or not before.staging.ready
                     or before.staging.attempt != ev.attempt):
                 line += f"; all datasets ready on every node after {stg.ready_at - stg.started_at:.1f}s of staging"
             return line

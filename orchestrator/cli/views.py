@@ -328,7 +328,7 @@ def staging_lines(job: Job) -> list[tuple[str, str]]:
     s = job.staging
     if s is None:
         return out
-    if s.ready_at:
+    if s.ready:
         phase = f"attempt {s.attempt}: all ready after {s.ready_at - s.started_at:.1f}s"
     elif s.failed:
         phase = f"attempt {s.attempt}: failed: {s.failed}"

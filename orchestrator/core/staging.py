@@ -35,7 +35,7 @@ def staged(job: Job) -> bool:
     if not job.spec.dataset_list:
         return True
     s = job.staging
-    return s is not None and s.attempt == job.attempt and s.ready_at > 0.0
+    return s is not None and s.attempt == job.attempt and s.ready
 
 
 def _attempt_job(state: ClusterState, e: DatasetStaging | DatasetReady | DatasetFailed) -> Job | None:
@@ -91,8 +91,8 @@ def dataset_ready(state: ClusterState, e: DatasetReady, at: float) -> None:
                          staged_bytes=e.staged_bytes, since=it.since if it is not None else at, ready_at=at)
     s = _with(s, i, item)
     nodes = {p.node_id for p in job.placement}
-    if sum(1 for x in s.items if x.ready) >= len(nodes) * len(job.spec.dataset_list):
-        s = replace(s, ready_at=at)
+    if not s.ready and sum(1 for x in s.items if x.ready) >= len(nodes) * len(job.spec.dataset_list):
+        s = replace(s, ready=True, ready_at=at)
     state.jobs[e.job_id] = replace(job, staging=s)
 
 

@@ -218,10 +218,12 @@ class StagedDataset(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class Staging(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The staging phase of one attempt: from the first DatasetStaging/DatasetReady of any node until every
-    node told DatasetReady for every dataset (`ready_at`), when its ranks may start."""
+    node told DatasetReady for every dataset (`ready`, at `ready_at`), when its ranks may start."""
 
     attempt: int
     started_at: float
+    #: Every node told DatasetReady for every dataset (a flag: a simulated clock may say 0.0).
+    ready: bool = False
     ready_at: float = 0.0
     items: tuple[StagedDataset, ...] = ()
     #: The first DatasetFailed's "dataset X on n1: why" ("" if none).

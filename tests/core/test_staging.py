@@ -109,3 +109,14 @@ def test_the_cache_contents_follow_the_nodes_reports() -> None:
     assert s.state.nodes["n0"].datasets == ("src-b",)
     s.emit(NodeDatasets(event_id=s.eid(), occurred_at=s.now, node_id="nowhere", datasets=()))
     assert "nowhere" not in s.state.nodes
+
+
+def test_staged_at_time_zero_is_staged() -> None:
+    """A simulated clock starts at 0: ready is a fact of the fold, not a nonzero time."""
+    s = Sim(now=0.0)
+    s.node("n0")
+    s.submit("j", ranks=1, gpus_per_rank=8, datasets=(PILE,))
+    s.decide()
+    ready(s, "n0", PILE)
+    job = s.job("j")
+    assert staged(job) and job.staging is not None and job.staging.ready_at == 0.0

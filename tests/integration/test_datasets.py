@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import signal
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from events.bus import Bus
 from events.follow import Follower
 from events.sdk import Client
 from orchestrator.core.evolve import evolve
+from orchestrator.core.staging import staged
 from orchestrator.core.state import ClusterState
 from schemas import (
     DatasetEvicted,
@@ -31,7 +33,15 @@ from schemas import (
     WorkerStarted,
 )
 from schemas.datasets import Dataset
-from tests.dataset_source import http_server, make_tar, make_tree, tree_sum, unused_url
+from tests.dataset_source import (
+    http_server,
+    make_tar,
+    make_tree,
+    start_http_server,
+    stop_http_server,
+    tree_sum,
+    unused_url,
+)
 from tests.integration.harness import CORRAL, agents, processes, scheduler, wait_until
 
 MB = 1 << 20
@@ -214,3 +224,33 @@ async def test_a_directory_on_shared_storage_is_copied_to_each_node_and_checked_
     ready = [(seq, e) for seq, e in log if isinstance(e, DatasetReady)]
     assert sorted(e.node_id for _, e in ready) == ["n0", "n1"] and all(e.staged_bytes == 4 * MB for _, e in ready)
     assert min(seq for seq, e in log if isinstance(e, WorkerStarted)) > max(seq for seq, _ in ready)
+
+
+async def test_a_rank_never_starts_on_a_dataset_its_node_does_not_hold_whatever_the_log_says(
+        bus: Bus, follower: Follower[ClusterState], tmp_path: Path) -> None:
+    """The log says n0 is ready (a DatasetReady its cache does not back: wiped, or forged as here) while
+    its download is stalled: the rank waits for the entry, and then finds its dataset whole."""
+    want = make_tree(tmp_path / "tree", 4 * MB, seed=9)
+    (tmp_path / "www").mkdir()
+    make_tar(tmp_path / "tree", tmp_path / "www" / "set.tar")
+    http, base = start_http_server(tmp_path / "www")
+    pile = Dataset(name="pile", source=f"{base}/set.tar", mount="/data/pile")
+    try:
+        async with scheduler(bus), agents(bus, 1, tmp_path, runtime=processes):
+            http.send_signal(signal.SIGSTOP)  # the download cannot finish until SIGCONT
+            await Client(bus).submit(JobSpec(name="w", gpus_per_rank=8, datasets=(pile,), max_restarts=0,
+                                             command=("sh", "-c", CHECK)), job_id="w")
+            await wait_until(follower, lambda s: s.jobs["w"].status == "reserved", 60, "w reserved")
+            forged = await bus.append(DatasetReady(event_id="forged-ready", occurred_at=0.0, job_id="w", attempt=1,
+                                                   node_id="n0", dataset="pile", key=pile.key, size_bytes=1))
+            await wait_until(follower, lambda s: s.seq >= forged and staged(s.jobs["w"]), 30, "the forged ready")
+            # Room for a wrong agent to start the rank on the missing dataset (it would fail: max_restarts 0);
+            # what is asserted is the outcome, not a time.
+            await asyncio.sleep(3.0)
+            http.send_signal(signal.SIGCONT)
+            await wait_until(follower, ended("w"), 60, "w to end")
+    finally:
+        http.send_signal(signal.SIGCONT)
+        stop_http_server(http)
+    assert follower.state.jobs["w"].status == "completed", follower.state.jobs["w"].end_reason
+    assert tree_sum(tmp_path / "n0" / "datasets" / pile.key / "data") == want
