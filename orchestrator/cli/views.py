@@ -491,6 +491,7 @@ def node_summary(state: ClusterState, node: Node) -> dict[str, Any]:
         "owners": [o or None for o in owners],
         "earmarks": [m or None for m in marks] if marks else [],
         "jobs": list(dict.fromkeys(o for o in owners if o != FREE)),
+        "datasets": list(node.datasets),
     }
 
 

@@ -133,6 +133,8 @@ async def test_a_gang_starts_only_once_every_node_staged_and_a_second_job_hits_t
     assert again.count("cache hit, 0 bytes staged") == 2 and "staging dataset" not in again
     shown = cli(server_url, "job", "second")
     assert "staging" in shown and "all ready after" in shown and "pile on n0: ready" in shown
+    warm = cli(server_url, "nodes", "--datasets")
+    assert [ln.split() for ln in warm.splitlines() if ln.startswith("n")] == [["n0", pile.key], ["n1", pile.key]]
 
 
 async def test_a_digest_mismatch_and_an_unreachable_source_end_the_attempt_with_the_reason(
