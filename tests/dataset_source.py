@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import random
 import socket
 import subprocess
@@ -17,6 +18,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 
 def make_tree(root: Path, total_bytes: int, files: int = 8, seed: int = 0) -> str:
@@ -102,6 +105,24 @@ def http_server(directory: Path) -> Iterator[str]:
         yield url
     finally:
         stop_http_server(proc)
+
+
+@contextlib.contextmanager
+def tiny_disk(where: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `where` (a full disk on demand); skips without the right to mount, but fails
+    under CI=true (its machine can), as tests/archive/test_faults.py does."""
+    where.mkdir(parents=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        why = f"cannot mount a tmpfs for the full-disk test: {done.stderr.strip() or done.returncode}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def unused_url() -> str:

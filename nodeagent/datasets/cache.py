@@ -151,6 +151,27 @@ class DatasetCache:
         raise CacheFull(f"the dataset cache is full: {need} bytes needed, limit {self.limit_bytes} "
                         f"(--dataset-cache-bytes), {busy} bytes in use by jobs on this node")
 
+    def room_on_disk(self, need: int, in_use: Collection[str], *, margin: int = 0) -> list[Entry]:
+        """The least recently used entries no job uses whose eviction frees `need` (+ `margin`) bytes on the
+        disk that holds the cache (limit or not); raises CacheFull when even all of them would not."""
+        free = shutil.disk_usage(self.root).free
+        if free >= need + margin:
+            return []
+        out: list[Entry] = []
+        for e in self.entries():
+            if e.key in in_use:
+                continue
+            out.append(e)
+            free += e.size_bytes
+            if free >= need + margin:
+                return out
+        raise CacheFull(f"no room on the disk of the dataset cache ({self.root}): {need} bytes needed, "
+                        f"{shutil.disk_usage(self.root).free} free, the rest in use by jobs on this node")
+
+    def unused(self, in_use: Collection[str]) -> list[Entry]:
+        """Every entry no job uses, least recently used first."""
+        return [e for e in self.entries() if e.key not in in_use]
+
     def _entry(self, p: Path) -> Entry | None:
         if not _KEY_RE.fullmatch(p.name):
             return None

@@ -44,6 +44,10 @@ class StagingError(Exception):
     """Why a dataset could not be staged (shown in the job's failure): the source, the digest, the disk."""
 
 
+class DiskFull(StagingError):
+    """The disk holding the cache filled up while staging (the stager evicts what it may and tries once more)."""
+
+
 class Stopped(StagingError):
     """The agent is stopping: staging gave up, nothing was kept."""
 
@@ -62,7 +66,7 @@ def stage(ds: Dataset, dest: Path, progress: Progress, stop: threading.Event) ->
         raise StagingError(f"unsupported source {ds.source!r}")
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StagingError(f"no space left in the dataset cache ({dest.parent.parent}) while staging "
+            raise DiskFull(f"no space left in the dataset cache ({dest.parents[2]}) while staging "
                                f"{ds.source}: {e.strerror}") from None
         raise StagingError(f"staging {ds.source} failed: {e}") from None
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import structlog
 
 from nodeagent.datasets.cache import CacheFull, DatasetCache, Entry, tree_bytes
-from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, StagingError, Stopped, stage
+from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, DiskFull, StagingError, Stopped, stage
 from orchestrator.core.state import HOLDING, ClusterState, Job
 from schemas import Event, Mount
 from schemas.datasets import Dataset, source_scheme
@@ -47,6 +47,8 @@ log = structlog.get_logger("corral.datasets")
 
 #: Least seconds between two progress events of one dataset of one attempt on this node.
 PROGRESS_S = 1.0
+#: Room left on the cache's disk beyond a staging's known size (file system overhead, the entry's metadata).
+DISK_MARGIN = 1 << 20
 
 RequestKey = tuple[str, int, str]
 
@@ -206,7 +208,20 @@ class Stager:
         tmp = await asyncio.to_thread(self.cache.temp_dir, key)
         try:
             log.info("dataset_staging", node_id=self.node_id, key=key, source=ds.source)
-            read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop)
+            try:
+                read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop)
+            except DiskFull as e:
+                # More than foreseen (an archive that unpacks larger, a length not told): evict every entry no
+                # job here uses, then once more from the start; a second full disk fails the attempt.
+                async with self._room:
+                    unused = self.cache.unused(self.in_use() - {key})
+                    if not unused:
+                        raise
+                    log.warning("dataset_disk_full", node_id=self.node_id, key=key, evicting=len(unused), error=str(e))
+                    await self._evict(unused, key, why="the disk filled up while staging")
+                await asyncio.to_thread(self.cache.discard, tmp)
+                tmp = await asyncio.to_thread(self.cache.temp_dir, key)
+                read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop)
             size = await asyncio.to_thread(tree_bytes, tmp / "data")
             async with self._room:
                 await self._evict(self.cache.room_for(size, self.in_use() - {key}), key)
@@ -230,9 +245,13 @@ class Stager:
         if need <= 0:
             return
         async with self._room:
-            await self._evict(self.cache.room_for(need, self.in_use() - {key}), key)
+            in_use = self.in_use() - {key}
+            await self._evict(self.cache.room_for(need, in_use), key)
+            # and on the disk itself (a cache without a limit, or a disk shared with others)
+            await self._evict(self.cache.room_on_disk(need, in_use, margin=DISK_MARGIN), key,
+                              why="the disk holding the cache lacks room")
 
-    async def _evict(self, entries: list[Entry], for_key: str) -> None:
+    async def _evict(self, entries: list[Entry], for_key: str, why: str = "") -> None:
         for e in entries:
             gone = await asyncio.to_thread(self.cache.evict, e.key)
             if gone is None:
@@ -242,7 +261,7 @@ class Stager:
                 event_id=f"dataset-evicted:{self.node_id}:{e.key}:{self.incarnation}:{self._next()}",
                 occurred_at=time.time(), node_id=self.node_id, key=e.key, size_bytes=e.size_bytes,
                 reason=f"least recently used, in use by no job here; room for {for_key} "
-                       f"(limit {self.cache.limit_bytes} bytes)"))
+                       + (f"({why})" if why else f"(limit {self.cache.limit_bytes} bytes)")))
 
     def _next(self) -> int:
         self._n += 1

@@ -12,6 +12,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import tarfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from tests.dataset_source import (
     make_tree,
     start_http_server,
     stop_http_server,
+    tiny_disk,
     tree_sum,
     unused_url,
 )
@@ -256,3 +258,40 @@ async def test_a_rank_never_starts_on_a_dataset_its_node_does_not_hold_whatever_
         stop_http_server(http)
     assert follower.state.jobs["w"].status == "completed", follower.state.jobs["w"].end_reason
     assert tree_sum(tmp_path / "n0" / "datasets" / pile.key / "data") == want
+
+
+async def test_a_full_disk_evicts_what_no_job_uses_or_fails_saying_so(
+        bus: Bus, follower: Follower[ClusterState], tmp_path: Path) -> None:
+    """The cache on a 10 MB disk, no size limit: A and B (4 MB each) fill most of it; C is a small tar.gz that
+    unpacks to 5 MB, more than the disk has left: staging it runs out of space, evicts A and B (no job uses
+    them) and succeeds on its second try. D (12 MB) cannot fit even with C gone: it fails saying so, and C
+    stays."""
+    www = tmp_path / "www"
+    www.mkdir()
+    for i, name in enumerate("AB"):
+        make_tree(tmp_path / name, 4 * MB, seed=20 + i)
+        make_tar(tmp_path / name, www / f"{name}.tar")
+    (tmp_path / "C").mkdir()
+    (tmp_path / "C" / "zeros.bin").write_bytes(bytes(5 * MB))
+    with tarfile.open(www / "C.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "C" / "zeros.bin", arcname="zeros.bin")
+    make_tree(tmp_path / "D", 12 * MB, seed=30)
+    make_tar(tmp_path / "D", www / "D.tar")
+    with tiny_disk(tmp_path / "disk", "10m") as disk, http_server(www) as base:
+        sets = {n: Dataset(name="pile", source=f"{base}/{n}.tar" + (".gz" if n == "C" else ""), mount="/d")
+                for n in "ABCD"}
+        async with scheduler(bus), agents(bus, 1, tmp_path, runtime=processes, dataset_cache=disk / "cache"):
+            for n in "ABCD":
+                await Client(bus).submit(JobSpec(name=n, gpus_per_rank=8, datasets=(sets[n],), max_restarts=0,
+                                                 command=("true",)), job_id=n)
+                await wait_until(follower, ended(n), 60, f"{n} to end")
+        state = follower.state
+        assert [state.jobs[n].status for n in "ABCD"] == ["completed"] * 3 + ["failed"], state.jobs["C"].end_reason
+        assert "no room on the disk of the dataset cache" in state.jobs["D"].end_reason
+        log = await log_of(bus)
+        evicted = [e for _, e in log if isinstance(e, DatasetEvicted)]
+        assert [e.key for e in evicted] == [sets["A"].key, sets["B"].key]
+        assert all("the disk filled up while staging" in e.reason for e in evicted)
+        assert sorted(p.name for p in (disk / "cache").iterdir() if p.name != ".tmp") == [sets["C"].key]
+        assert tree_sum(disk / "cache" / sets["C"].key / "data") == tree_sum(tmp_path / "C")
+        assert not list((disk / "cache" / ".tmp").iterdir())
