@@ -183,6 +183,7 @@ class Stager:
 
     async def _ready(self, job_id: str, attempt: int, ds: Dataset, size: int, *, cached: bool, staged: int) -> None:
         if not self._current(job_id, attempt):
+            await self.announce()  # the attempt is over, but the node holds the dataset now: the log should know
             return
         await self._append(DatasetReady(
             event_id=f"dataset-ready:{job_id}:{attempt}:{self.node_id}:{ds.name}", occurred_at=time.time(),

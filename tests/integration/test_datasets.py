@@ -21,6 +21,7 @@ import pytest
 from events.bus import Bus
 from events.follow import Follower
 from events.sdk import Client
+from nodeagent.datasets.cache import DatasetCache
 from orchestrator.core.evolve import evolve
 from orchestrator.core.staging import staged
 from orchestrator.core.state import ClusterState
@@ -31,6 +32,7 @@ from schemas import (
     DatasetStaging,
     GangRestarted,
     JobSpec,
+    NodeDatasets,
     WorkerStarted,
 )
 from schemas.datasets import Dataset
@@ -295,3 +297,21 @@ async def test_a_full_disk_evicts_what_no_job_uses_or_fails_saying_so(
         assert sorted(p.name for p in (disk / "cache").iterdir() if p.name != ".tmp") == [sets["C"].key]
         assert tree_sum(disk / "cache" / sets["C"].key / "data") == tree_sum(tmp_path / "C")
         assert not list((disk / "cache" / ".tmp").iterdir())
+
+
+async def test_an_agent_tells_the_log_what_its_cache_holds_when_it_starts(
+        bus: Bus, follower: Follower[ClusterState], tmp_path: Path) -> None:
+    """A cache the log does not know (a node that joins with one, a log started afresh): reconciled on start
+    (a half-staged entry goes, a whole one stays), then announced (NodeDatasets), so placement sees it warm."""
+    cache = DatasetCache(tmp_path / "n0" / "datasets")
+    whole = cache.temp_dir("src-" + "a" * 32)
+    (whole / "data" / "f").write_bytes(b"x" * 1000)
+    cache.commit(whole, "src-" + "a" * 32, 1000, "/somewhere")
+    half = cache.temp_dir("src-" + "b" * 32)
+    (half / "data" / "f").write_bytes(b"y" * 10)
+    async with scheduler(bus), agents(bus, 1, tmp_path, runtime=processes):
+        await wait_until(follower, lambda s: "n0" in s.nodes and s.nodes["n0"].datasets == ("src-" + "a" * 32,), 60,
+                         "the node's cache in the log")
+    told = [e for _, e in await log_of(bus) if isinstance(e, NodeDatasets)]
+    assert [[(d.key, d.size_bytes) for d in e.datasets] for e in told] == [[("src-" + "a" * 32, 1000)]]
+    assert not half.exists()
