@@ -30,6 +30,8 @@ from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, checkpoint_failure, newest_manifest, step_of
+from nodeagent.datasets.cache import DatasetCache
+from nodeagent.datasets.stager import Stager
 from nodeagent.gpu_health import Finding, GpuHealthWatch
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
@@ -37,6 +39,7 @@ from nodeagent.rank_env import ignored_spec_env, node_env, rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from orchestrator.core.evolve import evolve
 from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
+from orchestrator.core.staging import staged
 from orchestrator.core.state import ClusterState, Job
 from schemas import (
     Checkpointed,
@@ -107,6 +110,9 @@ class AgentConfig:
     health_check_timeout_s: float = 60.0
     #: Variables every worker of this node gets over its node baseline (`--worker-env`: NCCL settings, say).
     worker_env: tuple[tuple[str, str], ...] = ()
+    #: The node-local dataset cache (nodeagent/datasets/; default DATA_DIR/datasets) and its size limit (0: none).
+    dataset_cache: Path | None = None
+    dataset_cache_bytes: int = 0
 
 
 class Agent:
@@ -140,6 +146,11 @@ class Agent:
         self._node_env = (node_env() if self._on_host else {}) | dict(config.worker_env)
         #: Seconds until the soonest gang-restart backoff the last reconcile pass waited on ends (None: none).
         self._backoff_left: float | None = None
+        #: Stages the datasets of gangs placed here before their ranks start (#33).
+        self.stager = Stager(self.node_id, self.incarnation,
+                             DatasetCache(config.dataset_cache or config.data_dir / "datasets",
+                                          config.dataset_cache_bytes),
+                             append=self._append, state=lambda: self.follower.state, spawn=self._spawn)
 
     @property
     def node_id(self) -> str:
@@ -150,11 +161,12 @@ class Agent:
     async def run(self) -> None:
         """Register, adopt what survived a restart, then reconcile until cancelled."""
         await self._catch_up_from_snapshot()
+        await self.stager.start()
         await self._adopt()
         # Fold what adoption reported (exits while we were down) before the first reconcile:
         # until then the state still says those ranks run, and reconcile would start them again.
         await self.follower.catch_up()
-        await self._append(
+        registered = await self._append(
             NodeRegistered(
                 event_id=f"register:{self.node_id}:{self.incarnation}",
                 occurred_at=time.time(),
@@ -179,11 +191,13 @@ class Agent:
                     )
                 )
                 tg.create_task(self._reconcile_loop())
+                tg.create_task(self._announce_datasets(registered))
                 if self.health is not None:
                     tg.create_task(self._health_loop(self.health))
                 if self.config.health_check:
                     tg.create_task(self._health_check_loop(self.config.health_check))
         finally:
+            self.stager.close()
             with contextlib.suppress(Exception):
                 await logs.unsubscribe()
             for t in list(self._tasks):
@@ -351,7 +365,8 @@ class Agent:
             tr = self.workers.get(key)
             if tr is None:
                 if (intent == "run" and key not in self._restarting and key not in self._failed_starts
-                        and not self._backing_off(key, log_now) and not self._blocked(key, held)):
+                        and not self._backing_off(key, log_now) and not self._blocked(key, held)
+                        and self._staged(key)):
                     await self._start(key, restarts=self._next_generation(key))
             elif intent is not None:
                 await self._steer(key, tr, intent, now)
@@ -398,6 +413,21 @@ class Agent:
                 tr.stopper = asyncio.ensure_future(
                     stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
                 )
+
+    def _staged(self, key: WorkerKey) -> bool:
+        """Whether every node of `key`'s gang holds every dataset of its attempt (the fold says); if not,
+        make sure this node stages its part (core/staging.py, nodeagent/datasets/)."""
+        job = self.follower.state.jobs[key[0]]
+        ready = staged(job)
+        if ready and self.stager.holds(job):
+            return True
+        self.stager.ensure(job, again=ready)  # (ready, yet not here: the cache was wiped under us)
+        return False
+
+    async def _announce_datasets(self, registered: int) -> None:
+        """Once our registration is folded: tell the log what the dataset cache holds, if it does not know."""
+        await self.follower.wait_for_seq(registered)
+        await self.stager.announce()
 
     def _backing_off(self, key: WorkerKey, log_now: float | None) -> bool:
         """Whether `key`'s attempt began with a gang restart whose backoff (Job.not_before) is not over.
@@ -544,7 +574,7 @@ class Agent:
             resume_from=job.resume_from,
             checkpoint_dir=str(ckpt),
             isolated_gpus=self.config.isolated_gpus,
-        )
+        ) | self.stager.env(job, on_host=self._on_host)
         spec = WorkerSpec(
             job_id=job_id,
             attempt=attempt,
@@ -553,7 +583,7 @@ class Agent:
             command=job.spec.command,
             env=env,
             image=job.spec.image,
-            mounts=job.spec.mounts,
+            mounts=job.spec.mounts + (() if self._on_host else self.stager.mounts(job)),
             gpus=placement.gpus,
             workdir=workdir,
             log_dir=str(self.config.data_dir / "logs"),

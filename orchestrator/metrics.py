@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from events.telemetry import ServiceRegistry, count_folded, digest, fold_gauges, gauge
-from orchestrator.core.state import FREE, ClusterState, snapshot
+from orchestrator.core.state import FREE, ClusterState, Job, snapshot
 from orchestrator.core.usage import ancestors, resolve_queue
-from schemas import GangReserved, GangRestarted, PreemptionRequested, WorkerStarted
+from schemas import DatasetReady, GangReserved, GangRestarted, PreemptionRequested, WorkerStarted
 
 if TYPE_CHECKING:
     from events.bus import Envelope
@@ -52,8 +52,18 @@ QUEUE_GPU_SECONDS = Counter("corral_queue_gpu_seconds", "GPU-seconds of reservat
 ELECTIONS_REFUSED = Counter("corral_elections_refused", "SchedulerElected events the fold refused as void (their "
                             "epoch does not follow the newest election: forged or corrupt)", registry=None)
 
+#: Dataset staging (#33): from an attempt's first staging report to the DatasetReady that made every node ready
+#: (its own phase between the reservation and the ranks' start), and each node's datasets by cache hit or not.
+STAGING_SECONDS = Histogram("corral_staging_seconds", "Time a gang's datasets took to be ready on every node of it "
+                            "(its ranks start then), by queue", ["queue"],
+                            buckets=(0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600), registry=None)
+DATASETS_READY = Counter("corral_datasets_ready", "Datasets a node made ready for an attempt, by whether its cache "
+                         "held them (cached=true: 0 bytes staged)", ["cached"], registry=None)
+DATASET_BYTES_STAGED = Counter("corral_dataset_bytes_staged", "Bytes agents copied or downloaded to stage datasets",
+                               registry=None)
+
 SCHEDULER_METRICS = (DECIDE_SECONDS, PREEMPTIONS, RESTARTS, JOBS_FINISHED, QUEUE_WAIT, QUEUE_GPU_SECONDS,
-                     ELECTIONS_REFUSED)
+                     ELECTIONS_REFUSED, STAGING_SECONDS, DATASETS_READY, DATASET_BYTES_STAGED)
 
 
 def count_outcomes(follower: Follower[ClusterState]) -> None:
@@ -64,6 +74,26 @@ def count_outcomes(follower: Follower[ClusterState]) -> None:
     watched (at most the active gangs) are the only memory kept.
     """
     held: dict[str, tuple[str, int, float]] = {}  # job -> (queue, gpus, reserved_at) while it holds GPUs
+    #: job -> (attempt, the (node, dataset)s counted ready) until it finishes: a duplicate counts once.
+    told: dict[str, tuple[int, set[tuple[str, str]]]] = {}
+
+    def count_ready(e: DatasetReady, job: Job, queue: str) -> None:
+        s = job.staging
+        if s is None or s.attempt != e.attempt or not any(
+                i.ready and i.node_id == e.node_id and i.dataset == e.dataset for i in s.items):
+            return  # the fold did not take it (another attempt, node or dataset)
+        attempt, seen = told.get(job.job_id, (0, set()))
+        if attempt != e.attempt:
+            attempt, seen = e.attempt, set()
+        if (e.node_id, e.dataset) in seen:
+            return
+        seen.add((e.node_id, e.dataset))
+        told[job.job_id] = (attempt, seen)
+        DATASETS_READY.labels("true" if e.cached else "false").inc()
+        DATASET_BYTES_STAGED.inc(e.staged_bytes)
+        if s.ready and len(seen) == sum(1 for i in s.items if i.ready):
+            STAGING_SECONDS.labels(queue).observe(max(0.0, s.ready_at - s.started_at))
+
 
     def on_event(env: Envelope) -> None:
         job_id = getattr(env.event, "job_id", None)
@@ -86,6 +116,10 @@ def count_outcomes(follower: Follower[ClusterState]) -> None:
                 QUEUE_WAIT.labels(queue).observe(max(0.0, job.reserved_at - job.waiting_since))
         if state.finished.get(job_id) == env.seq:
             JOBS_FINISHED.labels(job.status, queue).inc()
+        if isinstance(env.event, DatasetReady):
+            count_ready(env.event, job, queue)
+        if state.finished.get(job_id) == env.seq:
+            told.pop(job_id, None)
 
     follower.on_event(on_event)
 

@@ -1,6 +1,7 @@
 """Every type corral puts on the wire. Pure: no IO, no clock, no randomness."""
 
 from schemas.codec import CODEC, Codec, decode, encode
+from schemas.datasets import Dataset
 from schemas.events import *  # noqa: F403
 from schemas.events import EVENT_TAGS, EVENT_TYPES, AnyEvent, Event, Unknown, entity_of, tag_of
 from schemas.inventory import Gpu, Inventory, link_score
@@ -23,6 +24,7 @@ __all__ = [
     "AnyEvent",
     "ArrayElement",
     "Codec",
+    "Dataset",
     "Event",
     "Gates",
     "Gpu",

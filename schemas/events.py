@@ -299,6 +299,79 @@ class NodeHealthChecked(Event, tag="NodeHealthChecked", frozen=True):
     output: str = ""
 
 
+# --- datasets (issue #33) -----------------------------------------------------
+# Agents stage a job's datasets (JobSpec.datasets) into a node-local cache before its ranks start.
+# `dataset` is the spec's name for it, `key` its cache key (schemas/datasets.py: the same on every node).
+
+
+class DatasetStaging(Event, tag="DatasetStaging", frozen=True):
+    """A node is staging one dataset of an attempt: progress, at a bounded rate (the first one starts the phase)."""
+
+    job_id: str
+    attempt: int
+    node_id: str
+    dataset: str
+    key: str
+    bytes_done: int = 0
+    #: 0 while not known (a download without a length).
+    bytes_total: int = 0
+
+
+class DatasetReady(Event, tag="DatasetReady", frozen=True):
+    """A node holds one dataset of an attempt, complete and verified: the gang starts once every node
+    told this for every dataset. `cached`: it was in the node's cache already (0 bytes staged)."""
+
+    job_id: str
+    attempt: int
+    node_id: str
+    dataset: str
+    key: str
+    size_bytes: int = 0
+    cached: bool = False
+    #: Bytes this staging copied or downloaded (0 for a cache hit).
+    staged_bytes: int = 0
+
+
+class DatasetFailed(Event, tag="DatasetFailed", frozen=True):
+    """A node could not stage a dataset (unreachable source, digest mismatch, cache full): the attempt ends
+    as a failed one, restarted with backoff up to the job's `max_restarts`."""
+
+    job_id: str
+    attempt: int
+    node_id: str
+    dataset: str
+    reason: str
+    key: str = ""
+
+
+class DatasetEvicted(Event, tag="DatasetEvicted", frozen=True):
+    """A node's cache dropped an entry (least recently used, none of its jobs using it)."""
+
+    node_id: str
+    key: str
+    size_bytes: int = 0
+    reason: str = ""
+
+
+class CachedDataset(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One entry of a node's dataset cache."""
+
+    key: str
+    size_bytes: int = 0
+    #: The agent's wall clock when a job last used it (for `corral nodes --datasets`; LRU is the agent's).
+    last_used: float = 0.0
+
+
+class NodeDatasets(Event, tag="NodeDatasets", frozen=True):
+    """What a node's dataset cache holds (its agent, on start once reconciled): the fold's view of
+    which node is warm for which dataset is this, plus later DatasetReady / DatasetEvicted."""
+
+    node_id: str
+    datasets: tuple[CachedDataset, ...] = ()
+    #: The cache's size limit (0: none).
+    capacity_bytes: int = 0
+
+
 # --- queue -------------------------------------------------------------------
 
 
@@ -382,6 +455,11 @@ AnyEvent = (
     | GpuUnhealthy
     | GpuHealthy
     | NodeHealthChecked
+    | DatasetStaging
+    | DatasetReady
+    | DatasetFailed
+    | DatasetEvicted
+    | NodeDatasets
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

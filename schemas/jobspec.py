@@ -12,6 +12,7 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from schemas.datasets import LOCALITIES, Dataset, Locality, dataset_problems
 from schemas.specinput import SpecError, load_json, load_yaml, spec_text
 from schemas.specinput import shown as _show
 
@@ -106,6 +107,22 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: directory here). UNSET, not None, so a spec without it encodes as before this field existed: old logs
     #: and the simulator's logs keep their bytes; unset means the agent's own directory, as it always did.
     workdir: str | UnsetType = UNSET
+    #: Datasets staged onto every node of the gang before its ranks start (schemas/datasets.py). UNSET, like
+    #: `gates`, so a spec without any encodes byte-for-byte as before datasets existed.
+    datasets: tuple[Dataset, ...] | UnsetType = UNSET
+    #: "prefer": nodes already holding the datasets win among placements of equal topology quality;
+    #: "require": only such nodes. UNSET reads as "prefer".
+    locality: Locality | UnsetType = UNSET
+
+    @property
+    def dataset_list(self) -> tuple[Dataset, ...]:
+        """`datasets`, or () when the spec has none."""
+        return () if isinstance(self.datasets, UnsetType) else self.datasets
+
+    @property
+    def locality_mode(self) -> Locality:
+        """`locality`, "prefer" when not written."""
+        return "prefer" if isinstance(self.locality, UnsetType) else self.locality
 
     @property
     def working_dir(self) -> str | None:
@@ -339,6 +356,14 @@ def jobspec_problems(obj: Any) -> list[Problem]:
     if "mounts" in obj:
         _mount_problems(obj["mounts"], out)
     _topology_problems(obj.get("topology"), out)
+    if obj.get("datasets") is not None:
+        found: list[tuple[str, str]] = []
+        dataset_problems(obj["datasets"], found)
+        out.extend(Problem(path, msg) for path, msg in found)
+    if obj.get("locality") is not None and obj["locality"] not in LOCALITIES:
+        out.append(Problem("locality", f"must be 'prefer' or 'require', got {_show(obj['locality'])}"))
+    elif obj.get("locality") == "require" and not obj.get("datasets"):
+        out.append(Problem("locality", "'require' needs datasets: there is nothing a node could hold"))
     if "gates" in obj:
         _gates_problems(obj["gates"], out)
     _text_problems(obj, "", out)
@@ -355,8 +380,9 @@ def parse_jobspec(obj: Any) -> JobSpec:
         obj["command"] = ["sh", "-c", obj["command"]]
     if isinstance(obj.get("topology"), str):
         obj["topology"] = {"level": obj["topology"]}
-    if "workdir" in obj and obj["workdir"] is None:  # `workdir: null` in a file: none, as if not written
-        del obj["workdir"]
+    for key in ("workdir", "datasets", "locality"):
+        if key in obj and (obj[key] is None or obj[key] == []):  # `workdir: null` in a file: none, as if not written
+            del obj[key]
     if isinstance(obj.get("env"), dict):
         obj["env"] = {k: v if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
                       for k, v in obj["env"].items()}

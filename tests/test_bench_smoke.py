@@ -36,6 +36,7 @@ TINY: dict[str, list[str] | None] = {
     "scheduler.py": ["--nodes", "8", "--jobs", "40", "--fold-events", "2000", "--burst", "20", "--latency-s", "0.2"],
     "scheduler_e2e.py": ["--nodes", "8", "--latency-s", "0.2", "--rate", "20", "--burst", "20"],
     "sim.py": ["--jobs", "60", "--policies", "corral,fifo", "--no-logs"],
+    "staging.py": ["--mb", "4", "--rounds", "1"],
     "sweep.py": ["--jobs", "60", "--loads", "0.5,1.2", "--policies", "corral,fifo"],
 }
 

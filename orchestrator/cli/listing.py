@@ -185,6 +185,9 @@ async def nodes(args: argparse.Namespace) -> int:
     state, _ = await state_at(args)
     if args.json:
         print_json({"seq": state.seq, "nodes": [node_summary(state, n) for n in sorted_nodes(state)]})
+    elif args.datasets:  # (#33) the cache keys each node's agent told the log it holds
+        print_table(("NODE", "CACHED DATASETS"), [[n.node_id, " ".join(n.datasets) or "-"] for n in sorted_nodes(state)],
+                    empty="(no nodes registered)")
     else:
         print_table(NODES_HEADERS, nodes_rows(state), empty="(no nodes registered)")
     return OK
@@ -239,6 +242,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("nodes", help="list nodes", description="Nodes with GPUs used/free, labels, and whether "
                        "they are cordoned or failed.")
     common(p)
+    p.add_argument("--datasets", action="store_true", help="the datasets (cache keys) each node's cache holds")
     p.set_defaults(handler=nodes)
 
     p = sub.add_parser("queues", help="list queues", description="Queues: GPUs used vs guarantee vs limit, "

@@ -11,6 +11,10 @@ from schemas import (
     CancelRequested,
     Checkpointed,
     ClusterConfigured,
+    DatasetEvicted,
+    DatasetFailed,
+    DatasetReady,
+    DatasetStaging,
     GangReserved,
     GangRestarted,
     GpuHealthy,
@@ -27,6 +31,7 @@ from schemas import (
     JobSubmitted,
     JobWaiting,
     NodeCordoned,
+    NodeDatasets,
     NodeFailed,
     NodeHealthChecked,
     NodeRecovered,
@@ -140,10 +145,29 @@ def essentials(event: AnyEvent | Unknown) -> str:
             return f"GPU {event.gpu_index} healthy: {event.reason or 'back in service'} ({event.source})"
         case NodeHealthChecked():
             return "health check passed" if event.ok else f"health check failed (exit {event.exit_code}): {event.output}"
+        case DatasetStaging():
+            total = f"/{mb(event.bytes_total)}" if event.bytes_total else ""
+            return f"attempt={event.attempt} {event.dataset} on {event.node_id}: {mb(event.bytes_done)}{total}"
+        case DatasetReady():
+            how = "cache hit" if event.cached else f"staged {mb(event.staged_bytes)}"
+            return f"attempt={event.attempt} {event.dataset} on {event.node_id}: {mb(event.size_bytes)} ({how})"
+        case DatasetFailed():
+            return f"attempt={event.attempt} {event.dataset} on {event.node_id}: {event.reason}"
+        case DatasetEvicted():
+            return f"{event.key} {mb(event.size_bytes)} {event.reason}".rstrip()
+        case NodeDatasets():
+            cap = f" of {mb(event.capacity_bytes)}" if event.capacity_bytes else ""
+            used = sum(d.size_bytes for d in event.datasets)
+            return f"{len(event.datasets)} cached dataset(s), {mb(used)}{cap}"
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:
             assert_never(event)
+
+
+def mb(n: int) -> str:
+    """A byte count for people: `12.3 MB`."""
+    return f"{n / 1e6:.1f} MB" if n < 10**10 else f"{n / 1e9:.1f} GB"
 
 
 def gates_text(spec: JobSpec) -> str:

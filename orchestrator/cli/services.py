@@ -237,7 +237,11 @@ async def run_agent(args: argparse.Namespace) -> int:
                          health_poll_s=args.health_poll, health_check=args.health_check or None,
                          health_check_interval_s=args.health_check_interval,
                          health_check_timeout_s=args.health_check_timeout,
-                         worker_env=extra_env)
+                         worker_env=extra_env,
+                         dataset_cache=Path(args.dataset_cache).resolve() if args.dataset_cache else None,
+                         dataset_cache_bytes=args.dataset_cache_bytes)
+    if args.dataset_cache_bytes < 0:
+        raise CliError(f"--dataset-cache-bytes is 0 (no limit) or more, got {args.dataset_cache_bytes}", USAGE)
     watch = health_watch(args, inventory)
     try:
         docker = docker_options(args, inventory) if args.runtime == "docker" else None
@@ -538,6 +542,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     h.add_argument("--health-check-timeout", type=float, default=60.0, metavar="S",
                    help="a check running longer fails (default %(default)s)")
     add_worker_env_arg(p)
+    ds = p.add_argument_group("datasets", "the node-local cache jobs' datasets are staged into before their ranks "
+                              "start (nodeagent/datasets/)")
+    ds.add_argument("--dataset-cache", metavar="DIR", help="the cache directory (default DATA_DIR/datasets)")
+    ds.add_argument("--dataset-cache-bytes", type=int, default=0, metavar="N",
+                    help="size limit: least recently used datasets no job here uses are evicted to stay under it "
+                         "(default 0: no limit)")
     d = p.add_argument_group("Docker runtime", "what worker containers get (nodeagent/runtime/docker_options.py)")
     d.add_argument("--docker-network", choices=("auto", "host", "bridge"), default="auto",
                    help="host: the node's network (rank 0 listens on MASTER_ADDR = --address); bridge: a private "

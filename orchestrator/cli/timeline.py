@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, assert_never
 import msgspec
 
 from events.bus import Envelope
-from orchestrator.cli.render import gates_text, placement_summary, printable, unreadable
+from orchestrator.cli.render import gates_text, mb, placement_summary, printable, unreadable
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
 from orchestrator.core.state import UNSTARTABLE, ClusterState, Job
@@ -24,6 +24,10 @@ from schemas import (
     CancelRequested,
     Checkpointed,
     ClusterConfigured,
+    DatasetEvicted,
+    DatasetFailed,
+    DatasetReady,
+    DatasetStaging,
     GangReserved,
     GangRestarted,
     GpuHealthy,
@@ -39,6 +43,7 @@ from schemas import (
     JobSubmitted,
     JobWaiting,
     NodeCordoned,
+    NodeDatasets,
     NodeFailed,
     NodeHealthChecked,
     NodeRecovered,
@@ -161,9 +166,27 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
             return f"held{by}" + (f": {ev.reason}" if ev.reason else "")
         case JobReleased():
             return "released" + (f" by {ev.requested_by}" if ev.requested_by else "")
+        case DatasetStaging():
+            if before is not None and before.staging is not None and before.staging.attempt == ev.attempt and any(
+                    i.node_id == ev.node_id and i.dataset == ev.dataset for i in before.staging.items):
+                return None  # progress of a staging already told: the story says when it began and ended
+            total = f" of {mb(ev.bytes_total)}" if ev.bytes_total else ""
+            return f"staging dataset {ev.dataset} on {ev.node_id} (attempt {ev.attempt}){total}"
+        case DatasetReady():
+            how = "cache hit, 0 bytes staged" if ev.cached else f"staged {mb(ev.staged_bytes)}"
+            line = f"dataset {ev.dataset} ready on {ev.node_id}: {mb(ev.size_bytes)} ({how})"
+            after = state.jobs.get(job_id)
+            stg = after.staging if after is not None else None
+            if stg is not None and stg.attempt == ev.attempt and stg.ready and (
+                    before is None or before.staging is None or not before.staging.ready
+                    or before.staging.attempt != ev.attempt):
+                line += f"; all datasets ready on every node after {stg.ready_at - stg.started_at:.1f}s of staging"
+            return line
+        case DatasetFailed():
+            return f"dataset {ev.dataset} failed on {ev.node_id} (attempt {ev.attempt}): {printable(ev.reason, 300)}"
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
               | QueueDeleted() | SchedulerElected() | ClusterConfigured() | GpuUnhealthy() | GpuHealthy()
-              | NodeHealthChecked()):
+              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets()):
             return None  # about no job: the job_id test above has already left
         case _:
             assert_never(ev)

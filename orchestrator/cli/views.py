@@ -309,12 +309,40 @@ def job_detail(state: ClusterState, job: Job, now: float) -> dict[str, Any]:
         "preemptor": job.preemptor or None,
         "stop": _builtins(job.stop),
         "failure": job.failure or None,
+        "staging": _builtins(job.staging),
         "earmark": _builtins(job.earmark),
         "estimate": job_estimate(state, job, now),
         "line": job_line(job, now),
         "rank_states": rank_rows,
         "spec": _builtins(job.spec),
     }
+
+
+def staging_lines(job: Job) -> list[tuple[str, str]]:
+    """`corral job`: the datasets and the newest attempt's staging, per node (#33)."""
+    datasets = job.spec.dataset_list
+    if not datasets:
+        return []
+    out = [("datasets", ", ".join(f"{d.name} ({d.source} at {d.mount})" for d in datasets)
+            + ("; locality require" if job.spec.locality_mode == "require" else ""))]
+    s = job.staging
+    if s is None:
+        return out
+    if s.ready:
+        phase = f"attempt {s.attempt}: all ready after {s.ready_at - s.started_at:.1f}s"
+    elif s.failed:
+        phase = f"attempt {s.attempt}: failed: {s.failed}"
+    else:
+        phase = f"attempt {s.attempt}: staging"
+    out.append(("staging", phase))
+    for i in s.items:
+        if i.ready:
+            how = "cache hit, 0 bytes staged" if i.cached else f"staged {i.staged_bytes} bytes"
+            what = f"ready, {i.size_bytes} bytes ({how}) in {i.ready_at - i.since:.1f}s"
+        else:
+            what = f"{i.bytes_done}" + (f" of {i.bytes_total}" if i.bytes_total else "") + " bytes"
+        out.append(("", f"  {i.dataset} on {i.node_id}: {what}"))
+    return out
 
 
 def readable(text: str, now: float) -> str:
@@ -342,6 +370,7 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
         kv.append(("workdir", spec.working_dir))
     if job.placement:
         kv.append(("placement", placement_summary(job.placement)))
+    kv.extend(staging_lines(job))
     gate = gate_reason(state, job)
     if gate is not None:
         kv.append(("pending", f"gated: {gate}"))
@@ -462,6 +491,7 @@ def node_summary(state: ClusterState, node: Node) -> dict[str, Any]:
         "owners": [o or None for o in owners],
         "earmarks": [m or None for m in marks] if marks else [],
         "jobs": list(dict.fromkeys(o for o in owners if o != FREE)),
+        "datasets": list(node.datasets),
     }
 
 

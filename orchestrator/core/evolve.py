@@ -32,8 +32,9 @@ transition. Events about unknown jobs or nodes change nothing.
 This module holds the one exhaustive match over event types; each case's fold
 lives by what it is about: evolve_jobs (a job's lifecycle and its queue line),
 evolve_workers (agents' worker and checkpoint reports), evolve_cluster (nodes,
-queues, settings), evolve_fencing (stale epochs, elections) and evolve_gpus
-(GPU owners, earmarks, gang ends).
+queues, settings), evolve_fencing (stale epochs, elections), evolve_gpus
+(GPU owners, earmarks, gang ends) and staging (datasets: warm nodes, each
+attempt's staging phase).
 """
 
 from __future__ import annotations
@@ -69,12 +70,17 @@ from orchestrator.core.evolve_jobs import (
     preemption_requested,
 )
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
+from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
 from orchestrator.core.state import ClusterState, needs_look
 from schemas.events import (
     AnyEvent,
     CancelRequested,
     Checkpointed,
     ClusterConfigured,
+    DatasetEvicted,
+    DatasetFailed,
+    DatasetReady,
+    DatasetStaging,
     GangReserved,
     GangRestarted,
     GpuHealthy,
@@ -90,6 +96,7 @@ from schemas.events import (
     JobSubmitted,
     JobWaiting,
     NodeCordoned,
+    NodeDatasets,
     NodeFailed,
     NodeHealthChecked,
     NodeRecovered,
@@ -113,7 +120,7 @@ _ALLOCATION_UNTOUCHED = (
     QueueDefined, SchedulerElected, ClusterConfigured, Unknown,
 )
 _NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUncordoned, GpuUnhealthy, GpuHealthy,
-                NodeHealthChecked)
+                NodeHealthChecked, DatasetReady, DatasetEvicted, NodeDatasets)
 
 
 def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: float | None = None) -> ClusterState:
@@ -191,6 +198,16 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
             gpu_healthy(state, event)
         case NodeHealthChecked():
             node_health_checked(state, event)
+        case DatasetStaging():
+            dataset_staging(state, event, t)
+        case DatasetReady():
+            dataset_ready(state, event, t)
+        case DatasetFailed():
+            dataset_failed(state, event, t)
+        case DatasetEvicted():
+            dataset_evicted(state, event)
+        case NodeDatasets():
+            node_datasets(state, event)
         case Unknown():
             state.unknown_events += 1
         case _:

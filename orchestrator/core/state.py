@@ -114,6 +114,9 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Why the node takes no new work by policy ("" if it does): a failed health check, or at
     #: least `Config.drain_unhealthy_gpus` unhealthy GPUs. Derived by the fold (evolve_health).
     drained: str = ""
+    #: Cache keys of the datasets its agent holds (schemas/datasets.py), sorted: NodeDatasets, then
+    #: DatasetReady adds and DatasetEvicted removes (core/staging.py). Placement prefers such warm nodes.
+    datasets: tuple[str, ...] = ()
 
     @property
     def schedulable(self) -> bool:
@@ -195,6 +198,38 @@ class Waiting(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     seq: int = 0
 
 
+class StagedDataset(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One dataset of an attempt on one node, as its agent told it (core/staging.py)."""
+
+    node_id: str
+    dataset: str
+    key: str
+    bytes_done: int = 0
+    bytes_total: int = 0
+    ready: bool = False
+    #: A cache hit (0 bytes staged), and the bytes this staging copied or downloaded.
+    cached: bool = False
+    size_bytes: int = 0
+    staged_bytes: int = 0
+    #: When it was first told (staging began) and when it was ready (0.0: not yet), on the fold's clock.
+    since: float = 0.0
+    ready_at: float = 0.0
+
+
+class Staging(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The staging phase of one attempt: from the first DatasetStaging/DatasetReady of any node until every
+    node told DatasetReady for every dataset (`ready`, at `ready_at`), when its ranks may start."""
+
+    attempt: int
+    started_at: float
+    #: Every node told DatasetReady for every dataset (a flag: a simulated clock may say 0.0).
+    ready: bool = False
+    ready_at: float = 0.0
+    items: tuple[StagedDataset, ...] = ()
+    #: The first DatasetFailed's "dataset X on n1: why" ("" if none).
+    failed: str = ""
+
+
 class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     job_id: str
     spec: JobSpec
@@ -261,6 +296,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     claim: float = 0.0
     #: Where `claim` came from: "limit", an estimate's source ("job", "gpus", "queue"), or "" (nothing known: 0).
     claim_from: str = ""
+    #: Dataset staging of the newest attempt that staged (core/staging.py); None: none told yet.
+    staging: Staging | None = None
 
     @property
     def waiting_since(self) -> float:

@@ -21,6 +21,10 @@ from schemas import (
     CancelRequested,
     Checkpointed,
     ClusterConfigured,
+    DatasetEvicted,
+    DatasetFailed,
+    DatasetReady,
+    DatasetStaging,
     Event,
     GangReserved,
     GangRestarted,
@@ -41,6 +45,7 @@ from schemas import (
     JobWaiting,
     Mount,
     NodeCordoned,
+    NodeDatasets,
     NodeFailed,
     NodeHealthChecked,
     NodeRecovered,
@@ -57,7 +62,7 @@ from schemas import (
     encode,
     tag_of,
 )
-from schemas.events import RankPlacement
+from schemas.events import CachedDataset, RankPlacement
 
 GOLDEN = Path(__file__).with_name("v1_events.jsonl")
 T = 1_764_460_800.0  # 2025-11-30T00:00:00Z
@@ -85,6 +90,7 @@ SPEC = JobSpec(
     restart_policy="gang", max_restarts=3, time_limit_s=172800.0, preemptible=True,
 )
 J = "j-3f9a1c2b7d"
+PILE_KEY = "sha256-2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
 PLACEMENT = (RankPlacement(rank=0, node_id="dgx-h100-07", gpus=(0, 1, 2, 3, 4, 5, 6, 7)),
              RankPlacement(rank=1, node_id="dgx-h100-08", gpus=(0, 1, 2, 3, 4, 5, 6, 7)))
 
@@ -152,6 +158,20 @@ def samples() -> list[Event]:
                    reason="undrained by alice: GPU replaced", source="operator"),
         NodeHealthChecked(event_id="health-check:dgx-h100-07:1f2e:1", occurred_at=T + 9950, node_id="dgx-h100-07",
                           ok=False, exit_code=1, output="ERROR: ib0 link down"),
+        NodeDatasets(event_id="node-datasets:dgx-h100-07:2b3c", occurred_at=T + 9960, node_id="dgx-h100-07",
+                     datasets=(CachedDataset(key=PILE_KEY, size_bytes=52_428_800, last_used=T + 9000),),
+                     capacity_bytes=500_000_000_000),
+        DatasetStaging(event_id=f"staging:{J}:3:dgx-h100-08:pile:1", occurred_at=T + 9970, job_id=J, attempt=3,
+                       node_id="dgx-h100-08", dataset="pile", key=PILE_KEY, bytes_done=20_971_520,
+                       bytes_total=52_428_800),
+        DatasetReady(event_id=f"ready:{J}:3:dgx-h100-08:pile", occurred_at=T + 9975, job_id=J, attempt=3,
+                     node_id="dgx-h100-08", dataset="pile", key=PILE_KEY, size_bytes=52_428_800, cached=False,
+                     staged_bytes=52_428_800),
+        DatasetFailed(event_id=f"dataset-failed:{J}:3:dgx-h100-07:tok", occurred_at=T + 9976, job_id=J, attempt=3,
+                      node_id="dgx-h100-07", dataset="tok", key="src-0b1c2d3e4f5061728394a5b6c7d8e9f0",
+                      reason="digest mismatch: sha256 of https://data.example/tok.tar is 9f86d0...; spec says e3b0c4..."),
+        DatasetEvicted(event_id=f"evicted:dgx-h100-07:{PILE_KEY}:1", occurred_at=T + 9990, node_id="dgx-h100-07",
+                       key=PILE_KEY, size_bytes=52_428_800, reason="least recently used; cache over 500 GB"),
     ]
 
 

@@ -62,14 +62,16 @@ def processes(node_id: str, data_dir: Path) -> Runtime:
 
 @contextlib.asynccontextmanager
 async def agents(bus: Bus, count: int, data_dir: Path, *, gpus: int = 8,
-                 runtime: RuntimeFactory = simulated) -> AsyncIterator[list[Agent]]:
-    """`count` in-process agents n0..n{count-1} with fake GPUs (two nodes per leaf, eight per block)."""
+                 runtime: RuntimeFactory = simulated, **config: object) -> AsyncIterator[list[Agent]]:
+    """`count` in-process agents n0..n{count-1} with fake GPUs (two nodes per leaf, eight per block);
+    `config`: more AgentConfig fields."""
     made = []
     for i in range(count):
         node_id = f"n{i}"
         inv = fake_inventory(gpus, node_id=node_id, labels={"block": f"b{i // 8}", "leaf": f"l{i // 2}"})
         cfg = AgentConfig(node_id=node_id, data_dir=data_dir / node_id, heartbeat_s=0.5, tick_s=0.2,
-                          checkpoint_root=data_dir / "checkpoints", backoff=Backoff(base_s=0.05, cap_s=0.2))
+                          checkpoint_root=data_dir / "checkpoints", backoff=Backoff(base_s=0.05, cap_s=0.2),
+                          **config)  # type: ignore[arg-type]
         made.append(Agent(bus, cfg, inv, runtime(node_id, data_dir / node_id)))
     tasks = [asyncio.create_task(a.run()) for a in made]
     try:
