@@ -70,6 +70,7 @@ from orchestrator.core.evolve_jobs import (
     preemption_requested,
 )
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
+from orchestrator.core.caches import cache_evicted, cache_listed, cache_used
 from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
 from orchestrator.core.state import ClusterState, needs_look
 from schemas.events import (
@@ -202,12 +203,15 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
             dataset_staging(state, event, t)
         case DatasetReady():
             dataset_ready(state, event, t)
+            cache_used(state, event, t)
         case DatasetFailed():
             dataset_failed(state, event, t)
         case DatasetEvicted():
             dataset_evicted(state, event)
+            cache_evicted(state, event)
         case NodeDatasets():
             node_datasets(state, event)
+            cache_listed(state, event)
         case Unknown():
             state.unknown_events += 1
         case _:
