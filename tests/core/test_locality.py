@@ -20,6 +20,7 @@ from schemas.datasets import Dataset
 from schemas.events import CachedDataset, GangReserved, JobWaiting, NodeDatasets
 from tests.core.harness import DGX1_LINKS, Sim, of_type
 from tests.core.strategies import LEVELS, PROFILE, nodes
+from tests.core.test_properties import build, check_invariants, play_agents
 
 IMAGENET = Dataset(name="imagenet", source="https://data.example/imagenet.tar", mount="/data/imagenet")
 TOKENS = Dataset(name="tokens", source="/shared/tokens", mount="/data/tokens")
@@ -292,3 +293,46 @@ def test_require_without_a_reservation_waits_with_the_locality_reason() -> None:
     assert w is not None and w.code == LOCALITY
     assert w.message == ("locality require: datasets imagenet are cached only on warm, which have no room for 2 GPUs "
                          "(the most free there: 0); 8 free on nodes without them are not used")
+
+
+POOL = (IMAGENET, TOKENS, Dataset(name="books", source="s3://bucket/books.tar", mount="/data/books"))
+
+
+@PROFILE
+@given(cluster=nodes(), levels=LEVELS, data=st.data())
+def test_decide_with_warm_caches_keeps_every_invariant_and_require(cluster: list[dict[str, Any]],
+                                                                    levels: tuple[str, ...], data: Any) -> None:
+    """Through decide: caches on random nodes, jobs with datasets (prefer and require) among plain ones, agents
+    starting and finishing them; no decision is void (the harness checks), gangs stay whole and GPUs single-owned
+    (test_properties' invariants), and a `require` job runs only on nodes holding all its datasets -- unless no
+    such node set could ever hold it."""
+    s = build(cluster, [], levels)
+    ids = [n["node_id"] for n in cluster]
+    for nid in ids:
+        held = data.draw(st.lists(st.sampled_from(POOL), unique=True, max_size=3))
+        if held:
+            cache(s, nid, *held)
+    holders = {d.key: {n for n in ids if d.key in s.state.nodes[n].datasets} for d in POOL}
+    required: dict[str, frozenset[str]] = {}
+    for i in range(data.draw(st.integers(1, 12))):
+        ds = tuple(data.draw(st.lists(st.sampled_from(POOL), unique=True, max_size=2)))
+        loc = data.draw(st.sampled_from(["prefer", "require"])) if ds else "prefer"
+        extra: dict[str, Any] = {"datasets": ds, "locality": loc} if ds else {}
+        s.submit(f"j{i}", ranks=data.draw(st.integers(1, 3)), gpus_per_rank=data.draw(st.sampled_from([1, 2, 8])),
+                 **extra)
+        if loc == "require":
+            required[f"j{i}"] = frozenset.intersection(*(frozenset(holders[d.key]) for d in ds))
+    for _ in range(data.draw(st.integers(1, 6))):
+        s.decide()
+        play_agents(s)
+        check_invariants(s.state)
+        for jid, only in required.items():
+            job = s.state.jobs[jid]
+            if job.placement and only:
+                used = {rp.node_id for rp in job.placement}
+                could = sum(s.state.nodes[n].inventory.gpu_count // job.spec.gpus_per_rank for n in only)
+                assert used <= only or could < job.spec.ranks, (jid, used, only)
+        done = [j for j in s.state.active if s.state.jobs[j].status == "running"]
+        if done:
+            s.finish(data.draw(st.sampled_from(sorted(done))))
+        s.tick(10)
