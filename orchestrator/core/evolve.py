@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from typing import assert_never
 
 from orchestrator.core import gating
+from orchestrator.core.caches import cache_evicted, cache_listed, cache_used
 from orchestrator.core.evolve_cluster import (
     cluster_configured,
     node_cordon,
@@ -70,7 +71,6 @@ from orchestrator.core.evolve_jobs import (
     preemption_requested,
 )
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
-from orchestrator.core.caches import cache_evicted, cache_listed, cache_used
 from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
 from orchestrator.core.state import ClusterState, needs_look
 from schemas.events import (
