@@ -31,6 +31,7 @@ TINY: dict[str, list[str] | None] = {
     "history.py": ["--jobs", "60", "--runs", "1", "--timeout", "120"],
     "load.py": ["--jobs", "4", "--clients", "1", "--nodes", "2", "--gpus", "8", "--agent-procs", "1",
                 "--timeout", "60"],
+    "locality.py": ["--jobs", "60", "--nodes", "4", "--datasets", "4"],
     "rebuild.py": ["--events", "2000", "--tail", "100", "--rounds", "1"],
     "replay.py": ["--events", "2000", "--rounds", "1"],
     "scheduler.py": ["--nodes", "8", "--jobs", "40", "--fold-events", "2000", "--burst", "20", "--latency-s", "0.2"],

@@ -33,6 +33,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "job": "one job in detail",
         "nodes": "list nodes",
         "queues": "list queues",
+        "datasets": "which node caches which dataset",
     },
     "usage": {"usage": "GPU-hours per queue, user or state from the whole log (like sacct)"},
     "logs": {"logs": "a worker's output (stdout and stderr), like kubectl logs [-f]"},

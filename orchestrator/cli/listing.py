@@ -10,6 +10,7 @@ import msgspec
 from events.subjects import InvalidId, check_id
 from orchestrator.cli import jobcolumns
 from orchestrator.cli.connect import add_connection_args, connected
+from orchestrator.cli.datasets_view import DATASETS_HEADERS, cache_text, datasets_rows, datasets_summary, node_datasets
 from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.indexed import add_index_arg, asked, job_of, wants_index
 from orchestrator.cli.output import print_json, print_table
@@ -184,12 +185,27 @@ def print_job(args: argparse.Namespace, state: ClusterState, found: Job, now: fl
 async def nodes(args: argparse.Namespace) -> int:
     state, _ = await state_at(args)
     if args.json:
-        print_json({"seq": state.seq, "nodes": [node_summary(state, n) for n in sorted_nodes(state)]})
-    elif args.datasets:  # (#33) the cache keys each node's agent told the log it holds
-        print_table(("NODE", "CACHED DATASETS"), [[n.node_id, " ".join(n.datasets) or "-"] for n in sorted_nodes(state)],
-                    empty="(no nodes registered)")
+        found = [node_summary(state, n) for n in sorted_nodes(state)]
+        if args.datasets:
+            for summary, n in zip(found, sorted_nodes(state), strict=True):
+                summary["datasets"] = node_datasets(state, n)
+        print_json({"seq": state.seq, "nodes": found})
+    elif args.datasets:
+        rows = [[*row, cache_text(node_datasets(state, n))] for row, n in zip(nodes_rows(state), sorted_nodes(state),
+                                                                            strict=True)]
+        print_table((*NODES_HEADERS, "DATASETS"), rows, empty="(no nodes registered)")
     else:
         print_table(NODES_HEADERS, nodes_rows(state), empty="(no nodes registered)")
+    return OK
+
+
+async def datasets(args: argparse.Namespace) -> int:
+    state, now = await state_at(args)
+    summary = datasets_summary(state)
+    if args.json:
+        print_json({"seq": state.seq, "datasets": summary})
+    else:
+        print_table(DATASETS_HEADERS, datasets_rows(summary, now), empty="(no node holds a dataset)")
     return OK
 
 
@@ -242,8 +258,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("nodes", help="list nodes", description="Nodes with GPUs used/free, labels, and whether "
                        "they are cordoned or failed.")
     common(p)
-    p.add_argument("--datasets", action="store_true", help="the datasets (cache keys) each node's cache holds")
+    p.add_argument("--datasets", action="store_true", help="also what each node's dataset cache holds (count, "
+                   "size, names; with --json each entry's key, size and last use)")
     p.set_defaults(handler=nodes)
+
+    p = sub.add_parser("datasets", help="which node caches which dataset",
+                       description="Every dataset a node's cache holds, folded from the log (the agents' "
+                                   "NodeDatasets, DatasetReady and DatasetEvicted): its names in job specs, cache "
+                                   "key, size, the nodes holding it, and when a job last used it.")
+    common(p)
+    p.set_defaults(handler=datasets)
 
     p = sub.add_parser("queues", help="list queues", description="Queues: GPUs used vs guarantee vs limit, "
                        "weight, pending and active jobs.")

@@ -57,6 +57,10 @@ Load sweep (--load 0.5,0.8,1.0,1.2): every policy at each offered load -- the GP
   they arrive is an error). Into --out: load-<L>/ per load with what a single run writes, and
   metrics.json (each load's figures, each policy's figures over the loads), table.txt and figures
   of avg JCT, total wait and share error against load (sweep_*.png).
+Datasets (trace columns datasets "name:GB;..." and locality prefer|require, or `sim gen --datasets K`):
+  each node stages a gang's datasets before its ranks start, at --staging-gbps, into a cache of
+  --cache-gb (LRU); staging counts in JCT and gets its own rows. --locality-compare runs the policy
+  with and without placement's preference for nodes that hold the datasets.
 Examples, the columns and the table's rows: the README, section "Simulating a workload".
 """
 
@@ -105,6 +109,16 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-figures", action="store_true", help="do not draw PNG figures")
     p.add_argument("--strict", action="store_true", help="check the safety invariants at every instant (slow)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the key figures instead of the table")
+    p.add_argument("--staging-gbps", type=float, default=1.0, dest="staging_gbps", metavar="GBPS",
+                   help="each node's dataset staging bandwidth, GB/s (default %(default)s)")
+    p.add_argument("--cache-gb", type=float, default=1000.0, dest="cache_gb", metavar="GB",
+                   help="each node's dataset cache size, GB; least recently used unused datasets are evicted; "
+                        "0: unbounded (default %(default)s)")
+    p.add_argument("--no-locality", action="store_true", dest="no_locality",
+                   help="placement ignores which nodes hold a job's datasets (the warm-node preference off)")
+    p.add_argument("--locality-compare", action="store_true", dest="locality_compare",
+                   help="run the first --policy with and without the warm-node preference and print both, with "
+                        "the JCT and staging figures side by side")
     p.set_defaults(handler=run_handler)
     sub = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND")
     g = sub.add_parser("gen", help="generate a synthetic trace", description=GEN_HELP,
@@ -126,6 +140,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         "column (default %(default)s)")
     g.add_argument("--gpu-fault-hours", type=float, default=4.0, dest="gpu_fault_hours", metavar="H",
                    help="median hours a faulty GPU stays out of service (default %(default)s)")
+    g.add_argument("--datasets", type=int, default=0, metavar="K",
+                   help="jobs train on datasets drawn from a shared pool of K (popular ones more often, so caches "
+                        "are reused); 0: none (default %(default)s)")
+    g.add_argument("--dataset-gb", type=float, default=100.0, dest="dataset_gb", metavar="GB",
+                   help="median size of a pool dataset in GB (default %(default)s)")
+    g.add_argument("--dataset-share", type=float, default=1.0, dest="dataset_share", metavar="P",
+                   help="share of the jobs that train on a dataset (default %(default)s)")
+    g.add_argument("--locality", choices=("prefer", "require"), default="prefer",
+                   help="the jobs' dataset locality (default %(default)s)")
     g.add_argument("--outages-out", metavar="FILE", type=Path, dest="outages_out",
                    help="outages CSV to write (required with --node-mtbf-days: the trace holds only jobs)")
     g.set_defaults(handler=gen_handler)

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -178,13 +179,22 @@ def run(args: argparse.Namespace) -> int:
         loads = parse_loads(args.load) if args.load is not None else None
         if args.checkpoint_interval < 0 or args.restart_overhead < 0:
             raise ValueError("--checkpoint-interval and --restart-overhead must be >= 0")
+        if not (args.staging_gbps > 0 and math.isfinite(args.staging_gbps)) or not (
+                args.cache_gb >= 0 and math.isfinite(args.cache_gb)):
+            raise ValueError(f"--staging-gbps must be > 0 and --cache-gb >= 0, got {args.staging_gbps} and "
+                             f"{args.cache_gb}")
+        if args.locality_compare and (loads is not None or args.no_locality):
+            raise ValueError("--locality-compare runs one load with and without locality: give it without "
+                             + ("--load" if loads is not None else "--no-locality"))
         scenarios = sweep_scenarios(args, loads) if loads is not None else {}
         scenario = single_scenario(args) if loads is None else next(iter(scenarios.values()))
         _out_dir(args.out)
     except (TraceError, ClusterSpecError, ValueError) as e:
         return _error(str(e))
     config = SimConfig(checkpoint_interval_s=args.checkpoint_interval, restart_overhead_s=args.restart_overhead,
-                       strict=args.strict)
+                       strict=args.strict, staging_gbps=args.staging_gbps, cache_gb=args.cache_gb)
+    if args.locality_compare:
+        return _compare_locality(scenario, policies[0], config, args)
     quiet = args.json
     runs = [run_label(load, p) for load in scenarios for p in policies] if loads is not None else policies
     bar = None if quiet or not sys.stderr.isatty() else ProgressBar(runs, len(scenario.jobs))
@@ -196,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr, flush=True)
 
     options: dict[str, Any] = {"write_logs": not args.no_logs, "figures": not args.no_figures, "progress": progress,
-                               "advance": bar.advance if bar is not None else None}
+                               "advance": bar.advance if bar is not None else None, "prefer_warm": not args.no_locality}
     try:
         with bar if bar is not None else contextlib.nullcontext():
             if loads is None:
@@ -213,6 +223,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report.table)
         print(f"\nwrote {', '.join(str(f) for f in report.files)}")
+    return OK
+
+
+def _compare_locality(scenario: Scenario, policy: str, config: SimConfig, args: argparse.Namespace) -> int:
+    """`--locality-compare`: the policy with and without the warm-node preference (orchestrator/sim/locality.py)."""
+    from orchestrator.sim.locality import compare_locality
+
+    if not any(j.spec.dataset_list for j in scenario.jobs):
+        _warn("no job of the workload has datasets: both runs are alike (trace column datasets, or "
+              "`sim gen --datasets K`)")
+    try:
+        cmp = compare_locality(scenario, policy, config)
+    except SimulationError as e:
+        print(f"corral sim: simulation failed: {e}", file=sys.stderr)
+        return FAILURE
+    figures = cmp.figures()
+    (args.out / "locality.json").write_text(json.dumps(json_ready(figures), indent=1, allow_nan=False))
+    if args.json:
+        print(json.dumps(json_ready(figures), allow_nan=False))
+    else:
+        print(cmp.table())
+        print(f"\nwrote {args.out / 'locality.json'}")
     return OK
 
 
@@ -283,6 +315,10 @@ def _gen_problems(args: argparse.Namespace) -> list[str]:
     elif args.node_mtbf_days > 0 and args.outages_out is None:
         out.append("--node-mtbf-days needs --outages-out FILE: the trace CSV holds only jobs, the outages go "
                    "to their own file (then `corral sim --outages FILE`)")
+    if args.datasets < 0 or not (args.dataset_gb > 0 and math.isfinite(args.dataset_gb)) or not (
+            0 <= args.dataset_share <= 1):
+        out.append(f"--datasets must be >= 0, --dataset-gb > 0 and --dataset-share between 0 and 1, got "
+                   f"{args.datasets}, {args.dataset_gb} and {args.dataset_share}")
     if args.gpu_faults < 0 or not args.gpu_fault_hours > 0:
         out.append(f"--gpu-faults must be >= 0 and --gpu-fault-hours > 0, got {args.gpu_faults} and "
                    f"{args.gpu_fault_hours}")
@@ -302,7 +338,9 @@ def gen(args: argparse.Namespace) -> int:
             args.nodes, args.gpus_per_node, args.queues)
         trace = generate(cluster, GenConfig(jobs=args.jobs, load=args.load, seed=args.seed,
                                             node_mtbf_days=args.node_mtbf_days, gpu_faults=args.gpu_faults,
-                                            gpu_fault_hours=args.gpu_fault_hours))
+                                            gpu_fault_hours=args.gpu_fault_hours, datasets=args.datasets,
+                                            dataset_gb=args.dataset_gb, dataset_share=args.dataset_share,
+                                            locality=args.locality))
     except (ClusterSpecError, ValueError) as e:
         return _error(str(e))
     try:

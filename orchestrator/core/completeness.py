@@ -108,7 +108,7 @@ def final_verdicts(adm: AdmitContext) -> bool:
         if job.earmark:
             settled = False
             continue
-        req = c.policies.request(job)
+        req = adm.request(job)
         key = (queue, shape_of(req), job.spec.gpu_model)
         if key not in alike:
             alike[key] = _final_verdict(adm, job, queue, req)

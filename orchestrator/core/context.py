@@ -15,6 +15,7 @@ import math
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import Outcome, capacity_outcome
+from orchestrator.core.locality import cache_index, located
 from orchestrator.core.plan import Plan
 from orchestrator.core.running import RunningGangs, running_gangs
 from orchestrator.core.state import Job, attained_service
@@ -28,7 +29,7 @@ Shape = tuple[object, ...]
 
 
 def shape_of(req: GangRequest) -> Shape:
-    return (req.cls, req.ranks, req.gpus_per_rank, req.level, req.required)
+    return (req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, req.warm, req.only)
 
 
 def _since_checkpoint(job: Job, now: float) -> float:
@@ -82,6 +83,18 @@ class AdmitContext:
         self.blocked_heads: dict[str, int] = {}
         #: A head waits for GPUs (not placed, preempting or over quota).
         self.capacity_blocked = False
+        #: Dataset cache key -> the nodes holding it (core/locality.py), built for the first job with datasets.
+        self._caches: dict[str, list[str]] | None = None
+
+    def request(self, job: Job) -> GangRequest:
+        """`Policies.request`, with the nodes holding the job's datasets (core/locality.py) when it names any."""
+        req = self.c.policies.request(job)
+        if not job.spec.dataset_list:
+            return req
+        if self._caches is None:
+            self._caches = cache_index(self.c.state)
+        return located(req, job.spec, self.c.state, self._caches, self.plan.eligible(req.cls),
+                       prefer=self.c.policies.prefer_warm)
 
     # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
     # their preemptor), so a gang shape that found no room in the plan's shared index finds

@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from typing import assert_never
 
 from orchestrator.core import gating
+from orchestrator.core.caches import cache_evicted, cache_listed, cache_used
 from orchestrator.core.evolve_cluster import (
     cluster_configured,
     node_cordon,
@@ -202,12 +203,15 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
             dataset_staging(state, event, t)
         case DatasetReady():
             dataset_ready(state, event, t)
+            cache_used(state, event, t)
         case DatasetFailed():
             dataset_failed(state, event, t)
         case DatasetEvicted():
             dataset_evicted(state, event)
+            cache_evicted(state, event)
         case NodeDatasets():
             node_datasets(state, event)
+            cache_listed(state, event)
         case Unknown():
             state.unknown_events += 1
         case _:

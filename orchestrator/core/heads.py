@@ -25,6 +25,7 @@ import math
 from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import BACKFILL, PLACED, PREEMPTING, QUOTA, Outcome
+from orchestrator.core.locality import locality_outcome
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.starving import is_starving
@@ -45,7 +46,7 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     no victim search left unremembered) is the answer for the next such head.
     """
     plan, pol = adm.plan, adm.c.policies
-    req = pol.request(job)
+    req = adm.request(job)
     if job.earmark or not pol.preemption.priority_or_reclaim_only or is_starving(adm.c, job):
         return judge(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
@@ -114,6 +115,8 @@ def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, b
         ids = [h.job_id for h in plan.holds]
         more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
         return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {ids[0]}{more}")
+    if req.only is not None:  # locality: require, and the nodes holding its datasets have no room
+        return locality_outcome(req, job.spec, base)
     return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
 
 

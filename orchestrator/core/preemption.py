@@ -42,7 +42,7 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
     # Candidates and free GPUs only shrink during a cycle: a shape that found no victims
     # at some priority finds none at that priority or lower later on (for rules that read
     # only priority and guarantees).
-    hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, queue, owed)
+    hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, req.only, queue, owed)
     memo = rule.priority_or_reclaim_only and not job.earmark
     if memo and priority <= adm.hopeless.get(hopeless, -math.inf):
         return None

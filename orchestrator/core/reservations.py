@@ -32,6 +32,7 @@ from orchestrator.core.context import AdmitContext
 from orchestrator.core.estimates import estimated_end
 from orchestrator.core.explain import BACKFILL_HEAD, Outcome
 from orchestrator.core.lines import Line
+from orchestrator.core.locality import locality_note
 from orchestrator.core.plan import Hold
 from orchestrator.core.running import ends_at
 from orchestrator.core.state import FREE, HOLDING, RESERVING, Job, Waiting
@@ -84,7 +85,7 @@ def reservation_turn(adm: AdmitContext, lines: dict[str, Line]) -> tuple[Job, st
         job = line.head[1]
         if job.earmark:
             continue
-        req = pol.request(job)
+        req = adm.request(job)
         smallest = min(smallest, req.gpus)
         if job.waiting_since < aged_before:
             heads.append((job, q, req))
@@ -123,8 +124,10 @@ def give_reservation(adm: AdmitContext, job: Job, queue: str, req: GangRequest, 
     # for its gang, so on a full cluster, where every freed GPU is reserved, fair share still holds.
     plan.charge_share(queue, req.gpus)
     when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else _estimated_start(adm, hold)
-    return Outcome(BACKFILL_HEAD, f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}",
-                   hold if math.isfinite(hold.until) else None, replanned)
+    why = f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}"
+    if req.only is not None:  # it waits for the nodes holding its datasets: say so (core/locality.py)
+        why += f"; {locality_note(req, job.spec, adm.c.topo.order)}"
+    return Outcome(BACKFILL_HEAD, why, hold if math.isfinite(hold.until) else None, replanned)
 
 
 def _endings(adm: AdmitContext) -> Iterator[Ending]:

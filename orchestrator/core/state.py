@@ -21,7 +21,7 @@ from typing import Literal
 
 import msgspec
 
-from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS, RankPlacement
+from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS, CachedDataset, RankPlacement
 from schemas.inventory import Inventory
 from schemas.jobspec import JobSpec
 
@@ -424,6 +424,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
     unended: dict[str, dict[WorkerId, int]] = msgspec.field(default_factory=dict)
     #: job -> step -> ranks that reported a checkpoint at that step (until complete).
     checkpoint_votes: dict[str, dict[int, tuple[int, ...]]] = msgspec.field(default_factory=dict)
+    #: node -> its dataset cache's entries with size and last use, sorted by key (core/caches.py: the
+    #: operator views'; placement reads `Node.datasets`).
+    dataset_cache: dict[str, tuple[CachedDataset, ...]] = msgspec.field(default_factory=dict)
     #: Decisions recorded as void (stale epoch, GPUs taken, ...), for observability.
     voids: int = 0
     last_void: str = ""
@@ -495,6 +498,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             ranks={k: dict(v) for k, v in self.ranks.items()},
             unended={k: dict(v) for k, v in self.unended.items()},
             checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},
+            dataset_cache=dict(self.dataset_cache),
             voids=self.voids,
             last_void=self.last_void,
             unknown_events=self.unknown_events,

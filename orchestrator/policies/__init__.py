@@ -119,6 +119,10 @@ class Policies:
     preemption_searches: int = 8
     #: Extra wait after a grace period before a stopped or preempted gang is declared gone.
     stop_margin_s: float = 10.0
+    #: Prefer nodes whose dataset cache holds a job's datasets among placements of equal topology quality
+    #: (issue #33: core/locality.py, policies/placement.py). False: placement ignores the caches (a spec's
+    #: `locality: require` still holds); the simulator compares the two.
+    prefer_warm: bool = True
 
 
 DEFAULT_POLICIES = Policies()

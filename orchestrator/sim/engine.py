@@ -51,6 +51,8 @@ from orchestrator.sim.baselines import policies_for
 from orchestrator.sim.cluster import EPOCH
 from orchestrator.sim.invariants import violations
 from orchestrator.sim.specs import SimJob
+from orchestrator.sim.staging import Plan as StagePlan
+from orchestrator.sim.staging import Stager, StagingStats
 from orchestrator.sim.threat import preemption_threat
 from orchestrator.sim.timeline import Timeline
 from orchestrator.sim.trace import Outage
@@ -77,7 +79,7 @@ from schemas.events import (
 )
 
 # Heap entry kinds; at one instant they are handled in this order.
-_FINISH, _FAIL, _REPAIR, _SUBMIT, _WAKE, _GPU_REPAIR = range(6)
+_FINISH, _FAIL, _REPAIR, _SUBMIT, _WAKE, _GPU_REPAIR, _STAGED = range(7)
 
 #: Follow-ups that end a gang; decide already planned with its GPUs free (see the module docstring).
 _ENDED = (JobCompleted, JobFailed, JobCancelled)
@@ -96,6 +98,10 @@ class SimConfig(NamedTuple):
     #: Skip admission in a round that only marks placed gangs running, when the placing round's
     #: admission was complete (core/decide.decide_cycle); False admits in every round (for tests).
     skip_complete: bool = True
+    #: Dataset staging (issue #33, staging.py): each node's staging bandwidth in GB/s, and its cache size
+    #: in GB (0: unbounded). Jobs without datasets never stage.
+    staging_gbps: float = 1.0
+    cache_gb: float = 1000.0
 
 
 class Scenario(NamedTuple):
@@ -127,6 +133,8 @@ class SimResult(NamedTuple):
     timeline: Timeline
     work: dict[str, Work]
     stats: RunStats
+    #: What dataset staging cost (None: no job of the run had datasets).
+    staging: StagingStats | None = None
 
 
 class SimulationError(RuntimeError):
@@ -182,6 +190,9 @@ class Simulation:
         self._gpu_down: dict[tuple[str, int], float] = {}
         self.gpu_faults = 0
         self.gpu_fault_down_s = 0.0
+        #: Dataset staging (staging.py), and the attempts staging now: job -> its staging plan.
+        self.stager = Stager(self.config.staging_gbps, self.config.cache_gb)
+        self._staging: dict[str, StagePlan] = {}
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -248,7 +259,8 @@ class Simulation:
         stats = RunStats(events=self.events, decides=self.decides, admission_skips=self.skips, wall_s=time.perf_counter() - started,
                          voids=self.state.voids, time_limit_kills=self.kills, unfinished=unfinished,
                          gpu_faults=self.gpu_faults, gpu_fault_down_s=self.gpu_fault_down_s)
-        return SimResult(self.policy, self.state, self.timeline, self.work, stats)
+        staged = self.stager.stats() if any(j.spec.dataset_list for j in self.scenario.jobs) else None
+        return SimResult(self.policy, self.state, self.timeline, self.work, stats, staged)
 
     def _handle(self, kind: int, payload: Any) -> bool:
         """Append what happens at this instant; False when the entry turned out stale."""
@@ -272,6 +284,8 @@ class Simulation:
             return self._repair(payload)
         if kind == _GPU_REPAIR:
             return self._gpu_repair(*payload)
+        if kind == _STAGED:
+            return self._staged(payload)
         self._wakes.discard(now)
         return True
 
@@ -329,10 +343,10 @@ class Simulation:
             if isinstance(e, (GangReserved, GangRestarted)):
                 j = state.jobs[e.job_id]
                 if j.status == "reserved" and j.attempt == e.attempt and not state.ranks.get(j.job_id):
-                    out += self._start(j)
+                    out += self._stage(j) if j.spec.dataset_list else self._start(j)
             elif isinstance(e, PreemptionRequested):
                 j = state.jobs[e.job_id]
-                if j.status == "preempting" and j.attempt == e.attempt:
+                if j.status == "preempting" and j.attempt == e.attempt and not self._staging.pop(j.job_id, None):
                     out += self._interrupt(j, "preemption", signalled=True)
                     out += workers_exited(state, j, now, "preempted")
             elif isinstance(e, CancelRequested):
@@ -362,6 +376,31 @@ class Simulation:
                 self._maturing.append((at, job.job_id))
         return list(workers_started(job, now))
 
+    def _stage(self, job: Job) -> list[Event]:
+        """A gang with datasets: its nodes stage them first (staging.py); its ranks start when the last is there."""
+        plan = self.stager.plan(job, self.now)
+        if plan.ready_at <= self.now:  # every node holds every dataset: told, and started at once
+            return [*self.stager.land(plan, self.state, self.now), *self._start(job)]
+        self._staging[job.job_id] = plan
+        self._push(plan.ready_at, _STAGED, plan)
+        limit = job.spec.time_limit_s
+        if limit is not None and job.reserved_at + limit < plan.ready_at:
+            self._wake(job.reserved_at + limit)
+        return []
+
+    def _staged(self, plan: StagePlan) -> bool:
+        """An attempt's datasets are on its nodes: the caches fill, and its ranks start if it is still placed."""
+        for e in self.stager.land(plan, self.state, self.now):
+            self.append(e)
+        if self._staging.get(plan.job_id) is plan:
+            del self._staging[plan.job_id]
+        j = self.state.jobs.get(plan.job_id)
+        if (j is not None and j.status == "reserved" and j.attempt == plan.attempt and j.stop is None
+                and not self.state.ranks.get(j.job_id)):
+            for e in self._start(j):
+                self.append(e)
+        return True
+
     def _interrupt(self, job: Job, cause: str, *, signalled: bool) -> list[Event]:
         """The running attempt stops early: record its newest checkpoint (and what was lost)."""
         w = self.work[job.job_id]
@@ -379,6 +418,8 @@ class Simulation:
         for jid in list(self.state.active):
             j = self.state.jobs[jid]
             if j.status in ("reserved", "running") and any(rp.node_id == o.node_id for rp in j.placement):
+                if self._staging.pop(jid, None) is not None:
+                    continue  # it was staging: no work to lose
                 for e in self._interrupt(j, "failure", signalled=False):
                     self.append(e)
         self.append(NodeFailed(event_id=f"sim:fail:{o.node_id}:{node.incarnation}", occurred_at=self.now,
@@ -405,7 +446,7 @@ class Simulation:
             return False
         owner = self.state.owners[o.node_id][gpu]
         j = self.state.jobs.get(owner) if owner else None
-        if j is not None and j.status in ("reserved", "running"):
+        if j is not None and j.status in ("reserved", "running") and self._staging.pop(j.job_id, None) is None:
             for e in self._interrupt(j, "gpu_fault", signalled=False):
                 self.append(e)
         self.gpu_faults += 1

@@ -14,6 +14,12 @@ what this generator reproduces:
   some train big models, some mostly debug on single GPUs;
 * users give time limits, generous ones: a few times the real duration.
 
+Datasets (issue #33, off by default): with `datasets` K > 0, a share of the
+jobs train on one dataset drawn from a shared pool of K, popular ones more
+often (Zipf, exponent 1), so reuse -- and warm caches -- happen; each pool
+dataset's size is lognormal around `dataset_gb`. They come from their own
+random stream: a trace generated without datasets is the same as before.
+
 The offered load is a parameter, and it is the load the cluster sees while
 the trace runs: arrivals are spread so that the GPU-seconds the jobs would
 run *inside the arrival window* if each started on arrival equal `load` x
@@ -70,6 +76,12 @@ class GenConfig(NamedTuple):
     #: GPU faults (one GPU of one node each) spread over the trace, and their median hours out of service.
     gpu_faults: int = 0
     gpu_fault_hours: float = 4.0
+    #: Datasets (module docstring): the pool's size (0: none), the median dataset's GB, the share of jobs that
+    #: train on one, and their `locality` ("prefer" or "require").
+    datasets: int = 0
+    dataset_gb: float = 100.0
+    dataset_share: float = 1.0
+    locality: str = "prefer"
 
 
 def _size_table(boost: float, max_gpus: int) -> tuple[list[int], list[float]]:
@@ -181,10 +193,26 @@ def generate(cluster: ClusterSpec, cfg: GenConfig | None = None) -> Trace:
                  time_limit=_time_limit(rng, d))
         for i, (t, (q, g, d, p, pre)) in enumerate(zip(times, drafts, strict=True))
     )
+    if cfg.datasets > 0:
+        jobs = _with_datasets(jobs, cfg)
     span = times[-1] if times else 0.0
     outages = _outages(rng, cluster, cfg, span) + _gpu_faults(cluster, cfg, span)
     return Trace(jobs=jobs, outages=tuple(sorted(outages, key=lambda o: (o.time, o.node_id, o.gpu or 0))),
                  source=f"gen(seed={cfg.seed})")
+
+
+def _with_datasets(jobs: tuple[TraceJob, ...], cfg: GenConfig) -> tuple[TraceJob, ...]:
+    """Each job, with probability `dataset_share`, trains on one dataset of the pool (module docstring)."""
+    rng = random.Random(f"datasets/{cfg.seed}")
+    pool = [(f"ds{i:03d}", round(max(0.1, rng.lognormvariate(math.log(cfg.dataset_gb), 0.5)), 1))
+            for i in range(cfg.datasets)]
+    popularity = [1.0 / (i + 1) for i in range(cfg.datasets)]
+    out = []
+    for j in jobs:
+        if rng.random() < cfg.dataset_share:
+            j = j._replace(datasets=(rng.choices(pool, weights=popularity)[0],), locality=cfg.locality)
+        out.append(j)
+    return tuple(out)
 
 
 def _outages(rng: random.Random, cluster: ClusterSpec, cfg: GenConfig, span: float) -> tuple[Outage, ...]:

@@ -31,6 +31,11 @@ Definitions (so two runs compare like for like):
 * Priority jobs: those above the trace's lowest priority (none if all jobs
   have one priority). Their queueing delay is what priorities and preemption
   buy, and what a policy without them does not.
+* Staging (issue #33; only for runs whose jobs have datasets): seconds from
+  a gang's placement until its last node holds its last dataset, per
+  attempt; the GPU-hours gangs held while staging (idle GPUs; inside JCT);
+  the share of (node, dataset) asks the node's cache already held; bytes
+  moved and cache evictions.
 """
 
 from __future__ import annotations
@@ -215,6 +220,23 @@ def summarize(result: SimResult, *, buckets: int = 200) -> dict[str, Any]:
             "jobs_per_s": len(submits) / stats.wall_s if stats.wall_s > 0 else math.nan,
             "voids": stats.voids,
         },
+        **({"staging": staging_figures(result)} if result.staging is not None else {}),
+    }
+
+
+def staging_figures(result: SimResult) -> dict[str, Any]:
+    """The run's staging costs (module docstring), JSON-ready; staging seconds per job, averaged."""
+    st = result.staging
+    assert st is not None
+    per_job = list(st.per_job.values())
+    return {
+        "attempts": st.attempts,
+        "avg_per_attempt_s": st.seconds / st.attempts if st.attempts else 0.0,
+        "per_job_s": _stats(per_job, full=False),
+        "gpu_hours_idle": st.gpu_seconds / 3600.0,
+        "cache_hit_rate": st.hits / st.items if st.items else None,
+        "tb_staged": st.bytes_staged / 1e12,
+        "evictions": st.evictions,
     }
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from orchestrator.sim.baselines import POLICY_NAMES
+from orchestrator.sim.baselines import POLICY_NAMES, policies_for
 from orchestrator.sim.engine import Scenario, SimConfig, SimResult, Simulation, simulate
 from orchestrator.sim.metrics import big_gang_waits, summarize, waits_longer
 from orchestrator.sim.table import json_figures, side_by_side
@@ -67,11 +68,12 @@ def compare(metrics: dict[str, dict[str, Any]], waits: dict[str, dict[str, float
 def run_policies(scenario: Scenario, policies: Sequence[str], config: SimConfig | None = None,
                  out_dir: Path | None = None, *, write_logs: bool = True, figures: bool = True,
                  progress: Callable[[str], None] | None = None,
-                 advance: Callable[[str, int], None] | None = None) -> Report:
+                 advance: Callable[[str, int], None] | None = None, prefer_warm: bool = True) -> Report:
     """Simulate `scenario` under each policy; write logs, metrics, table and figures into `out_dir` if given.
 
     `progress` gets a line per finished policy; `advance(policy, jobs_finished)` is called while a
-    policy runs, each time more of its jobs have finished (a progress bar's feed).
+    policy runs, each time more of its jobs have finished (a progress bar's feed). `prefer_warm` False runs
+    each policy with placement's warm-node preference off (`Policies.prefer_warm`, issue #33).
     """
     config = config if config is not None else SimConfig()
     metrics: dict[str, dict[str, Any]] = {}
@@ -83,13 +85,14 @@ def run_policies(scenario: Scenario, policies: Sequence[str], config: SimConfig 
         _remove_stale(out_dir, policies, write_logs=write_logs, figures=figures)
     for name in policies:
         tick = _ticker(name, advance) if advance is not None else None
+        what_if = None if prefer_warm else replace(policies_for(name), prefer_warm=False)
         if out_dir is not None and write_logs:
             path = out_dir / f"events-{name}.jsonl"
             with path.open("wb") as f:
-                result = simulate(scenario, name, config, log=f, on_instant=tick)
+                result = simulate(scenario, name, config, log=f, on_instant=tick, policies=what_if)
             files.append(path)
         else:
-            result = simulate(scenario, name, config, on_instant=tick)
+            result = simulate(scenario, name, config, on_instant=tick, policies=what_if)
         metrics[name] = summarize(result)
         waits[name] = big_gang_waits(result)
         jcts[name] = _jcts(result)

@@ -8,7 +8,9 @@ all-reduce stays under one switch when the cluster has room.
 
 The run time rides along in the spec's env (`SIM_DURATION_S`): the log then
 carries everything a re-run needs, so `from_log` can replay it under another
-policy without the original trace.
+policy without the original trace. So do the sizes of a job's datasets
+(`SIM_DATASETS_GB`, "name:GB;..."): a spec names datasets by source, and the
+simulator stages them by size (engine.py).
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from orchestrator.core.state import Queue
 from orchestrator.core.usage import first_over_limit
 from orchestrator.sim.cluster import ClusterSpec
 from orchestrator.sim.trace import TraceError, TraceJob
+from schemas.datasets import Dataset
 from schemas.jobspec import JobSpec, Topology
 
 DURATION_ENV = "SIM_DURATION_S"
+#: The sizes of a job's datasets, "name:GB;name:GB" (only in specs with datasets).
+DATASETS_ENV = "SIM_DATASETS_GB"
 #: Grace period the simulated jobs ask for (agents here checkpoint at once, so it only bounds a stop).
 GRACE_S = 30.0
 
@@ -94,6 +99,14 @@ def spec_of(job: TraceJob, cluster: ClusterSpec) -> JobSpec:
         topo = Topology(level=cluster.levels[-1].name, mode="prefer")
     else:
         topo = None
+    env = {DURATION_ENV: repr(float(job.duration))}
+    extra: dict[str, object] = {}
+    if job.datasets:
+        env[DATASETS_ENV] = ";".join(f"{n}:{gb!r}" for n, gb in job.datasets)
+        extra["datasets"] = tuple(Dataset(name=n, source=f"file:///sim/datasets/{n}", mount=f"/data/{n}")
+                                  for n, _ in job.datasets)
+    if job.locality != "prefer":
+        extra["locality"] = job.locality
     return JobSpec(
         name=job.job_id,
         queue=job.queue,
@@ -102,11 +115,24 @@ def spec_of(job: TraceJob, cluster: ClusterSpec) -> JobSpec:
         gpus_per_rank=per_rank,
         gpu_model=job.gpu_model,
         topology=topo,
-        env={DURATION_ENV: repr(float(job.duration))},
+        env=env,
         grace_period_s=GRACE_S,
         time_limit_s=job.time_limit,
         preemptible=job.preemptible,
+        **extra,  # type: ignore[arg-type]
     )
+
+
+def dataset_sizes(spec: JobSpec) -> dict[str, int]:
+    """A simulated spec's datasets -> size in bytes (from `DATASETS_ENV`; 0 for one it does not size)."""
+    sizes: dict[str, int] = {}
+    for part in spec.env.get(DATASETS_ENV, "").split(";"):
+        name, _, gb = part.partition(":")
+        try:
+            sizes[name] = max(0, int(float(gb) * 1e9))
+        except (ValueError, OverflowError):  # a hand-edited log's "x:inf" or "x:nan" sizes nothing
+            continue
+    return {d.name: sizes.get(d.name, 0) for d in spec.dataset_list}
 
 
 def sim_jobs(jobs: Iterable[TraceJob], cluster: ClusterSpec, source: str = "<trace>") -> list[SimJob]:

@@ -168,10 +168,10 @@ def at_load(scenario: Scenario, load: float) -> Scenario:
 def run_sweep(scenarios: Mapping[float, Scenario], policies: Sequence[str], config: SimConfig | None = None,
               out_dir: Path | None = None, *, write_logs: bool = True, figures: bool = True,
               progress: Callable[[str], None] | None = None,
-              advance: Callable[[str, int], None] | None = None) -> SweepReport:
+              advance: Callable[[str, int], None] | None = None, prefer_warm: bool = True) -> SweepReport:
     """Every policy on the scenario of each load (in the mapping's order); results written into `out_dir` if given.
 
-    `progress` and `advance` are `run_policies`' hooks, their runs named by `run_label`.
+    `progress`, `advance` and `prefer_warm` are `run_policies`', its runs named by `run_label`.
     """
     runs: list[LoadRun] = []
     files: list[Path] = []
@@ -181,7 +181,7 @@ def run_sweep(scenarios: Mapping[float, Scenario], policies: Sequence[str], conf
     for load, scenario in scenarios.items():
         report = run_policies(scenario, policies, config, out_dir / f"load-{load_name(load)}" if out_dir else None,
                               write_logs=write_logs, figures=figures, progress=_told(load, progress),
-                              advance=_advanced(load, advance))
+                              advance=_advanced(load, advance), prefer_warm=prefer_warm)
         runs.append(LoadRun(load, offered_load(scenario), report))
         files += report.files
     figs = sweep_figures(runs)

@@ -76,6 +76,23 @@ ROWS: tuple[Row, ...] = (
 )
 
 
+#: Rows of runs whose jobs have datasets (metrics.staging_figures); absent from runs without.
+STAGING_ROWS: tuple[Row, ...] = (
+    Row("avg staging per attempt (min)", "avg_staging_min", lambda m: m["staging"]["avg_per_attempt_s"] / 60.0,
+        "{:.1f}", digits=2),
+    Row("GPU-h idle while staging", "gpu_h_staging", lambda m: m["staging"]["gpu_hours_idle"], "{:.0f}", digits=1),
+    Row("dataset cache hit rate (%)", "cache_hit_rate", lambda m: m["staging"]["cache_hit_rate"], "{:.1f}", 100, 4),
+    Row("TB staged", "tb_staged", lambda m: m["staging"]["tb_staged"], "{:.2f}", digits=3),
+    Row("cache evictions", "cache_evictions", lambda m: m["staging"]["evictions"], "{:.0f}"),
+)
+
+
+def rows_of(metrics: Mapping[str, Mapping[str, Any]]) -> tuple[Row, ...]:
+    """The rows for these runs: the staging rows only when every run staged datasets."""
+    staged = bool(metrics) and all("staging" in m for m in metrics.values())
+    return ROWS + STAGING_ROWS if staged else ROWS
+
+
 def _finite(value: float | int | None) -> float | int | None:
     """None for what has no value (no job completed: no JCT), so neither the table nor JSON shows nan."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -91,7 +108,7 @@ def _cell(value: float | int | None, row: Row) -> str:
 def json_figures(m: Mapping[str, Any]) -> dict[str, float | int | None]:
     """One run's rows as JSON-ready numbers: counts as ints, the rest rounded, None where the table shows -."""
     out: dict[str, float | int | None] = {}
-    for row in ROWS:
+    for row in ROWS + (STAGING_ROWS if "staging" in m else ()):
         v = _finite(row.value(m))
         out[row.key] = round(v, row.digits) if isinstance(v, float) else v
     return out
@@ -99,11 +116,12 @@ def json_figures(m: Mapping[str, Any]) -> dict[str, float | int | None]:
 
 def side_by_side(metrics: Mapping[str, Mapping[str, Any]]) -> str:
     names = list(metrics)
-    label_w = max(len(r.label) for r in ROWS)
-    cells = [[_cell(row.value(metrics[n]), row) for n in names] for row in ROWS]
+    rows = rows_of(metrics)
+    label_w = max(len(r.label) for r in rows)
+    cells = [[_cell(row.value(metrics[n]), row) for n in names] for row in rows]
     widths = [max(len(n), *(len(row[i]) for row in cells)) for i, n in enumerate(names)]
     lines = ["  ".join([f"{'metric':<{label_w}}", *(f"{n:>{w}}" for n, w in zip(names, widths, strict=True))])]
     lines.append("-" * len(lines[0]))
-    for row, line in zip(ROWS, cells, strict=True):
+    for row, line in zip(rows, cells, strict=True):
         lines.append("  ".join([f"{row.label:<{label_w}}", *(f"{c:>{w}}" for c, w in zip(line, widths, strict=True))]))
     return "\n".join(lines)

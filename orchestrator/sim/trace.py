@@ -1,10 +1,13 @@
 """Workload traces: the jobs (and node outages) a simulation replays, read from CSV.
 
 Jobs: a header naming `job_id,submit_time,duration,num_gpus,queue` and any of
-`priority,preemptible,gpu_model,topology,time_limit`, in any order; times are
-seconds. `topology` is a level name with an optional mode ("leaf",
+`priority,preemptible,gpu_model,topology,time_limit,datasets,locality`, in any
+order; times are seconds. `topology` is a level name with an optional mode ("leaf",
 "leaf:require", "none"); `time_limit` is the user's estimate that backfill
-plans with (empty: no limit). Outages, a separate CSV: `node_id,time,duration`
+plans with (empty: no limit). `datasets` (issue #33) names the datasets the job
+trains on with their sizes in GB, `name:GB` separated by `;` ("imagenet:150;
+tokens:40"): the simulator stages them onto each node of the gang before its
+ranks start; `locality` is `prefer` (default) or `require`. Outages, a separate CSV: `node_id,time,duration`
 (seconds down; empty: never back), plus an optional `gpu` column: a row with a
 GPU index is a GPU fault (GpuUnhealthy, then GpuHealthy when it ends), not a
 node outage.
@@ -21,8 +24,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple, TextIO, TypeVar
 
+from schemas.datasets import NAME_RE
+
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus", "queue")
-OPTIONAL = ("priority", "preemptible", "gpu_model", "topology", "time_limit")
+OPTIONAL = ("priority", "preemptible", "gpu_model", "topology", "time_limit", "datasets", "locality")
+#: The columns written only when some job uses them (traces without datasets keep their bytes).
+DATASET_COLUMNS = ("datasets", "locality")
 OUTAGE_COLUMNS = ("node_id", "time", "duration")
 OUTAGE_OPTIONAL = ("gpu",)
 
@@ -58,6 +65,9 @@ class TraceJob(NamedTuple):
     time_limit: float | None = None
     #: Line in the trace file (0 when made in memory), for error messages.
     line: int = 0
+    #: (name, size in GB) of each dataset it trains on (issue #33), and "prefer" or "require".
+    datasets: tuple[tuple[str, float], ...] = ()
+    locality: str = "prefer"
 
 
 class Outage(NamedTuple):
@@ -107,6 +117,24 @@ def _topology(raw: str) -> tuple[str, str] | None:
     return level, mode
 
 
+def parse_datasets(raw: str) -> tuple[tuple[str, float], ...]:
+    """"imagenet:150;tokens:40" -> (("imagenet", 150.0), ("tokens", 40.0)); "" -> ()."""
+    out: list[tuple[str, float]] = []
+    for part in raw.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, size = part.partition(":")
+        name = name.strip()
+        if not sep or not NAME_RE.fullmatch(name):
+            raise ValueError(f"datasets must look like 'name:GB;name:GB' with names of letters, digits and _ "
+                             f"(a letter first), got {part!r}")
+        if any(n == name for n, _ in out):
+            raise ValueError(f"dataset {name!r} is named twice")
+        out.append((name, _number(size.strip(), f"dataset {name}'s size in GB")))
+    return tuple(out)
+
+
 def _boolean(raw: str) -> bool:
     v = raw.strip().lower()
     if v in _TRUE:
@@ -137,7 +165,16 @@ def _job(row: dict[str, str], line: int) -> TraceJob:
         topology=_topology(row.get("topology") or ""),
         time_limit=_number(limit_raw, "time_limit", nonzero=True) if limit_raw else None,
         line=line,
+        datasets=parse_datasets(row.get("datasets") or ""),
+        locality=_locality(row.get("locality") or ""),
     )
+
+
+def _locality(raw: str) -> str:
+    v = raw.strip().lower() or "prefer"
+    if v not in ("prefer", "require"):
+        raise ValueError(f"locality must be prefer or require, got {raw!r}")
+    return v
 
 
 def _header_problems(name: str, header: list[str] | None, required: Iterable[str], optional: Iterable[str]) -> list[str]:
@@ -256,16 +293,23 @@ def _fmt(v: float) -> str:
 
 
 def write_trace(jobs: Iterable[TraceJob], f: TextIO) -> None:
-    """Jobs as CSV with every optional column (the generator's output format)."""
+    """Jobs as CSV with every optional column (the generator's output format); the dataset columns only
+    when some job has datasets."""
+    jobs = list(jobs)
+    data = any(j.datasets or j.locality != "prefer" for j in jobs)
+    optional = OPTIONAL if data else tuple(c for c in OPTIONAL if c not in DATASET_COLUMNS)
     w = csv.writer(f, lineterminator="\n")
-    w.writerow([*REQUIRED, *OPTIONAL])
+    w.writerow([*REQUIRED, *optional])
     for j in jobs:
         topo = f"{j.topology[0]}:{j.topology[1]}" if j.topology else ""
-        w.writerow([
+        row = [
             j.job_id, _fmt(j.submit_time), _fmt(j.duration), j.num_gpus, j.queue, j.priority,
             "true" if j.preemptible else "false", j.gpu_model or "", topo,
             "" if j.time_limit is None else _fmt(j.time_limit),
-        ])
+        ]
+        if data:
+            row += [";".join(f"{n}:{_fmt(gb)}" for n, gb in j.datasets), j.locality]
+        w.writerow(row)
 
 
 def write_outages(outages: Iterable[Outage], f: TextIO) -> None:
