@@ -152,14 +152,18 @@ def _text_ok(v: Any, depth: int = 0) -> bool:
         return v.isascii() or _encodes(v)
     if depth < 8 and isinstance(v, dict):
         for k, x in v.items():
-            if not ((k.isascii() if type(k) is str else _text_ok(k, depth + 1))
-                    and (x.isascii() if type(x) is str else _text_ok(x, depth + 1))):
+            if not (_leaf_ok(k) or _text_ok(k, depth + 1)) or not (_leaf_ok(x) or _text_ok(x, depth + 1)):
                 return False
     elif depth < 8 and isinstance(v, (list, tuple)):
         for x in v:
-            if not (x.isascii() if type(x) is str else _text_ok(x, depth + 1)):
+            if not (_leaf_ok(x) or _text_ok(x, depth + 1)):
                 return False
     return True
+
+
+def _leaf_ok(v: Any) -> bool:
+    """True for an ASCII string or a value that holds no string (a number, None): no walk needed."""
+    return v.isascii() if type(v) is str else not isinstance(v, (str, dict, list, tuple))
 
 
 def _encodes(s: str) -> bool:
