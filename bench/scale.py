@@ -398,10 +398,15 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
                     p.send_signal(signal.SIGTERM)
                 for p in agents:
                     with contextlib.suppress(subprocess.TimeoutExpired):
-                        p.wait(60)
+                        p.wait(180)
         sched = json.loads(report.read_text())
         notes = log_events(tmp / "scheduler.log")
-        agent_profile = json.loads((tmp / "agents-0.json").read_text()) if profile else None
+        agent_profile = None
+        if profile:
+            try:
+                agent_profile = json.loads((tmp / "agents-0.json").read_text())
+            except OSError:  # it did not stop in time: its log says why
+                print((tmp / "agents-0.log").read_text()[-3000:], file=sys.stderr)
 
     decides = sched["decides"]
     window = [s * 1000 for t, s, _, _ in decides if t_measure <= t <= t_end]
