@@ -430,6 +430,9 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
         "decide_cpu_p50_ms": round(statistics.median(window_cpu), 2) if window_cpu else None,
         "decide_cpu_p99_ms": round(pct(window_cpu, 99), 2) if window_cpu else None,
         "decide_cpu_max_ms": round(max(window_cpu), 2) if window_cpu else None,
+        # The costliest cycles of the window: (CPU ms, wall ms, events decided), to tell what made the p99.
+        "decide_slowest": sorted(([round(c * 1000, 1), round(w * 1000, 1), n] for t, w, c, n in decides
+                                  if t_measure <= t <= t_end), reverse=True)[:8],
         "fill_decide_cycles": len(fill), "fill_decide_max_ms": round(max(fill), 1) if fill else None,
         "gangs_reserved": len(in_window),
         "submit_to_reserved_p50_ms": round(statistics.median(to_reserved), 1) if to_reserved else None,
