@@ -159,8 +159,42 @@ class InvalidJobSpec(SpecError):
 _FIELDS = MappingProxyType({f.name: f for f in msgspec.structs.fields(JobSpec)})
 
 
+def _text_ok(v: Any, depth: int = 0) -> bool:
+    """No string in `v` (walked as `_text_problems` walks it) has a lone surrogate; no paths built.
+
+    The scheduler checks every new job's spec (policies/reject.py): most strings are ASCII, and
+    building every field's path only to find nothing cost more than the rest of the check (#34).
+    """
+    if isinstance(v, str):
+        return v.isascii() or _encodes(v)
+    if depth < 8 and isinstance(v, dict):
+        for k, x in v.items():
+            if not (_leaf_ok(k) or _text_ok(k, depth + 1)) or not (_leaf_ok(x) or _text_ok(x, depth + 1)):
+                return False
+    elif depth < 8 and isinstance(v, (list, tuple)):
+        for x in v:
+            if not (_leaf_ok(x) or _text_ok(x, depth + 1)):
+                return False
+    return True
+
+
+def _leaf_ok(v: Any) -> bool:
+    """True for an ASCII string or a value that holds no string (a number, None): no walk needed."""
+    return v.isascii() if type(v) is str else not isinstance(v, (str, dict, list, tuple))
+
+
+def _encodes(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _text_problems(v: Any, path: str, out: list[Problem], depth: int = 0) -> None:
     """Strings that are not Unicode text (a lone surrogate from a "\\ud800" escape cannot go on the wire)."""
+    if depth == 0 and _text_ok(v):
+        return  # the common case, found without building a path for every field
     if isinstance(v, str):
         try:
             v.encode("utf-8")

@@ -34,6 +34,7 @@ TINY: dict[str, list[str] | None] = {
     "locality.py": ["--jobs", "60", "--nodes", "4", "--datasets", "4"],
     "rebuild.py": ["--events", "2000", "--tail", "100", "--rounds", "1"],
     "replay.py": ["--events", "2000", "--rounds", "1"],
+    "scale.py": ["--nodes", "4", "--waiting", "20", "--duration", "2"],
     "scheduler.py": ["--nodes", "8", "--jobs", "40", "--fold-events", "2000", "--burst", "20", "--latency-s", "0.2"],
     "scheduler_e2e.py": ["--nodes", "8", "--latency-s", "0.2", "--rate", "20", "--burst", "20"],
     "sim.py": ["--jobs", "60", "--policies", "corral,fifo", "--no-logs"],
