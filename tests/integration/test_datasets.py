@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -138,7 +139,10 @@ async def test_a_gang_starts_only_once_every_node_staged_and_a_second_job_hits_t
     shown = cli(server_url, "job", "second")
     assert "staging" in shown and "all ready after" in shown and "pile on n0: ready" in shown
     warm = cli(server_url, "nodes", "--datasets")
-    assert [ln.split() for ln in warm.splitlines() if ln.startswith("n")] == [["n0", pile.key], ["n1", pile.key]]
+    rows = [ln.split() for ln in warm.splitlines() if ln.startswith("n")]
+    assert [(r[0], r[-4], r[-1]) for r in rows] == [("n0", "1", "pile"), ("n1", "1", "pile")], warm  # 1 dataset: pile
+    nodes_json = json.loads(cli(server_url, "nodes", "--datasets", "--json"))["nodes"]
+    assert [[d["key"] for d in n["datasets"]] for n in nodes_json] == [[pile.key], [pile.key]]
 
 
 async def test_a_digest_mismatch_and_an_unreachable_source_end_the_attempt_with_the_reason(
