@@ -294,17 +294,15 @@ class Archive:
 
 class _RawReader(_Reader):
     """The bus's reader (same pull requests, recovery and exactly-once resume), handing out Records:
-    the payload bytes as stored, not decoded events. Mirrors `_Reader._on_data`, without the decode."""
+    the payload bytes as stored, not decoded events. `_Reader._on_frame`, without the decode."""
 
-    def _on_data(self, subject: bytes, reply: bytes, data: bytes) -> bool:
+    def _on_frame(self, subject: bytes | bytearray, sseq: int, ts: int, pending: bytes | bytearray,
+                  data: bytes | bytearray) -> bool:
         if self._end_seen or self._reset_reason is not None:
             return False
         try:
-            t = reply.split(b".")  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
-            o = 0 if len(t) == 9 else 2
-            sseq = int(t[5 + o])
             self._want -= 1
-            self._buf.append(Record(sseq, subject.decode(), int(t[7 + o]), bytes(data)))
+            self._buf.append(Record(sseq, subject.decode(), ts, bytes(data)))
             if self._waiting:
                 self._waiting = False
                 self._wake.set()
