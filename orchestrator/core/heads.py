@@ -90,7 +90,8 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
     if (over is None and not kept and len(plan.holds) < pol.reservations
-            and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s)):
+            and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s
+                 or _below_guarantee(adm, queue))):
         outcome = give_reservation(adm, job, queue, req, base)
         if outcome is not None:
             return outcome
@@ -115,6 +116,19 @@ def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, b
         more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
         return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {ids[0]}{more}")
     return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
+
+
+def _below_guarantee(adm: AdmitContext, queue: str) -> bool:
+    """Whether `queue` holds fewer GPUs than its guarantee: its young big gangs may hold a reservation.
+
+    Without one, a light queue's big gang waits out the starvation bound: the heavy queues' small
+    claims take every GPU that comes back, so 16 free nodes never gather (issue #29: the light
+    teams' 128-GPU gangs waited 10-12 h on average against DRF's 2-5 h, the worst-queue share
+    error). A queue below its guarantee is owed GPUs (fair_share_key's `owed`); it cannot reclaim
+    a gang that would take it past its guarantee, but it may keep the GPUs that come back.
+    """
+    q = adm.c.state.queues.get(queue)
+    return q is not None and adm.plan.gpus.get(queue, 0) < q.guaranteed_gpus
 
 
 def _may_use_held(adm: AdmitContext, job: Job) -> bool:
