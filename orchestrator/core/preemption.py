@@ -72,7 +72,7 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
     # owed, attained) while the plan stands still: the starving gangs are judged first every cycle, and a
     # backlog of them searched the same candidates over and over (issue #29: sim speed). Only the search
     # is skipped: its budget and bookkeeping are spent as before, so every decision stays the same.
-    again = None if job.earmark else ("no victims for", rule, pol.victims, shape_of(req), ask._replace(req=None),
+    again = None if job.earmark else ("no victims for", rule, pol.victims, shape_of(req), ask[1:],
                                        plan.version, plan.charges)
     if again is not None and again in adm.memo:
         victims = None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from orchestrator.core.starving import starving_from
 from orchestrator.policies import DEFAULT_POLICIES, Policies
-from orchestrator.policies.victims import STARVATION_STOPS_MAX
+from orchestrator.policies.victims import STARVATION_STOPS_MAX, PreemptionAsk, find_victims
 from schemas.events import GangReserved, PreemptionRequested
 from tests.core.harness import Sim, of_type
 
@@ -169,3 +170,30 @@ def test_a_queue_below_its_guarantee_reserves_for_its_young_big_gang() -> None:
     plain.finish("s00")
     plain.run()
     assert plain.job("w00").status != "pending"  # the freed GPU goes to a's next small claim
+
+
+def test_alike_starving_gangs_search_for_victims_once_while_the_plan_stands_still() -> None:
+    """A search that found nothing is not repeated for an alike ask in the same cycle (issue #29: a backlog of
+    starving gangs, judged first every cycle, made the same fruitless search each; the sim's speed)."""
+    calls: list[str] = []
+
+    def counted(ask: PreemptionAsk, *rest: Any) -> Any:
+        calls.append(ask.req.job_id)
+        return find_victims(ask, *rest)
+
+    s = Sim(policies=replace(BOUND, victims=counted))
+    s.node("n0")
+    s.node("n1")
+    s.queue("a")
+    s.queue("b")
+    for i in range(16):
+        s.submit(f"s{i:02d}", queue="a", gpus_per_rank=1, time_limit_s=100_000, preemptible=False)
+    s.run()
+    s.submit("big1", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
+    s.submit("big2", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
+    s.run()
+    s.tick(T)
+    calls.clear()
+    s.decide()
+    assert calls == ["big1"], calls  # big2, alike, got big1's answer: nobody may be stopped
+    assert s.job("big1").status == s.job("big2").status == "pending"
