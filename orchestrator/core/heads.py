@@ -11,7 +11,8 @@
      `Policies.reservations` gangs hold GPUs, holds the GPUs it will start on
      (planned around the earlier holders' GPUs: reservations.py) -- a gang of
      BIG_GANG_GPUS or more only once it waited `Policies.reserve_after_s`
-     (the starvation bound serves the young ones: starving.py);
+     (the starvation bound serves the young ones: starving.py), or at once
+     while its queue holds less than its guarantee;
   e. otherwise it is told why it waits (`blocked_verdict`): its queue is at
      its limit or its freed quota is kept for an older gang ("quota"), the
      free GPUs it would fit are held by backfill, or capacity.
