@@ -16,7 +16,7 @@ from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import Outcome, capacity_outcome
 from orchestrator.core.locality import cache_index, located
-from orchestrator.core.plan import Plan
+from orchestrator.core.plan import Plan, QueueLoad
 from orchestrator.core.running import RunningGangs, running_gangs
 from orchestrator.core.state import Job, attained_service
 from orchestrator.policies import Candidate, Ending
@@ -56,6 +56,8 @@ class AdmitContext:
         self._running: RunningGangs | None = None
         self._candidates: list[Candidate] | None = None
         self._victims_of: dict[str, list[str]] | None = None
+        #: (plan charges, the candidate list, the loads of its queues): `candidate_loads`.
+        self._candidate_loads: tuple[int, list[Candidate], dict[str, QueueLoad]] | None = None
         #: Gangs placed earlier in this cycle: they end too (backfill estimates).
         self.placed: list[Ending] = []
         self.memo: dict[tuple[object, ...], object] = {}
@@ -186,6 +188,16 @@ class AdmitContext:
                 for j in self._eligible()
             ]
         return self._candidates
+
+    def candidate_loads(self) -> dict[str, QueueLoad]:
+        """The loads of the candidates' queues, kept while no charge changes them (a victim search reads them)."""
+        found = self._candidate_loads
+        cands = self.candidates()
+        if found is None or found[0] != self.plan.charges or found[1] is not cands:
+            plan = self.plan
+            found = self._candidate_loads = (plan.charges, cands,
+                                             {q: plan.load(q) for q in dict.fromkeys(x.queue for x in cands)})
+        return found[2]
 
     def could_preempt(self, queue: str, priority: int, owed: bool) -> bool:
         """Cheap necessary condition for a victim search: someone it may preempt at all.

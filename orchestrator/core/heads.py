@@ -11,7 +11,8 @@
      `Policies.reservations` gangs hold GPUs, holds the GPUs it will start on
      (planned around the earlier holders' GPUs: reservations.py) -- a gang of
      BIG_GANG_GPUS or more only once it waited `Policies.reserve_after_s`
-     (the starvation bound serves the young ones: starving.py);
+     (the starvation bound serves the young ones: starving.py), or at once
+     while its queue holds less than its guarantee;
   e. otherwise it is told why it waits (`blocked_verdict`): its queue is at
      its limit or its freed quota is kept for an older gang ("quota"), the
      free GPUs it would fit are held by backfill, or capacity.
@@ -91,7 +92,8 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
     if (over is None and not kept and len(plan.holds) < pol.reservations
-            and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s)):
+            and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s
+                 or _below_guarantee(adm, queue))):
         outcome = give_reservation(adm, job, queue, req, base)
         if outcome is not None:
             return outcome
@@ -118,6 +120,19 @@ def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, b
     if req.only is not None:  # locality: require, and the nodes holding its datasets have no room
         return locality_outcome(req, job.spec, base)
     return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)
+
+
+def _below_guarantee(adm: AdmitContext, queue: str) -> bool:
+    """Whether `queue` holds fewer GPUs than its guarantee: its young big gangs may hold a reservation.
+
+    Without one, a light queue's big gang waits out the starvation bound: the heavy queues' small
+    claims take every GPU that comes back, so 16 free nodes never gather (issue #29: the light
+    teams' 128-GPU gangs waited 10-12 h on average against DRF's 2-5 h, the worst-queue share
+    error). A queue below its guarantee is owed GPUs (fair_share_key's `owed`); it cannot reclaim
+    a gang that would take it past its guarantee, but it may keep the GPUs that come back.
+    """
+    q = adm.c.state.queues.get(queue)
+    return q is not None and adm.plan.gpus.get(queue, 0) < q.guaranteed_gpus
 
 
 def _may_use_held(adm: AdmitContext, job: Job) -> bool:

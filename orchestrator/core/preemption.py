@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.context import AdmitContext
+from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import PREEMPTING, Outcome
 from orchestrator.core.state import Job
 from orchestrator.policies import Candidate, PreemptionAsk, PreemptionRule
@@ -60,7 +60,7 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
         attained=job.attained_s,
     )
     cands = adm.candidates()
-    loads = {q: plan.load(q) for q in dict.fromkeys(x.queue for x in cands)}
+    loads = adm.candidate_loads()
 
     def quota_ok(victims: Sequence[Candidate]) -> bool:
         freed: dict[str, int] = {}
@@ -68,7 +68,18 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
             freed[v.queue] = freed.get(v.queue, 0) + v.gpus
         return plan.limit_blocker(queue, req.gpus, freed) is None
 
-    victims = pol.victims(ask, cands, base, loads, pol.fits, quota_ok, rule)
+    # A search that found nothing finds nothing again for an alike ask (same gang shape, queue, priority,
+    # owed, attained) while the plan stands still: the starving gangs are judged first every cycle, and a
+    # backlog of them searched the same candidates over and over (issue #29: sim speed). Only the search
+    # is skipped: its budget and bookkeeping are spent as before, so every decision stays the same.
+    again = None if job.earmark else ("no victims for", rule, pol.victims, shape_of(req), ask[1:],
+                                       plan.version, plan.charges)
+    if again is not None and again in adm.memo:
+        victims = None
+    else:
+        victims = pol.victims(ask, cands, base, loads, pol.fits, quota_ok, rule)
+        if not victims and again is not None:
+            adm.memo[again] = True
     if not victims:
         if memo:  # (an earmark view is not the shared index)
             adm.hopeless[hopeless] = max(ask.priority, adm.hopeless.get(hopeless, -math.inf))

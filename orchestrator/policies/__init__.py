@@ -83,7 +83,8 @@ class Policies:
     #: A blocked gang of BIG_GANG_GPUS (9) or more holds a backfill reservation only once it has
     #: waited this long (issue #29: no reservations for young gangs -- their held GPUs idle while
     #: shorter claims could use them -- so, by default, only big gangs past the starvation bound
-    #: that found no victims hold one). Smaller gangs keep theirs: on a full cluster their
+    #: that found no victims hold one; and those of a queue holding less than its guarantee, at
+    #: once: core/heads.py). Smaller gangs keep theirs: on a full cluster their
     #: reservations are how fair share decides who gets each GPU that comes back (issue #20).
     #: 0: any blocked gang may hold one (before #29).
     reserve_after_s: float = 36 * 3600.0

@@ -9,7 +9,7 @@ results is a difference of policy, not of implementation:
                    claim inside one (issue #29), gang/topology best fit,
                    backfill reservations for the two longest-waiting blocked
                    queue heads (gangs of 9+ GPUs only past the starvation
-                   bound), preemption for priority, for reclaiming
+                   bound or below their queue's guarantee), preemption for priority, for reclaiming
                    guarantees and for gangs past the starvation bound.
 * fifo          -- one line across all queues in submit order (priority
                    ignored); the first gang that does not fit holds every

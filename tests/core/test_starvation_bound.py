@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from orchestrator.core.starving import starving_from
 from orchestrator.policies import DEFAULT_POLICIES, Policies
-from orchestrator.policies.victims import STARVATION_STOPS_MAX
+from orchestrator.policies.victims import STARVATION_STOPS_MAX, PreemptionAsk, find_victims
 from schemas.events import GangReserved, PreemptionRequested
 from tests.core.harness import Sim, of_type
 
@@ -131,3 +132,68 @@ def test_no_rule_stops_a_job_a_fourth_time() -> None:
         s.run()
         assert s.job("low").status == "running"
     assert s.job("low").attempt == STARVATION_STOPS_MAX + 1
+
+
+def _big_behind_small_claims(guarantee: int) -> Sim:
+    """Two nodes full of `a`'s non-preemptible 1-GPU jobs, more of them waiting; a young 16-GPU gang of `b`."""
+    s = Sim(policies=DEFAULT_POLICIES)
+    s.node("n0")
+    s.node("n1")
+    s.queue("a")
+    s.queue("b", guaranteed_gpus=guarantee)
+    for i in range(16):
+        s.submit(f"s{i:02d}", queue="a", gpus_per_rank=1, time_limit_s=600 * (i + 1), preemptible=False)
+    s.run()
+    s.tick(60)
+    s.submit("big", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
+    for i in range(16):
+        s.submit(f"w{i:02d}", queue="a", gpus_per_rank=1, time_limit_s=100_000, preemptible=False)
+    s.run()
+    return s
+
+
+def test_a_queue_below_its_guarantee_reserves_for_its_young_big_gang() -> None:
+    """A young big gang holds no reservation (shorter claims may use the GPUs), unless its queue holds less than
+    its guarantee: then the GPUs that come back are kept for it, not taken by the other queue's small claims
+    (issue #29: the light teams' 128-GPU gangs waited out the bound, the worst-queue share error)."""
+    owed = _big_behind_small_claims(guarantee=16)
+    assert owed.state.holders == ["big"]
+    owed.tick(600)
+    owed.finish("s00")
+    owed.run()
+    assert owed.job("w00").status == "pending", "a's small claim took a GPU kept for b's gang"
+    assert owed.holding("a") == 15
+
+    plain = _big_behind_small_claims(guarantee=0)
+    assert "big" not in plain.state.holders  # (a's waiting 1-GPU jobs hold the reservations)
+    plain.tick(600)
+    plain.finish("s00")
+    plain.run()
+    assert plain.job("w00").status != "pending"  # the freed GPU goes to a's next small claim
+
+
+def test_alike_starving_gangs_search_for_victims_once_while_the_plan_stands_still() -> None:
+    """A search that found nothing is not repeated for an alike ask in the same cycle (issue #29: a backlog of
+    starving gangs, judged first every cycle, made the same fruitless search each; the sim's speed)."""
+    calls: list[str] = []
+
+    def counted(ask: PreemptionAsk, *rest: Any) -> Any:
+        calls.append(ask.req.job_id)
+        return find_victims(ask, *rest)
+
+    s = Sim(policies=replace(BOUND, victims=counted))
+    s.node("n0")
+    s.node("n1")
+    s.queue("a")
+    s.queue("b")
+    for i in range(16):
+        s.submit(f"s{i:02d}", queue="a", gpus_per_rank=1, time_limit_s=100_000, preemptible=False)
+    s.run()
+    s.submit("big1", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
+    s.submit("big2", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
+    s.run()
+    s.tick(T)
+    calls.clear()
+    s.decide()
+    assert calls == ["big1"], calls  # big2, alike, got big1's answer: nobody may be stopped
+    assert s.job("big1").status == s.job("big2").status == "pending"
