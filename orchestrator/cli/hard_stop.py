@@ -25,8 +25,10 @@ log = structlog.get_logger("corral.cli")
 STOP_GRACE_S = 20.0
 
 
-def arm(loop: asyncio.AbstractEventLoop, grace_s: float = STOP_GRACE_S) -> threading.Timer:
+def arm(loop: asyncio.AbstractEventLoop, grace_s: float | None = None) -> threading.Timer:
     """Start the countdown (once per signal; a daemon thread, so a process that ends on time ends)."""
+    if grace_s is None:
+        grace_s = STOP_GRACE_S  # read now: a test shortens it
     timer = threading.Timer(grace_s, _stuck, args=(loop, grace_s))
     timer.daemon = True
     timer.start()

@@ -360,10 +360,22 @@ async def run_up(args: argparse.Namespace) -> int:
     except NatsServerError as e:
         raise CliError(f"could not start nats-server: {e}", FAILURE) from None
     print(f"corral up: NATS at {server.url} (data in {data}); export CORRAL_NATS_URL={server.url}", flush=True)
-    # SIGTERM (a plain `kill`, a supervisor) stops as cleanly as Ctrl-C: workers, then NATS.
+    # SIGTERM (a plain `kill`, a supervisor) stops as cleanly as Ctrl-C: workers, then NATS; a stop
+    # that hangs still ends, saying where it hung (orchestrator/cli/hard_stop.py), as every service's does.
     task = asyncio.current_task()
     assert task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    loop = asyncio.get_running_loop()
+    armed: list[object] = []
+
+    def stop() -> None:
+        task.cancel()
+        if not armed:
+            from orchestrator.cli import hard_stop
+
+            armed.append(hard_stop.arm(loop))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
     try:
         bus = await Bus.connect(server.url, name="corral-up")
         try:

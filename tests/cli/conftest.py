@@ -270,6 +270,9 @@ class Up:
         if self._reader is not None:
             self._reader.join(5)
         self._stderr.close()
+        stuck = [ln for ln in Path(self._stderr.name).read_text(errors="replace").splitlines() if "stop_stuck" in ln]
+        if stuck:  # the hard stop ended it (exit 0): say where the stop hung, in the run's warnings summary
+            warnings.warn(f"corral up hit its hard stop: {stuck[0][:4000]}", stacklevel=2)
         return rc
 
 

@@ -48,3 +48,40 @@ def test_a_stop_that_hangs_ends_within_the_grace_and_says_where() -> None:
     out = proc.stdout.read()
     assert code == 0, out
     assert "stop_stuck" in out and "stubborn_service" in out and "MainThread" in out, out
+
+
+UP = """
+import asyncio, sys
+from orchestrator.cli import hard_stop, main, services
+
+hard_stop.STOP_GRACE_S = 1.0
+
+async def stubborn_cluster(args, bus, data, url):
+    print("ready", flush=True)
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+services._run_cluster = stubborn_cluster
+sys.exit(main(["up", "--port", "0", "--data-dir", sys.argv[1], "--log-level", "info"]))
+"""
+
+
+def test_corral_up_whose_stop_hangs_ends_too(tmp_path: Path) -> None:
+    """`corral up` (its own signal handling, Ctrl-C as in tests/cli/conftest.py) has the same hard stop."""
+    proc = subprocess.Popen([sys.executable, "-c", UP, str(tmp_path / "up")], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        assert lines[-1].strip() == "ready", lines
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = proc.stdout.read()
+    assert code == 0, out
+    assert "stop_stuck" in out and "run_up" in out and '"grace_s": 1.0' in out, out

@@ -245,7 +245,7 @@ async def test_a_healthy_fake_cluster_under_load_reports_no_fault_and_an_applica
                                         job_id=jid)
                     jobs.append(jid)
                 if not xid_sent and n > 40:
-                    running = [j for j in jobs if f.state.jobs[j].status == "running"]
+                    running = [j for j in jobs if (job := f.state.jobs.get(j)) is not None and job.status == "running"]
                     if running:
                         rp = f.state.jobs[running[0]].placement[0]
                         scen[rp.node_id].xid(rp.gpus[0], 13)  # the job's own bug, not the GPU's

@@ -4,8 +4,9 @@ Fault: SIGTERM (a cancelled task, for an asyncio service) arriving while
 events stream in, i.e. while the reader's wake-up fires all the time. This is
 what `corral scheduler`/`corral agent` see on every stop under load; found by
 test_nats_restart.py, whose scheduler then hung until SIGKILL.
-Check: a task consuming `Bus.tail()` under a steady append load ends within a
-second of being cancelled, 30 times in a row.
+Check: a task consuming `Bus.tail()` under a steady append load ends within
+PROMPT_S of being cancelled, 30 times in a row (a swallowed cancel never ends;
+the bound leaves a loaded CI machine room for the consumer's delete request).
 Invariant: Temporal's worker lifecycle rule in STYLE.md: shutdown is prompt
 and never depends on luck. (Python 3.11's asyncio.wait_for swallows a cancel
 that lands in the same loop iteration as the wake-up it waits for; the reader
@@ -23,6 +24,7 @@ from events.server import NatsServer
 from schemas import NodeCordoned
 
 TRIALS = 30
+PROMPT_S = 5.0
 
 
 async def test_tail_consumer_stops_promptly_under_load(nats_server: NatsServer, bus: Bus) -> None:
@@ -48,7 +50,7 @@ async def test_tail_consumer_stops_promptly_under_load(nats_server: NatsServer, 
             task = asyncio.create_task(consume())
             await asyncio.sleep(rng.uniform(0.01, 0.08))
             task.cancel()
-            done, _ = await asyncio.wait([task], timeout=1.0)
+            done, _ = await asyncio.wait([task], timeout=PROMPT_S)
             if not done:
                 hung += 1
                 for _ in range(50):  # each further cancel may be swallowed the same way
