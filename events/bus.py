@@ -1004,7 +1004,7 @@ def _install_fast_parse(nc: NATS, readers: dict[int, _Reader], deliver: Callable
                     pos = end + 2
                     stats["in_msgs"] += 1
                     stats["in_bytes"] += end - start - hlen
-                    # A slice of the read buffer: _on_frame decodes it before the buffer changes.
+                    # One copy of the payload (a bytearray slice), decoded as it is.
                     if not reader._on_frame(m[1], int(m[3]), int(m[4]), m[5], buf[start + hlen:end]):
                         continue
                     del buf[:pos]  # the buffer is consistent before any await

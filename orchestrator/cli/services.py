@@ -40,21 +40,26 @@ if TYPE_CHECKING:
 log = structlog.get_logger("corral.cli")
 
 
-async def until_signalled(coro: Coroutine[Any, Any, None]) -> int:
-    """Run a service until it ends or SIGTERM/SIGINT arrives; a signal is a clean stop (exit 0)."""
-    task = asyncio.ensure_future(coro)
-    loop = asyncio.get_running_loop()
+def cancel_on_signals(loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]) -> None:
+    """SIGTERM/SIGINT cancel `task`; a stop that hangs still ends, saying where it hung (cli/hard_stop.py)."""
     armed: list[object] = []
 
     def stop() -> None:
         task.cancel()
-        if not armed:  # a stop that hangs still ends, saying where it hung (orchestrator/cli/hard_stop.py)
+        if not armed:
             from orchestrator.cli import hard_stop
 
             armed.append(hard_stop.arm(loop))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+
+
+async def until_signalled(coro: Coroutine[Any, Any, None]) -> int:
+    """Run a service until it ends or SIGTERM/SIGINT arrives; a signal is a clean stop (exit 0)."""
+    task = asyncio.ensure_future(coro)
+    loop = asyncio.get_running_loop()
+    cancel_on_signals(loop, task)
     try:
         await task
     except asyncio.CancelledError:
@@ -364,18 +369,7 @@ async def run_up(args: argparse.Namespace) -> int:
     # that hangs still ends, saying where it hung (orchestrator/cli/hard_stop.py), as every service's does.
     task = asyncio.current_task()
     assert task is not None
-    loop = asyncio.get_running_loop()
-    armed: list[object] = []
-
-    def stop() -> None:
-        task.cancel()
-        if not armed:
-            from orchestrator.cli import hard_stop
-
-            armed.append(hard_stop.arm(loop))
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
+    cancel_on_signals(asyncio.get_running_loop(), task)
     try:
         bus = await Bus.connect(server.url, name="corral-up")
         try:
