@@ -98,8 +98,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: /dev/shm of each container (MiB) where the agent gives containers private IPC; None: the agent's.
     shm_size_mb: int | None = None
     #: Queue it even if no registered node could ever hold it: it waits for nodes to join instead of
-    #: being rejected (`corral submit --allow-future-nodes`).
-    allow_future_nodes: bool = False
+    #: being rejected (`corral submit --allow-future-nodes`). UNSET when not given, like `gates`, so a spec
+    #: without it encodes as before the field existed (read it through `waits_for_nodes`).
+    allow_future_nodes: bool | UnsetType = UNSET
     #: Dependencies, array element, submitted held. UNSET (not written at all) for a job without any, so
     #: a log without them is byte-for-byte what it was before gates existed.
     gates: Gates | UnsetType = UNSET
@@ -128,6 +129,11 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     def working_dir(self) -> str | None:
         """`workdir`, or None when the spec has none."""
         return self.workdir if isinstance(self.workdir, str) else None
+
+    @property
+    def waits_for_nodes(self) -> bool:
+        """`allow_future_nodes`, False when not written."""
+        return self.allow_future_nodes is True
 
     @property
     def total_gpus(self) -> int:

@@ -36,7 +36,7 @@ def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
         return tuple(f"invalid spec: {p}" for p in problems)
     topo = spec.topology
     shape = (spec.queue, spec.ranks, spec.gpus_per_rank, spec.gpu_model, spec.min_gpu_memory_mib,
-             topo.level if topo else None, topo.mode if topo else None, spec.allow_future_nodes)
+             topo.level if topo else None, topo.mode if topo else None, spec.waits_for_nodes)
     found = facts.memo.get(shape)
     if found is None:
         found = facts.memo[shape] = _unfit(spec, facts)
@@ -61,7 +61,7 @@ def _unfit(spec: JobSpec, facts: ClusterFacts) -> tuple[str, ...]:
         known = ", ".join([*facts.topo.levels, NODE])
         out.append(f"unknown topology level {spec.topology.level!r}; this cluster has: {known}")
     # A job whose submitter said more nodes are coming waits for them (reason "capacity") instead.
-    if facts.capacity_settled and spec.gpus_per_rank > 0 and not spec.allow_future_nodes:
+    if facts.capacity_settled and spec.gpus_per_rank > 0 and not spec.waits_for_nodes:
         req = request_for("", spec)
         if not level_known:
             req = req._replace(level=None, required=False)

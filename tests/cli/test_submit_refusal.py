@@ -41,5 +41,5 @@ def test_allow_future_nodes_queues_it_to_wait_for_capacity(cluster: Up, tmp_path
     assert corral("submit", spec, "--id", "future-big", "--allow-future-nodes", url=url).stdout.strip() == "future-big"
     state = wait_state(url, lambda s: s.jobs["future-big"].waiting is not None, 30, "a verdict on future-big")
     job_ = state.jobs["future-big"]
-    assert job_.status == "pending" and job_.spec.allow_future_nodes
+    assert job_.status == "pending" and job_.spec.waits_for_nodes
     corral("cancel", "future-big", url=url)

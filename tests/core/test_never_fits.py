@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.reject import never_fits
 from schemas.events import JobRejected, JobWaiting
@@ -78,3 +80,12 @@ def _fields(spec: JobSpec) -> dict[str, object]:
     if topo is not None:
         out["topology"] = (topo.level, topo.mode)
     return out
+
+
+def test_a_spec_without_the_flag_encodes_as_before_it_existed() -> None:
+    plain = JobSpec(name="j")
+    assert b"allow_future_nodes" not in msgspec.json.encode(plain)  # the simulator's and old logs keep their bytes
+    assert not plain.waits_for_nodes
+    said = msgspec.json.decode(b'{"name":"j","allow_future_nodes":true}', type=JobSpec)
+    assert said.waits_for_nodes and b'"allow_future_nodes":true' in msgspec.json.encode(said)
+    assert not msgspec.json.decode(b'{"name":"j","allow_future_nodes":false}', type=JobSpec).waits_for_nodes
