@@ -117,7 +117,7 @@ def test_a_prefix_is_a_directory_with_the_same_manifest_digest_and_cache_key_as_
 
 def test_the_endpoint_comes_from_the_aws_chain_without_the_flag(bucket: tuple[str, Path, dict[str, str]],
                                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    endpoint, tree, sums = bucket
+    endpoint, tree, _ = bucket
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     path, _, _ = _stage(Dataset(name="d", source="s3://sets/set.tar", mount="/d"), DatasetCache(tmp_path), None)
     assert tree_sum(path) == tree_sum(tree)
