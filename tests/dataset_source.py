@@ -151,24 +151,30 @@ def need_moto() -> None:
         pytest.skip(f"moto[s3] and boto3 (the dev extra) are not installed: {e}")
 
 
-@contextlib.contextmanager
-def s3_server() -> Iterator[str]:
-    """A real S3 server (moto's, `python -m moto.server`) on a free loopback port for the block; its endpoint URL."""
+def start_s3_server() -> tuple[subprocess.Popen[bytes], str]:
+    """A real S3 server (moto's, `python -m moto.server`) on a free loopback port, answering; its endpoint URL."""
     need_moto()
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/moto-api/", timeout=2):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_http_server(proc)
+                raise AssertionError("python -m moto.server did not come up") from None
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[str]:
+    """A real S3 server on loopback for the block's duration (start_s3_server); yields its endpoint URL."""
+    proc, url = start_s3_server()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/moto-api/", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError("python -m moto.server did not come up") from None
-                time.sleep(0.05)
         yield url
     finally:
         stop_http_server(proc)
