@@ -66,7 +66,7 @@ def stage_s3(source: str, dest: Path, sha256: str, progress: Progress, stop: thr
              endpoint_url: str | None) -> int:
     """Stage `source` into the empty directory `dest`, verified; returns the bytes read from S3."""
     loc = location(source)
-    session, client = _client(endpoint_url)
+    session, client = _client(endpoint_url, ATTEMPTS)
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -83,7 +83,7 @@ def expected_bytes(source: str, endpoint_url: str | None) -> int:
     """The object's length, or the sum of the prefix's objects; 0 when that cannot be known (staging says why)."""
     try:
         loc = location(source)
-        _, client = _client(endpoint_url)
+        _, client = _client(endpoint_url, 1)  # (a look ahead: an unreachable endpoint is waited for once, by staging)
         if not loc.is_prefix:
             return int(client.head_object(Bucket=loc.bucket, Key=loc.key).get("ContentLength") or 0)
         return sum(size for _, size in _listing(client, loc, threading.Event()))
@@ -91,7 +91,7 @@ def expected_bytes(source: str, endpoint_url: str | None) -> int:
         return 0
 
 
-def _client(endpoint_url: str | None) -> tuple[Any, Any]:
+def _client(endpoint_url: str | None, attempts: int) -> tuple[Any, Any]:
     """A new boto3 session (it reads the credential chain now) and its S3 client."""
     try:
         import boto3
@@ -101,10 +101,13 @@ def _client(endpoint_url: str | None) -> tuple[Any, Any]:
             raise
         raise StagingError(NEEDS_EXTRA) from None
     config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
-                    retries={"max_attempts": ATTEMPTS, "mode": "standard"})
+                    retries={"max_attempts": attempts, "mode": "standard"})
     # endpoint_url=None leaves the chain's own (AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, the profile's) in force.
-    session = boto3.session.Session()
-    return session, session.client("s3", endpoint_url=endpoint_url or None, config=config)
+    try:
+        session = boto3.session.Session()
+        return session, session.client("s3", endpoint_url=endpoint_url or None, config=config)
+    except ValueError as e:  # a malformed endpoint (from the flag or the environment), an unknown region name
+        raise StagingError(f"cannot make an S3 client (endpoint {endpoint_url or 'from the AWS chain'}): {e}") from None
 
 
 def why(e: Exception, loc: Location, session: Any, client: Any) -> str:
@@ -180,7 +183,7 @@ def _prefix(client: Any, loc: Location, dest: Path, sha256: str, progress: Progr
         target.parent.mkdir(parents=True, exist_ok=True)
         body = _Body(client.get_object(Bucket=loc.bucket, Key=key)["Body"])
         got = 0
-        with open(target, "wb") as f:
+        with body, open(target, "wb") as f:
             buf = bytearray(CHUNK)
             view = memoryview(buf)
             while n := body.readinto(view):

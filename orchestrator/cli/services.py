@@ -247,6 +247,8 @@ async def run_agent(args: argparse.Namespace) -> int:
                          dataset_cache_bytes=args.dataset_cache_bytes, s3_endpoint_url=args.s3_endpoint_url)
     if args.dataset_cache_bytes < 0:
         raise CliError(f"--dataset-cache-bytes is 0 (no limit) or more, got {args.dataset_cache_bytes}", USAGE)
+    if args.s3_endpoint_url is not None and not args.s3_endpoint_url.startswith(("http://", "https://")):
+        raise CliError(f"--s3-endpoint-url is an http:// or https:// URL, got {args.s3_endpoint_url!r}", USAGE)
     watch = health_watch(args, inventory)
     try:
         docker = docker_options(args, inventory) if args.runtime == "docker" else None

@@ -26,6 +26,7 @@ from tests.dataset_source import (
     make_tar,
     make_tree,
     make_zip,
+    need_moto,
     put_tree,
     s3_auth,
     s3_client,
@@ -187,6 +188,7 @@ def test_access_denied_names_the_refusal_and_where_the_credentials_came_from(
 def test_an_unreachable_endpoint_fails_after_bounded_attempts(tmp_path: Path) -> None:
     from tests.dataset_source import free_port
 
+    need_moto()
     nowhere = f"http://127.0.0.1:{free_port()}"
     ds = Dataset(name="d", source="s3://sets/set.tar", mount="/d")
     assert expected_bytes(ds, nowhere) == 0
@@ -228,3 +230,15 @@ def test_without_the_extra_an_s3_source_fails_saying_what_to_install(tmp_path: P
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("s3:// sources need the optional extra corral[s3] on the agent (pip install "
                                  "'corral[s3]')"), out.stdout
+
+
+def test_a_malformed_endpoint_is_refused_by_the_agent_and_by_staging(tmp_path: Path) -> None:
+    from tests.integration.harness import CORRAL
+
+    need_moto()
+    with pytest.raises(StagingError, match="cannot make an S3 client \\(endpoint not a url\\): "):
+        _stage(Dataset(name="d", source="s3://sets/set.tar", mount="/d"), DatasetCache(tmp_path), "not a url")
+    out = subprocess.run([CORRAL, "--nats", "nats://127.0.0.1:1", "agent", "--node-id", "n0", "--fake-gpus", "8",
+                          "--runtime", "process", "--data-dir", str(tmp_path / "agent"), "--s3-endpoint-url",
+                          "minio:9000"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--s3-endpoint-url is an http:// or https:// URL, got 'minio:9000'" in out.stderr
