@@ -1,6 +1,6 @@
 """The agent's dataset staging throughput against `curl` and `cp` of the same bytes (#33: target ratio >= 0.8).
 
-    python bench/staging.py [--mb 256] [--rounds 3]
+    python bench/staging.py [--mb 256] [--rounds 3] [--s3]
 
 Makes a tree of --mb MB of random files (8 files, incompressible), its tar, and
 serves the tar with `python -m http.server` on loopback. Then, in rounds
@@ -13,7 +13,13 @@ alternating which goes first, times:
   unpack, what staging does) where curl exists (urllib otherwise);
 - dir: the agent's staging of the directory (copy, rename) without a digest,
   and with one (then every byte is hashed as well: the manifest), against
-  `cp -r`.
+  `cp -r`;
+- s3 (with --s3, needs the extras corral[s3] and moto's server from the dev
+  extra): moto's S3 server on loopback holds the tar and the tree's files
+  under a prefix; the agent's staging of the archive object (digest checked)
+  and of the prefix (manifest digest checked) against boto3's own
+  `download_file` of the tar (what `aws s3 cp` does). moto is a Python
+  server: it bounds both sides, so the ratio is the figure, not the MB/s.
 Throughput is the tree's MB over the median wall seconds; `*_ratio` = agent /
 tool (>= 1: the agent is as fast); `*_cpu_s` the median CPU seconds of each
 (the agent's process, or the tools'), steadier than wall time on a loaded machine. The sources stay in the page cache for every
@@ -57,7 +63,7 @@ def note(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-async def _agent_stage(ds: Dataset, cache_dir: Path) -> None:
+async def _agent_stage(ds: Dataset, cache_dir: Path, s3_endpoint_url: str | None) -> None:
     """What an agent does to stage `ds` into an empty cache (its events go nowhere)."""
     told: list[Event] = []
 
@@ -68,14 +74,23 @@ async def _agent_stage(ds: Dataset, cache_dir: Path) -> None:
     def spawn(coro: Any) -> asyncio.Task[object]:
         return asyncio.ensure_future(coro)
 
-    stager = Stager("bench", "b1", DatasetCache(cache_dir), append=append, state=ClusterState, spawn=spawn)
+    stager = Stager("bench", "b1", DatasetCache(cache_dir), append=append, state=ClusterState, spawn=spawn,
+                    s3_endpoint_url=s3_endpoint_url)
     await stager.start()
     await stager._stage_key(ds)
 
 
-def agent(ds: Dataset, work: Path) -> Callable[[], None]:
+def agent(ds: Dataset, work: Path, s3_endpoint_url: str | None = None) -> Callable[[], None]:
     def run() -> None:
-        asyncio.run(_agent_stage(ds, work / "cache"))
+        asyncio.run(_agent_stage(ds, work / "cache", s3_endpoint_url))
+    return run
+
+
+def boto3_file(endpoint: str, work: Path) -> Callable[[], None]:
+    def run() -> None:
+        from tests.dataset_source import s3_client
+
+        s3_client(endpoint).download_file("sets", "set.tar", str(work / "out.tar"))
     return run
 
 
@@ -141,6 +156,7 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=256, help="size of the dataset (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", help="scratch directory (default: a temporary one)")
+    ap.add_argument("--s3", action="store_true", help="also s3:// sources, from moto's S3 server on loopback")
     args = ap.parse_args()
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout: the figures only
     scratch = Path(args.dir or tempfile.mkdtemp(prefix="corral-staging-bench-"))
@@ -164,6 +180,24 @@ def main() -> None:
                                                     digest=manifest_digest(tree)), w),
         "cp": lambda w: cp(tree, w),
     }
+    s3 = None
+    if args.s3:
+        from tests.dataset_source import S3_ENV, put_tree, s3_client, start_s3_server
+
+        for k, v in S3_ENV.items():
+            os.environ[k] = v
+        s3, endpoint = start_s3_server()
+        c = s3_client(endpoint)
+        c.create_bucket(Bucket="sets")
+        c.upload_file(str(www / "set.tar"), "sets", "set.tar")
+        put_tree(c, "sets", "tree/", tree)
+        contenders |= {
+            "s3_agent": lambda w: agent(Dataset(name="d", source="s3://sets/set.tar", mount="/d", digest=sha), w,
+                                        endpoint),
+            "s3_agent_prefix": lambda w: agent(Dataset(name="d", source="s3://sets/tree/", mount="/d",
+                                                       digest=manifest_digest(tree)), w, endpoint),
+            "boto3": lambda w: boto3_file(endpoint, w),
+        }
     times: dict[str, list[float]] = {k: [] for k in contenders}
     cpus: dict[str, list[float]] = {k: [] for k in contenders}
     try:
@@ -177,6 +211,8 @@ def main() -> None:
             note(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items()))
     finally:
         stop_http_server(proc)
+        if s3 is not None:
+            stop_http_server(s3)
         if not args.dir:
             shutil.rmtree(scratch, ignore_errors=True)
     mb = size / 1e6
@@ -190,6 +226,8 @@ def main() -> None:
         "http_nodigest_ratio_vs_curl_tar": round(rate["http_agent_nodigest"] / rate["curl_tar"], 3),
         "dir_ratio": round(rate["dir_agent"] / rate["cp"], 3),
         "dir_digest_ratio": round(rate["dir_agent_digest"] / rate["cp"], 3),
+        **({"s3_ratio": round(rate["s3_agent"] / rate["boto3"], 3),
+            "s3_prefix_ratio": round(rate["s3_agent_prefix"] / rate["boto3"], 3)} if args.s3 else {}),
         # CPU seconds per run (medians; the HTTP server's are in neither): what a loaded machine moves least.
         **{f"{k}_cpu_s": round(statistics.median(v), 3) for k, v in cpus.items()},
         "curl": bool(shutil.which("curl")),

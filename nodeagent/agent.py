@@ -113,6 +113,8 @@ class AgentConfig:
     #: The node-local dataset cache (nodeagent/datasets/; default DATA_DIR/datasets) and its size limit (0: none).
     dataset_cache: Path | None = None
     dataset_cache_bytes: int = 0
+    #: Where s3:// dataset sources are (MinIO, Ceph); None: the AWS chain's own (AWS_ENDPOINT_URL, the profile).
+    s3_endpoint_url: str | None = None
 
 
 class Agent:
@@ -150,7 +152,8 @@ class Agent:
         self.stager = Stager(self.node_id, self.incarnation,
                              DatasetCache(config.dataset_cache or config.data_dir / "datasets",
                                           config.dataset_cache_bytes),
-                             append=self._append, state=lambda: self.follower.state, spawn=self._spawn)
+                             append=self._append, state=lambda: self.follower.state, spawn=self._spawn,
+                             s3_endpoint_url=config.s3_endpoint_url)
 
     @property
     def node_id(self) -> str:

@@ -129,3 +129,78 @@ def unused_url() -> str:
     """A loopback URL nothing listens on (connection refused)."""
     return f"http://127.0.0.1:{free_port()}/nothing.tar"
 
+
+
+# --- S3: moto's standalone server on loopback (`python -m moto.server`, dev extra), filled with boto3 ---------
+
+#: Credentials moto accepts (any, until its IAM checks are switched on); the agent finds them in its environment.
+S3_ENV = {"AWS_ACCESS_KEY_ID": "corral-test", "AWS_SECRET_ACCESS_KEY": "corral-test-secret",
+          "AWS_DEFAULT_REGION": "us-east-1",
+          # Never the instance metadata service (a link-local address, not loopback), nor a developer's own files.
+          "AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/corral-test",
+          "AWS_CONFIG_FILE": "/nonexistent/corral-test"}
+
+
+def need_moto() -> None:
+    """Skip without moto here (a plain checkout's venv); fail under CI=true, whose `make` installs the dev extra."""
+    try:
+        import moto.server  # noqa: F401
+    except ModuleNotFoundError as e:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"moto[s3] (the dev extra) is not installed: {e}")
+        pytest.skip(f"moto[s3] and boto3 (the dev extra) are not installed: {e}")
+
+
+def start_s3_server() -> tuple[subprocess.Popen[bytes], str]:
+    """A real S3 server (moto's, `python -m moto.server`) on a free loopback port, answering; its endpoint URL."""
+    need_moto()
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/moto-api/", timeout=2):
+                return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_http_server(proc)
+                raise AssertionError("python -m moto.server did not come up") from None
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[str]:
+    """A real S3 server on loopback for the block's duration (start_s3_server); yields its endpoint URL."""
+    proc, url = start_s3_server()
+    try:
+        yield url
+    finally:
+        stop_http_server(proc)
+
+
+def s3_client(endpoint: str, **creds: str):  # type: ignore[no-untyped-def]
+    """The test's own boto3 client (it fills buckets; the agent makes its own from its environment)."""
+    import boto3
+
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id=creds.get("key", S3_ENV["AWS_ACCESS_KEY_ID"]),
+        aws_secret_access_key=creds.get("secret", S3_ENV["AWS_SECRET_ACCESS_KEY"]))
+
+
+def put_tree(client, bucket: str, prefix: str, tree: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every file of `tree` as an object `prefix` + its relative path."""
+    for p in sorted(tree.rglob("*")):
+        if p.is_file():
+            client.upload_file(str(p), bucket, prefix + p.relative_to(tree).as_posix())
+
+
+def s3_auth(endpoint: str, on: bool) -> None:
+    """Switch moto's IAM checks on (every request must be signed by a key its IAM knows, and be allowed) or off
+    (its public test API, /moto-api/reset-auth)."""
+    req = urllib.request.Request(endpoint + "/moto-api/reset-auth", data=b"0" if on else b"1e18", method="POST",
+                                 headers={"Content-Type": "text/plain"})  # (a form's body would not reach it)
+    with urllib.request.urlopen(req, timeout=10):
+        pass

@@ -5,8 +5,9 @@ The wheel is built from a copy of what the package is made of (so the build writ
 checkout), then installed into a venv made empty (`--without-pip`; this interpreter's pip installs into
 it) with the exact versions of constraints.txt (from PyPI, or pip's cache). From an
 unrelated temp directory: `corral --version`, `corral sim` without the `sim` extra (exit 2 and the
-install hint), `corral up --demo` to the end with every job completed and, while it runs, with the extra
-installed, `corral sim gen` and `corral sim --policy all`. Nothing of the checkout is importable there: PYTHONPATH
+install hint), an s3:// dataset without the `s3` extra (the reason names it), `corral up --demo` to the end
+with every job completed and, while it runs, with the extra installed, `corral sim gen` and
+`corral sim --policy all`. Nothing of the checkout is importable there: PYTHONPATH
 is dropped, and the test checks that the venv's corral is the installed one.
 """
 
@@ -109,6 +110,12 @@ def test_a_wheel_in_a_fresh_venv_runs_the_demo_and_the_simulator_from_anywhere(i
     # 3. Without the sim extra: one line, exit 2, what to install.
     hint = run([corral, "sim", "--trace", "t.csv", "--cluster", "c.yaml"], home, env, check=2)
     assert hint.stderr.count("\n") == 1 and "pip install 'corral[sim]'" in hint.stderr, hint.stderr
+    # ... nor the s3 extra: an agent staging an s3:// dataset fails the attempt saying what to install (#33).
+    s3 = run([python, "-c", "import threading, pathlib; from nodeagent.datasets.fetch import StagingError, stage; "
+              "from schemas.datasets import Dataset\ntry: stage(Dataset(name='d', source='s3://b/k.tar', mount='/d'), "
+              "pathlib.Path('s3'), lambda d, t: None, threading.Event())\nexcept StagingError as e: print(e)"],
+             home, env)
+    assert "s3:// sources need the optional extra corral[s3] on the agent (pip install 'corral[s3]')" in s3.stdout, s3
 
     # 4. The demo, to the end (it runs while step 5 installs the extra: the suite's time is short).
     with open(tmp_path / "demo.out", "w+") as out:

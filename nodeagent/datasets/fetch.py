@@ -1,6 +1,6 @@
 """Bring one dataset's bytes into a temporary directory: copy a directory, or download and unpack an archive.
 
-Blocking (the stager runs it in a thread). One pass over the bytes where the
+Blocking (the stager runs it in a thread); s3:// sources are s3.py's (the optional extra corral[s3]). One pass over the bytes where the
 format allows: a tar archive (plain, gz, bz2, xz) is hashed and unpacked as it
 streams in, as `curl | tar x` would; a zip needs its central directory, so it
 is downloaded first. The digest is checked before the caller may rename the
@@ -52,8 +52,10 @@ class Stopped(StagingError):
     """The agent is stopping: staging gave up, nothing was kept."""
 
 
-def stage(ds: Dataset, dest: Path, progress: Progress, stop: threading.Event) -> int:
-    """Put `ds`'s content into the empty directory `dest`, verified; returns the bytes read from the source."""
+def stage(ds: Dataset, dest: Path, progress: Progress, stop: threading.Event, *,
+          s3_endpoint_url: str | None = None) -> int:
+    """Put `ds`'s content into the empty directory `dest`, verified; returns the bytes read from the source.
+    `s3_endpoint_url`: where s3:// sources are (None: the AWS chain's own, e.g. AWS_ENDPOINT_URL)."""
     scheme = source_scheme(ds.source)
     try:
         if scheme == "file":
@@ -61,8 +63,9 @@ def stage(ds: Dataset, dest: Path, progress: Progress, stop: threading.Event) ->
         if scheme in ("http", "https"):
             return _download(ds.source, dest, ds.sha256, progress, stop)
         if scheme == "s3":
-            raise StagingError(f"s3:// sources need the optional extra corral[s3] on the agent, which this corral "
-                               f"does not have yet: serve {ds.source} over http(s) or from shared storage")
+            from nodeagent.datasets.s3 import stage_s3  # (it imports this module; boto3 only when it is used)
+
+            return stage_s3(ds.source, dest, ds.sha256, progress, stop, s3_endpoint_url)
         raise StagingError(f"unsupported source {ds.source!r}")
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -125,7 +128,7 @@ def _copy_file(src: Path, dst: Path) -> None:
 class _Hashing(io.RawIOBase):
     """A readable stream that hashes and counts what passes through it (the archive's bytes)."""
 
-    def __init__(self, inner: BinaryIO, progress: Progress, total: int, stop: threading.Event, *,
+    def __init__(self, inner: BinaryIO | io.RawIOBase, progress: Progress, total: int, stop: threading.Event, *,
                  hashing: bool) -> None:
         self.inner, self.progress, self.total, self.stop = inner, progress, total, stop
         #: Only with a digest to check: hashing is a third of staging's CPU.
@@ -160,22 +163,28 @@ def _download(url: str, dest: Path, sha256: str, progress: Progress, stop: threa
         why = e.reason if isinstance(e, urllib.error.URLError) else e
         raise StagingError(f"cannot fetch {url}: {why}") from None
     with resp:
-        total = int(resp.headers.get("Content-Length") or 0)
-        progress(0, total)
-        body = _Hashing(resp, progress, total, stop, hashing=bool(sha256))
-        stream = io.BufferedReader(body, CHUNK)
-        try:
-            if stream.peek(4)[:4] == ZIP_MAGIC:
-                _unzip(stream, body, dest)
-            else:
-                with tarfile.open(fileobj=stream, mode="r|*", bufsize=TAR_BUF) as tar:
-                    tar.copybufsize = TAR_BUF  # type: ignore[attr-defined]  # (typeshed lacks it; 3.8+ has it)
-                    tar.extractall(dest, filter="data")
-                body.drain()
-        except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as e:
-            raise StagingError(f"{url} is not a readable tar or zip archive: {e}") from None
-        except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
-            raise StagingError(f"download of {url} broke off after {body.done} bytes: {e}") from None
+        return unpack_archive(url, resp, int(resp.headers.get("Content-Length") or 0), dest, sha256, progress, stop)
+
+
+def unpack_archive(url: str, raw: BinaryIO | io.RawIOBase, total: int, dest: Path, sha256: str, progress: Progress,
+                   stop: threading.Event) -> int:
+    """Unpack the archive `raw` streams (`total` bytes, 0: not told) into `dest`, hashing it on the way; the
+    bytes read. A broken stream raises TimeoutError, ConnectionError or an http.client error."""
+    progress(0, total)
+    body = _Hashing(raw, progress, total, stop, hashing=bool(sha256))
+    stream = io.BufferedReader(body, CHUNK)
+    try:
+        if stream.peek(4)[:4] == ZIP_MAGIC:
+            _unzip(stream, body, dest)
+        else:
+            with tarfile.open(fileobj=stream, mode="r|*", bufsize=TAR_BUF) as tar:
+                tar.copybufsize = TAR_BUF  # type: ignore[attr-defined]  # (typeshed lacks it; 3.8+ has it)
+                tar.extractall(dest, filter="data")
+            body.drain()
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise StagingError(f"{url} is not a readable tar or zip archive: {e}") from None
+    except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
+        raise StagingError(f"download of {url} broke off after {body.done} bytes: {e}") from None
     if total and body.done != total:
         raise StagingError(f"download of {url} ended after {body.done} of {total} bytes")
     got = body.sha.hexdigest() if body.sha is not None else ""

@@ -56,7 +56,8 @@ RequestKey = tuple[str, int, str]
 class Stager:
     def __init__(self, node_id: str, incarnation: str, cache: DatasetCache, *,
                  append: Callable[[Event], Awaitable[int]], state: Callable[[], ClusterState],
-                 spawn: Callable[[Awaitable[object]], asyncio.Task[object]], progress_s: float = PROGRESS_S) -> None:
+                 spawn: Callable[[Awaitable[object]], asyncio.Task[object]], progress_s: float = PROGRESS_S,
+                 s3_endpoint_url: str | None = None) -> None:
         self.node_id = node_id
         self.incarnation = incarnation
         self.cache = cache
@@ -64,6 +65,8 @@ class Stager:
         self._state = state
         self._spawn = spawn
         self.progress_s = progress_s
+        #: Where s3:// sources are (None: the AWS chain's own, e.g. AWS_ENDPOINT_URL).
+        self.s3_endpoint_url = s3_endpoint_url
         #: cache key -> its one staging, and that staging's (bytes done, bytes total).
         self._keys: dict[str, asyncio.Task[object]] = {}
         self._progress: dict[str, tuple[int, int]] = {}
@@ -205,12 +208,13 @@ class Stager:
         """Stage `ds` into the cache under its key: room, fetch into `.tmp/`, room again, rename into place."""
         key = ds.key
         t0 = time.monotonic()
-        await self._make_room(await asyncio.to_thread(expected_bytes, ds), key)
+        await self._make_room(await asyncio.to_thread(expected_bytes, ds, self.s3_endpoint_url), key)
         tmp = await asyncio.to_thread(self.cache.temp_dir, key)
         try:
             log.info("dataset_staging", node_id=self.node_id, key=key, source=ds.source)
             try:
-                read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop)
+                read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop,
+                                              s3_endpoint_url=self.s3_endpoint_url)
             except DiskFull as e:
                 # More than foreseen (an archive that unpacks larger, a length not told): evict every entry no
                 # job here uses, then once more from the start; a second full disk fails the attempt.
@@ -222,7 +226,8 @@ class Stager:
                     await self._evict(unused, key, why="the disk filled up while staging")
                 await asyncio.to_thread(self.cache.discard, tmp)
                 tmp = await asyncio.to_thread(self.cache.temp_dir, key)
-                read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop)
+                read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop,
+                                              s3_endpoint_url=self.s3_endpoint_url)
             size = await asyncio.to_thread(tree_bytes, tmp / "data")
             async with self._room:
                 await self._evict(self.cache.room_for(size, self.in_use() - {key}), key)
@@ -269,9 +274,9 @@ class Stager:
         return self._n
 
 
-def expected_bytes(ds: Dataset) -> int:
-    """What staging `ds` will need, as far as is known beforehand (a directory's size, a Content-Length); 0:
-    not known (room is then made once its real size is)."""
+def expected_bytes(ds: Dataset, s3_endpoint_url: str | None = None) -> int:
+    """What staging `ds` will need, as far as is known beforehand (a directory's size, a Content-Length, an S3
+    object's or prefix's size); 0: not known (room is then made once its real size is)."""
     scheme = source_scheme(ds.source)
     if scheme == "file":
         root = Path(ds.source.removeprefix("file://"))
@@ -283,6 +288,10 @@ def expected_bytes(ds: Dataset) -> int:
                 return int(resp.headers.get("Content-Length") or 0)
         except (OSError, ValueError, urllib.error.URLError):
             return 0  # the download itself says what is wrong
+    if scheme == "s3":
+        from nodeagent.datasets import s3  # (boto3, the optional extra corral[s3], only when it is used)
+
+        return s3.expected_bytes(ds.source, s3_endpoint_url)
     return 0
 
 

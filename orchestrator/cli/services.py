@@ -244,9 +244,11 @@ async def run_agent(args: argparse.Namespace) -> int:
                          health_check_timeout_s=args.health_check_timeout,
                          worker_env=extra_env,
                          dataset_cache=Path(args.dataset_cache).resolve() if args.dataset_cache else None,
-                         dataset_cache_bytes=args.dataset_cache_bytes)
+                         dataset_cache_bytes=args.dataset_cache_bytes, s3_endpoint_url=args.s3_endpoint_url)
     if args.dataset_cache_bytes < 0:
         raise CliError(f"--dataset-cache-bytes is 0 (no limit) or more, got {args.dataset_cache_bytes}", USAGE)
+    if args.s3_endpoint_url is not None and not args.s3_endpoint_url.startswith(("http://", "https://")):
+        raise CliError(f"--s3-endpoint-url is an http:// or https:// URL, got {args.s3_endpoint_url!r}", USAGE)
     watch = health_watch(args, inventory)
     try:
         docker = docker_options(args, inventory) if args.runtime == "docker" else None
@@ -554,6 +556,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ds.add_argument("--dataset-cache-bytes", type=int, default=0, metavar="N",
                     help="size limit: least recently used datasets no job here uses are evicted to stay under it "
                          "(default 0: no limit)")
+    ds.add_argument("--s3-endpoint-url", metavar="URL", help="where s3:// sources are, for an on-prem S3 (MinIO, "
+                    "Ceph), e.g. http://minio:9000 (default: the AWS chain's, AWS_ENDPOINT_URL or AWS itself); "
+                    "credentials come from the AWS chain (needs corral[s3])")
     d = p.add_argument_group("Docker runtime", "what worker containers get (nodeagent/runtime/docker_options.py)")
     d.add_argument("--docker-network", choices=("auto", "host", "bridge"), default="auto",
                    help="host: the node's network (rank 0 listens on MASTER_ADDR = --address); bridge: a private "

@@ -85,7 +85,6 @@ def test_bad_sources_fail_with_a_reason_to_act_on(served: tuple[str, Path, dict[
         f"{url}/missing.tar|": "HTTP 404",
         f"{url}/junk.tar|": "is not a readable tar or zip archive",
         f"{tmp_path}/nope|": f"source {tmp_path}/nope does not exist on this node",
-        "s3://bucket/key.tar|": "s3:// sources need the optional extra corral[s3]",
     }
     for src_digest, says in cases.items():
         src, digest = src_digest.split("|")
