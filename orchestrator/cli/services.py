@@ -25,7 +25,7 @@ from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.logging import configure_logging
-from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_id
+from orchestrator.scheduler.service import Scheduler, SchedulerConfig, default_scheduler_id
 from schemas import ClusterConfigured, Inventory
 from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS
 
@@ -130,7 +130,7 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
         return None
     from events.telemetry import ServiceRegistry
     from nodeagent.metrics import watch_agents
-    from orchestrator.metrics import watch_scheduler
+    from orchestrator.scheduler.metrics import watch_scheduler
 
     # Before the services run, so their catch-up is counted too; each registers its own collectors.
     registry = ServiceRegistry([*([scheduler.bus] if scheduler is not None else []), *(a.bus for a in agents)])
@@ -269,7 +269,7 @@ async def run_agent(args: argparse.Namespace) -> int:
 
 
 async def run_admission(args: argparse.Namespace) -> int:
-    from orchestrator.gateway import Admission, Owners
+    from orchestrator.scheduler.gateway import Admission, Owners
 
     configure_logging(args.log_level)
     try:

@@ -58,13 +58,13 @@ from events.follow import Follower
 from events.snapshots import SnapshotStore
 from events.subjects import subject_for
 from events.swallowed_cancel import stop_if_cancelled
-from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState, Config
-from orchestrator.health import HeartbeatMonitor
-from orchestrator.leader import LEASE_BUCKET, Lease
+from orchestrator.scheduler import metrics
+from orchestrator.scheduler.health import HeartbeatMonitor
+from orchestrator.scheduler.leader import LEASE_BUCKET, Lease
 from schemas import AnyEvent, ClusterConfigured, Event, NodeFailed, SchedulerElected, Unknown, decode
 from schemas.heartbeat import HEARTBEAT_BUCKET
 

@@ -2,7 +2,7 @@
 
 The server runs the rendered accounts (deploy/nats/render.py) with teams vision and nlp: each
 team is its own account importing corral-submit.*/corral-cancel.* (and JetStream's read API)
-from CORRAL. orchestrator.gateway.Admission runs in-process as the `admission` user, owning
+from CORRAL. orchestrator.scheduler.gateway.Admission runs in-process as the `admission` user, owning
 vision -> {vision} and nlp -> {nlp}. A refused request leaves nothing in the log.
 """
 
@@ -31,7 +31,7 @@ from events.bus import Bus
 from events.sdk import ADMISSION_CANCEL, ADMISSION_SUBMIT, AdmissionRefused, Client
 from events.security import connect_options
 from orchestrator.cli.errors import DENIED, OK
-from orchestrator.gateway import Admission, Owners
+from orchestrator.scheduler.gateway import Admission, Owners
 from tests.deploy.launcher import Server, free_ports, passwords
 
 NODES = ["n1"]
