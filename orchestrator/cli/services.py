@@ -1,4 +1,4 @@
-"""The long-running commands: `corral scheduler`, `corral agent` and `corral up`."""
+"""The long-running commands (the services): `corral scheduler`, `corral agent`, `corral admission` (the team gateway), `corral index` and `corral up`."""
 
 from __future__ import annotations
 
@@ -268,8 +268,8 @@ async def run_agent(args: argparse.Namespace) -> int:
                 await metrics_server.close()
 
 
-async def run_admission(args: argparse.Namespace) -> int:
-    from orchestrator.scheduler.gateway import Admission, Owners
+async def run_gateway(args: argparse.Namespace) -> int:
+    from orchestrator.scheduler.gateway import Owners, TeamGateway
 
     configure_logging(args.log_level)
     try:
@@ -279,7 +279,7 @@ async def run_admission(args: argparse.Namespace) -> int:
     if not owners.queues:
         raise CliError("no team: give --team TEAM[=QUEUE,...] (or CORRAL_ADMISSION_TEAMS)", USAGE)
     async with connected(args, name="corral-admission", forever=True, wait_for_creator=True) as bus:
-        return await until_signalled(Admission(bus, owners).run())
+        return await until_signalled(TeamGateway(bus, owners).run())
 
 
 async def run_index(args: argparse.Namespace) -> int:
@@ -584,7 +584,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--team", action="append", metavar="TEAM[=QUEUE,...]",
                    help="team TEAM (account TEAM_<TEAM>) owns these queues; just TEAM: the queue of that name. "
                         "Repeat per team; env CORRAL_ADMISSION_TEAMS adds space-separated entries")
-    p.set_defaults(handler=run_admission)
+    p.set_defaults(handler=run_gateway)
 
     p = sub.add_parser(
         "index", help="run the accounting and forensics index: `usage`, `jobs --all`, `job`, `explain` answer from it",
