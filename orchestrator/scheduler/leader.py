@@ -1,4 +1,4 @@
-"""Leader lease in a KV bucket, so a standby scheduler does not waste work.
+"""Who leads: the lease in a KV bucket (a standby scheduler does not waste work) and the elections of epochs.
 
 The lease is an optimisation, not the safety net: two schedulers that both
 believe they lead are still safe because `evolve` voids any decision from an
