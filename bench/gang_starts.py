@@ -50,7 +50,7 @@ from nodeagent.fake_gpus import fake_inventory  # noqa: E402
 from nodeagent.runtime.base import WorkerHandle  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
 from orchestrator.logging import configure_logging  # noqa: E402
-from orchestrator.service import Scheduler, SchedulerConfig  # noqa: E402
+from orchestrator.scheduler.service import Scheduler, SchedulerConfig  # noqa: E402
 from schemas import ClusterConfigured, GangReserved, JobRunning, JobSpec, JobSubmitted  # noqa: E402
 
 GPUS = 8

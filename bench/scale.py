@@ -101,8 +101,8 @@ def run_scheduler(url: str, report: Path, profile: bool, heartbeat_timeout: floa
     """`corral scheduler` in this process, timing each decide; the figures go to `report` at exit."""
     import cProfile
 
-    import orchestrator.health as health
-    import orchestrator.service as service
+    import orchestrator.scheduler.health as health
+    import orchestrator.scheduler.service as service
     from orchestrator.cli import main as cli_main
 
     #: (wall time at its end, seconds, CPU seconds, events decided) per call.

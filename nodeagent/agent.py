@@ -37,6 +37,7 @@ from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
 from nodeagent.rank_env import ignored_spec_env, node_env, rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
+from nodeagent.start_rules import backoff_left, blocked, held_gpus, next_generation, on_faulty_gpu, restarts_rank
 from orchestrator.core.evolve import evolve
 from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.staging import staged
@@ -87,6 +88,10 @@ class Tracked:
     gpus_unknown: bool = False
     #: Its WorkerStarted is in the log; False for one whose attempt ended while it was starting.
     told: bool = True
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return self.spec.gpus
 
 
 @dataclass(frozen=True)
@@ -355,9 +360,9 @@ class Agent:
             self._failed_starts = {k: seq for k, seq in self._failed_starts.items() if seq > state.seq}
         # Stale workers first (a superseded attempt, a requeued gang, orphans adopted after a
         # restart): their stop begins before anything is started, and until they are gone their
-        # GPUs are held (`_held_gpus`).
+        # GPUs are held (start_rules.py: `held_gpus`).
         self._stop_unwanted()
-        held = self._held_gpus(work)
+        held = held_gpus(self.workers, work)
         log_now = self.follower.clock.now()  # the log's clock, as the backoff's end is (#30)
         self._backoff_left = None
         for key in work:
@@ -370,7 +375,7 @@ class Agent:
                 if (intent == "run" and key not in self._restarting and key not in self._failed_starts
                         and not self._backing_off(key, log_now) and not self._blocked(key, held)
                         and self._staged(key)):
-                    await self._start(key, restarts=self._next_generation(key))
+                    await self._start(key, restarts=next_generation(self.follower.state, key))
             elif intent is not None:
                 await self._steer(key, tr, intent, now)
         self._stop_unwanted()  # what the pass's awaits made stale
@@ -433,47 +438,13 @@ class Agent:
         await self.stager.announce()
 
     def _backing_off(self, key: WorkerKey, log_now: float | None) -> bool:
-        """Whether `key`'s attempt began with a gang restart whose backoff (Job.not_before) is not over.
-
-        Judged on the log's clock (`Follower.clock`), the one the fold put `not_before` on: this
-        node's wall clock may be minutes off the scheduler's and the server's. A lower bound, so the
-        backoff is never cut short, and it ends at most its length after this agent read the restart.
-        """
-        job = self.follower.state.jobs.get(key[0])
-        if job is None or job.attempt != key[1] or job.not_before <= 0.0:
+        """Whether `key`'s attempt waits out a gang restart's backoff (start_rules.py: `backoff_left`); the
+        soonest end of one wakes the next reconcile pass (`_backoff_left`)."""
+        left = backoff_left(self.follower.state.jobs.get(key[0]), key[1], log_now, self.config.tick_s)
+        if left is None:
             return False
-        if log_now is not None and job.not_before <= log_now:
-            return False
-        left = job.not_before - log_now if log_now is not None else self.config.tick_s
         self._backoff_left = left if self._backoff_left is None else min(self._backoff_left, left)
         return True
-
-    def _next_generation(self, key: WorkerKey) -> int:
-        """The generation to start: 0, or the one after a "restarting" rank's in the log.
-
-        From the log, not memory: this process may not be the one that decided the restart, and a
-        reused generation's events would dedupe away (their ids carry it).
-        """
-        rank = self.follower.state.ranks.get(key[0], {}).get(key[2])
-        return rank.restarts + 1 if rank is not None and rank.status == "restarting" else 0
-
-    def _held_gpus(self, work: dict[WorkerKey, Intent]) -> set[int] | None:
-        """GPUs still held by workers on their way out; None: unknown, so all of them.
-
-        The log frees a gang's GPUs as soon as it is requeued (node failed, partition) or
-        superseded, but its old workers here may still be running (orphans adopted after an
-        agent restart, stale workers after a partition heals, a stop in its grace period).
-        """
-        held: set[int] = set()
-        for key, tr in self.workers.items():
-            if key in work and tr.ending is None:
-                continue  # wanted: its GPUs are its own in the log too
-            if tr.exited:
-                continue  # ended: its GPUs are free, whatever is left to tell or remove
-            if tr.gpus_unknown:
-                return None
-            held.update(tr.spec.gpus)
-        return held
 
     def _blocked(self, key: WorkerKey, held: set[int] | None) -> bool:
         """A new worker waits until no old one holds any of its GPUs (reconcile retries each tick)."""
@@ -481,7 +452,7 @@ class Agent:
             return False
         job = self.follower.state.jobs[key[0]]
         gpus = next((p.gpus for p in job.placement if p.rank == key[2]), ())
-        if held is None or held.intersection(gpus):
+        if blocked(held, gpus):
             log.info("worker_start_deferred", job_id=key[0], rank=key[2], reason="GPUs still held by a stopping worker")
             return True
         return False
@@ -668,14 +639,11 @@ class Agent:
             # A GPU fault kills its workers too: told first, the gang is requeued (restarts unspent), not restarted.
             await self._health_poll(self.health, 0)
         reason = tr.ending or info.reason
-        restart = (
-            tr.ending is None
-            and info.reason in ("crashed", "killed")
-            and tr.restart_policy == "rank"
-            and tr.spec.restarts < tr.max_restarts
-            and rank_intent(self.follower.state, self.node_id, key) == "run"
-            and not self._on_faulty_gpu(tr)  # its gang is requeued elsewhere, not restarted on a bad GPU
-        )
+        state = self.follower.state
+        restart = restarts_rank(ending=tr.ending, exit_reason=info.reason, restart_policy=tr.restart_policy,
+                                restarts=tr.spec.restarts, max_restarts=tr.max_restarts,
+                                intent=rank_intent(state, self.node_id, key),
+                                faulty_gpu=on_faulty_gpu(state.nodes.get(self.node_id), tr.spec.gpus))
         if restart:
             self._restarting.add(key)
         try:
@@ -696,12 +664,8 @@ class Agent:
         if restart:
             self._spawn(self._restart_later(key, tr.spec.restarts + 1))
 
-    def _on_faulty_gpu(self, tr: Tracked) -> bool:
-        me = self.follower.state.nodes.get(self.node_id)
-        return me is not None and bool(me.gpu_faults) and not me.unhealthy_gpus.isdisjoint(tr.spec.gpus)
-
     def _release_gpus(self, tr: Tracked) -> None:
-        """The worker ended and the log says so: its GPUs stop blocking starts (`_held_gpus`); wake reconcile."""
+        """The worker ended and the log says so: its GPUs stop blocking starts (start_rules.py: `held_gpus`); wake reconcile."""
         tr.exited = True
         self.follower.changed.set()
 

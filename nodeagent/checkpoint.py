@@ -21,11 +21,9 @@ its attempt (CORRAL_ATTEMPT) is reported only for that attempt.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -101,23 +99,6 @@ def newest_manifest(
         if best is None or key[:2] > best[:2]:
             best = key
     return best[2] if best else None
-
-
-async def watch_manifests(
-    directory: str | Path, *, rank: int | None = None, after_step: int = -1, interval_s: float = 0.5
-) -> AsyncIterator[Manifest]:
-    """Yield each manifest newer than `after_step` as it appears (polling; runs until cancelled).
-
-    Polling, not inotify: checkpoint dirs are often network filesystems, where
-    inotify sees nothing, and one stat per interval is cheap.
-    """
-    last = after_step
-    while True:
-        m = await asyncio.to_thread(newest_manifest, directory, rank=rank)
-        if m is not None and m.step > last:
-            last = m.step
-            yield m
-        await asyncio.sleep(interval_s)
 
 
 def reached_step(log_tail: str) -> int | None:

@@ -21,8 +21,8 @@ from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.heartbeat import publish_heartbeats
 from nodeagent.runtime.simulated import SimulatedRuntime
-from orchestrator.health import HeartbeatMonitor
-from orchestrator.service import Scheduler, SchedulerConfig
+from orchestrator.scheduler.health import HeartbeatMonitor
+from orchestrator.scheduler.service import Scheduler, SchedulerConfig
 from schemas.heartbeat import HEARTBEAT_BUCKET
 from tests.core.harness import inventory
 

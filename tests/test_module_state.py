@@ -35,7 +35,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("orchestrator/policies/victims.py", "PRIORITY_AND_RECLAIM"): "a PreemptionRule (NamedTuple) of functions",
     ("orchestrator/policies/las.py", "LEAST_ATTAINED_SERVICE"): "a PreemptionRule (NamedTuple) of functions",
     ("orchestrator/policies/victims.py", "STARVATION"): "a PreemptionRule (NamedTuple) of functions",
-    ("orchestrator/policies/service.py", "service_order_key"): "a closure over a float and a tuple",
+    ("orchestrator/policies/level_order.py", "service_order_key"): "a closure over a float and a tuple",
     ("schemas/jobspec.py", "NO_GATES"): "a frozen msgspec Struct of tuples, a bool and None",
 }
 

@@ -27,8 +27,8 @@ from nodeagent.fake_gpus import fake_inventory
 from nodeagent.metrics import watch_agents
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.index.service import IndexService, watch_index
-from orchestrator.metrics import watch_scheduler
-from orchestrator.service import Scheduler
+from orchestrator.scheduler.metrics import watch_scheduler
+from orchestrator.scheduler.service import Scheduler
 from schemas import QueueDefined
 from tests.integration.harness import log_tail, start_corral, stop
 

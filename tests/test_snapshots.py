@@ -213,11 +213,11 @@ async def test_the_scheduler_snapshots_on_a_time_bound_and_restarts_from_its_new
 ) -> None:
     """Far fewer events than `snapshot_every`, yet a snapshot follows within `snapshot_interval_s`; a
     restarted scheduler starts from it (`caught_up` says so) and holds what a full fold holds."""
-    import orchestrator.service
+    import orchestrator.scheduler.service
     from tests.integration.harness import scheduler
 
     capture = LogCapture()
-    monkeypatch.setattr(orchestrator.service, "log", structlog.wrap_logger(
+    monkeypatch.setattr(orchestrator.scheduler.service, "log", structlog.wrap_logger(
         None, processors=[capture], wrapper_class=structlog.BoundLogger, cache_logger_on_first_use=False))
     await bus.append_many(workload(10))
     store = SnapshotStore(bus.js)
@@ -240,7 +240,7 @@ async def test_a_scheduler_stopped_as_soon_as_it_caught_up_leaves_a_snapshot(bus
     """A stop at any point after start -- here the moment its catch-up ends, before its lease and heartbeat
     buckets exist -- leaves a snapshot of what it folded. (SIGTERM right after `/readyz` turned 200 left none:
     the save sat in a `finally` entered only once the services ran, and every later reader folded from 1.)"""
-    from orchestrator.service import Scheduler, SchedulerConfig
+    from orchestrator.scheduler.service import Scheduler, SchedulerConfig
 
     log = workload(10)
     await bus.append_many(log)

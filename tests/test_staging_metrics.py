@@ -1,5 +1,5 @@
 """The scheduler's staging metrics (#33): each node's DatasetReady counted once, cache hits apart, and the
-staging phase's length observed when the last node became ready (orchestrator/metrics.py)."""
+staging phase's length observed when the last node became ready (orchestrator/scheduler/metrics.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from events.follow import Follower
 from events.subjects import subject_for
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.metrics import DATASET_BYTES_STAGED, DATASETS_READY, STAGING_SECONDS, count_outcomes
+from orchestrator.scheduler.metrics import DATASET_BYTES_STAGED, DATASETS_READY, STAGING_SECONDS, count_outcomes
 from schemas.datasets import Dataset
 from schemas.events import DatasetReady
 from tests.core.harness import Sim

@@ -22,7 +22,7 @@ object store; every corral user lives in it):
                 reads everything, and purges the CORRAL stream (retention, up
                 to what its archive holds); it appends nothing and touches no
                 other stream or bucket.
-- ``admission`` the admission service (orchestrator/gateway.py): answers
+- ``admission`` the admission service (orchestrator/scheduler/gateway.py): answers
                 the requests team accounts send on ``corral-submit.*`` and
                 ``corral-cancel.*``, appends JobSubmitted and CancelRequested
                 for the teams that own the queue.

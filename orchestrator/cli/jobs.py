@@ -61,24 +61,43 @@ _SPEC_QUEUE: str = next(f.default for f in msgspec.structs.fields(JobSpec) if f.
 _QUEUE_EVENTS = type_filters("QueueDefined", "QueueDeleted", "ClusterConfigured", "SchedulerElected")
 
 
-async def check_queue(bus: Bus, spec: JobSpec) -> None:
-    """Refuse (exit 2, naming the defined queues) a job for an undefined queue once any queue is defined.
+def queue_refusal(state: ClusterState, queue: str) -> str | None:
+    """Why `corral submit` refuses a job for `queue` (None: it does not): the front door's rule.
 
-    Without any queue every name runs (implicit queues); a spec that names no queue (`default`) runs in the
-    cluster's default queue. Only the queue and settings events are read, not the whole log.
+    Once any queue is defined, a name that is not one is refused, except the spec's default name when the
+    cluster's default queue is defined (a spec that names no queue runs there). Without any queue every name
+    runs (implicit queues).
+
+    Stricter than the scheduler's rule, on purpose (tests/cli/test_queue_rule.py pins the difference): the
+    scheduler sends a name it does not know to the default queue (orchestrator/core/usage.py:
+    `resolve_queue`) and rejects it only when there is no default queue either (policies/reject.py). The
+    scheduler's rule reads the log, which must fold the same forever: jobs already in it, a queue deleted
+    after its jobs were submitted, other clients' appends. This one reads a person's `-q`: a typo sent to the
+    default queue would run under another queue's share, guarantee and limit, so it is refused before
+    anything is in the log. Whatever the scheduler would reject for its queue, this refuses too.
+    """
+    defined = state.queues
+    if not defined or queue in defined:
+        return None
+    if queue == _SPEC_QUEUE and state.config.default_queue in defined:
+        return None
+    return (f"unknown queue {queue!r}; defined queues: {', '.join(sorted(defined))} "
+            "(`corral queues` lists them; `corral queue set` or `queue apply` defines one)")
+
+
+async def check_queue(bus: Bus, spec: JobSpec) -> None:
+    """Refuse (exit 2, naming the defined queues) a job for a queue `queue_refusal` refuses.
+
+    Only the queue and settings events are read, not the whole log.
     """
     state = ClusterState()
     async with aclosing(bus.replay(subjects=_QUEUE_EVENTS)) as batches:
         async for batch in batches:
             for env in batch:
                 state = evolve(state, env.event, env.seq)
-    defined = state.queues
-    if not defined or spec.queue in defined:
-        return
-    if spec.queue == _SPEC_QUEUE and state.config.default_queue in defined:
-        return
-    raise CliError(f"unknown queue {spec.queue!r}; defined queues: {', '.join(sorted(defined))} "
-                   "(`corral queues` lists them; `corral queue set` or `queue apply` defines one)", USAGE)
+    refused = queue_refusal(state, spec.queue)
+    if refused is not None:
+        raise CliError(refused, USAGE)
 
 
 async def check_fits(bus: Bus, spec: JobSpec) -> None:

@@ -1,4 +1,4 @@
-"""The long-running commands: `corral scheduler`, `corral agent` and `corral up`."""
+"""The long-running commands (the services): `corral scheduler`, `corral agent`, `corral admission` (the team gateway), `corral index` and `corral up`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.logging import configure_logging
-from orchestrator.service import Scheduler, SchedulerConfig, default_scheduler_id
+from orchestrator.scheduler.service import Scheduler, SchedulerConfig, default_scheduler_id
 from schemas import ClusterConfigured, Inventory
 from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS
 
@@ -130,7 +130,7 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
         return None
     from events.telemetry import ServiceRegistry
     from nodeagent.metrics import watch_agents
-    from orchestrator.metrics import watch_scheduler
+    from orchestrator.scheduler.metrics import watch_scheduler
 
     # Before the services run, so their catch-up is counted too; each registers its own collectors.
     registry = ServiceRegistry([*([scheduler.bus] if scheduler is not None else []), *(a.bus for a in agents)])
@@ -270,8 +270,8 @@ async def run_agent(args: argparse.Namespace) -> int:
                 await metrics_server.close()
 
 
-async def run_admission(args: argparse.Namespace) -> int:
-    from orchestrator.gateway import Admission, Owners
+async def run_gateway(args: argparse.Namespace) -> int:
+    from orchestrator.scheduler.gateway import Owners, TeamGateway
 
     configure_logging(args.log_level)
     try:
@@ -281,7 +281,7 @@ async def run_admission(args: argparse.Namespace) -> int:
     if not owners.queues:
         raise CliError("no team: give --team TEAM[=QUEUE,...] (or CORRAL_ADMISSION_TEAMS)", USAGE)
     async with connected(args, name="corral-admission", forever=True, wait_for_creator=True) as bus:
-        return await until_signalled(Admission(bus, owners).run())
+        return await until_signalled(TeamGateway(bus, owners).run())
 
 
 async def run_index(args: argparse.Namespace) -> int:
@@ -589,7 +589,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--team", action="append", metavar="TEAM[=QUEUE,...]",
                    help="team TEAM (account TEAM_<TEAM>) owns these queues; just TEAM: the queue of that name. "
                         "Repeat per team; env CORRAL_ADMISSION_TEAMS adds space-separated entries")
-    p.set_defaults(handler=run_admission)
+    p.set_defaults(handler=run_gateway)
 
     p = sub.add_parser(
         "index", help="run the accounting and forensics index: `usage`, `jobs --all`, `job`, `explain` answer from it",

@@ -9,7 +9,7 @@ counters, or the same frozen records) and answers afresh otherwise.
 
 Owner and lifetime: whoever decides over one evolving state keeps one Memo
 for as long as it does -- the scheduler service for its life
-(orchestrator/service.py), the simulator for one run (sim/engine.py), a test
+(orchestrator/scheduler/service.py), the simulator for one run (sim/engine.py), a test
 harness for one test. `decide` called without one uses a fresh Memo for that
 call: the same answer, only slower. No answer depends on what a Memo holds
 (tests/core/test_properties.py compares warm memos with a cold start).

@@ -70,11 +70,6 @@ class Topology:
         self.order.setdefault(node_id, len(self.order))
         self.width = max(self.width, gpu_count)
 
-    def level_of(self, domain: str) -> str:
-        if domain == ROOT:
-            return CLUSTER
-        return self.levels[domain.count("/")]
-
     def label_of(self, domain: str) -> str:
         """A domain's readable name: its last label ("l3"), or "cluster"."""
         if domain == ROOT:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.checkpoint import Manifest, newest_manifest, read_manifest, watch_manifests, write_manifest
+from nodeagent.checkpoint import Manifest, newest_manifest, read_manifest, write_manifest
 from nodeagent.rank_env import rank_env
 from nodeagent.runtime.process import ProcessRuntime
 from schemas.events import GangReserved, RankPlacement
@@ -51,23 +51,6 @@ def test_a_manifest_counts_only_for_the_attempt_that_wrote_it(tmp_path: Path) ->
     assert newest_manifest(tmp_path, attempt=3) == Manifest(step=100, path="/unsaid", rank=2)
     (tmp_path / "manifest-rank3.json").write_bytes(b'{"step": 5, "path": "' + bytes([0xFF]) + b'"}')
     assert read_manifest(tmp_path / "manifest-rank3.json") is None, "invalid UTF-8 is a bad manifest, not a crash"
-
-
-async def test_watch_yields_each_newer_manifest(tmp_path: Path) -> None:
-    seen: list[int] = []
-
-    async def collect() -> None:
-        async for m in watch_manifests(tmp_path, interval_s=0.01):
-            seen.append(m.step)
-            if m.step >= 3:
-                return
-
-    task = asyncio.create_task(collect())
-    for step in (1, 2, 3):
-        write_manifest(tmp_path, Manifest(step=step, path=f"/s{step}"))
-        await asyncio.sleep(0.05)
-    await asyncio.wait_for(task, 5)
-    assert seen == [1, 2, 3]
 
 
 async def test_checkpoint_on_signal_then_resume_gives_the_same_result(tmp_path: Path) -> None:

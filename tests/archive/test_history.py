@@ -19,7 +19,7 @@ from events.history import History
 from events.server import NatsServer
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.metrics import state_digest
+from orchestrator.scheduler.metrics import state_digest
 from tests.archive.workload import append, archived_and_purged
 
 

@@ -52,7 +52,7 @@ def _imported(*args: str) -> set[str]:
 
 #: What a start that runs none of them must not import: the services' code (scheduler, agent, archiver,
 #: index service), the live view's terminal library, the policies' decisions, and the log's readers.
-SERVICES = ("nodeagent", "orchestrator.service", "orchestrator.archiver", "orchestrator.index.service",
+SERVICES = ("nodeagent", "orchestrator.scheduler", "orchestrator.archiver", "orchestrator.index.service",
             "orchestrator.cli.services", "orchestrator.cli.top", "orchestrator.core.decide", "orchestrator.policies",
             "prometheus_client", "events.telemetry")
 #: Nor, for `--help` and `--version`, NATS or structlog (whose import pulls in rich when it is installed).

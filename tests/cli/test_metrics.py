@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.metrics import state_metrics
+from orchestrator.scheduler.metrics import state_metrics
 from tests.cli.conftest import Up, corral, corral_json, job, state_of, statuses, submit, wait_state
 from tests.cli.test_top import known_state
 

@@ -2,7 +2,7 @@
 
 The server runs the rendered accounts (deploy/nats/render.py) with teams vision and nlp: each
 team is its own account importing corral-submit.*/corral-cancel.* (and JetStream's read API)
-from CORRAL. orchestrator.gateway.Admission runs in-process as the `admission` user, owning
+from CORRAL. orchestrator.scheduler.gateway.TeamGateway runs in-process as the `admission` user, owning
 vision -> {vision} and nlp -> {nlp}. A refused request leaves nothing in the log.
 """
 
@@ -31,7 +31,7 @@ from events.bus import Bus
 from events.sdk import ADMISSION_CANCEL, ADMISSION_SUBMIT, AdmissionRefused, Client
 from events.security import connect_options
 from orchestrator.cli.errors import DENIED, OK
-from orchestrator.gateway import Admission, Owners
+from orchestrator.scheduler.gateway import Owners, TeamGateway
 from tests.deploy.launcher import Server, free_ports, passwords
 
 NODES = ["n1"]
@@ -54,7 +54,7 @@ class Cluster:
     scheduler: Bus
     vision: Bus
     nlp: Bus
-    admission: Admission
+    admission: TeamGateway
 
     async def events_of(self, job_id: str) -> list[str]:
         """Tags in the log about `job_id` (read as the scheduler)."""
@@ -86,7 +86,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
             await admin.define_queue(queue, parent=parent)
         admission_bus = await _bus(srv.url, "admission")
         buses.append(admission_bus)
-        admission = Admission(admission_bus, Owners.parse(["vision", "nlp=nlp"]))
+        admission = TeamGateway(admission_bus, Owners.parse(["vision", "nlp=nlp"]))
         task = asyncio.create_task(admission.run())
         await asyncio.wait_for(admission.ready.wait(), 5)
         vision, nlp = await _bus(srv.url, "client-vision"), await _bus(srv.url, "client-nlp")

@@ -202,7 +202,7 @@ def _explained(
         if end is None:  # killed: its heartbeats resume once the new process registers
             end = min((r for r in registered.get(node, ()) if r >= o.start), default=float("inf"))
         # After NATS comes back, agents reconnect and the monitor re-creates its watch once it was quiet for a
-        # third of the timeout (orchestrator/health.py): beats are invisible to the scheduler until then.
+        # third of the timeout (orchestrator/scheduler/health.py): beats are invisible to the scheduler until then.
         after = interval + slack + 1.0 + (timeout / 3 if o.node is None else 0.0)
         silent_from = o.start - interval - slack
         if silent_from <= t - timeout and t <= end + after:

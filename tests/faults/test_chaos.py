@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState
-from orchestrator.metrics import state_digest
+from orchestrator.scheduler.metrics import state_digest
 from schemas import decode
 from tests.faults.chaos import ChaosConfig, run_chaos
 from tests.faults.chaos_check import Stored

@@ -23,7 +23,7 @@ import msgspec
 
 from events.bus import Bus
 from events.server import NatsServer
-from orchestrator.health import HeartbeatMonitor
+from orchestrator.scheduler.health import HeartbeatMonitor
 from schemas.heartbeat import HEARTBEAT_BUCKET, Heartbeat
 
 TIMEOUT_S = 3.0

@@ -21,7 +21,7 @@ from nodeagent.runtime.process import ProcessRuntime
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import HOLDING, ClusterState
-from orchestrator.service import Scheduler, SchedulerConfig
+from orchestrator.scheduler.service import Scheduler, SchedulerConfig
 from schemas import ClusterConfigured
 
 CORRAL = str(Path(sys.executable).parent / "corral")

@@ -1,4 +1,4 @@
-"""Service-aware order inside a queue (#20 point 2, policies/service.py): levels of service, bounded delay."""
+"""Service-aware order inside a queue (#20 point 2, policies/level_order.py): levels of service, bounded delay."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from msgspec.structs import replace as sreplace
 
 from orchestrator.policies import DEFAULT_POLICIES
 from orchestrator.policies.fairshare import arrival_order_key
-from orchestrator.policies.service import LEVEL_DELAY_S, service_level, service_order_key
+from orchestrator.policies.level_order import LEVEL_DELAY_S, service_level, service_order_key
 from schemas.events import GangReserved
 from tests.core.harness import Sim, of_type
 

@@ -36,6 +36,14 @@ get of the stream's last message on one subject (the job's JobSubmitted, a
 queue's QueueDefined), answered by the stream leader, so a submit is seen by
 the next cancel at once. Run two or more: they share the requests through the
 queue group `corral-admission`.
+
+Names. In the code this is the team gateway (`TeamGateway`, `GatewayRefusal`):
+"admission" is the scheduler's word for a queue head getting its GPUs
+(orchestrator/core/admit.py). What operators and clients already hold keeps
+its older name: the command `corral admission`, the NATS user and role
+`admission`, the queue group, the log lines `admission_*`, the clients'
+`--via-admission` and the SDK's `AdmissionRefused` (renaming those would
+break deployed credentials, manifests and scripts).
 """
 
 from __future__ import annotations
@@ -73,7 +81,7 @@ MAX_QUEUE_DEPTH = 16
 _TEAM_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
-class AdmissionError(Exception):
+class GatewayRefusal(Exception):
     """A refusal: `code` is one of forbidden, invalid, exists, not_found, bad_request, internal."""
 
     def __init__(self, code: str, message: str) -> None:
@@ -122,14 +130,14 @@ def caller_of(headers: Mapping[str, str] | None) -> Caller:
     """Who sent a request, as the server stamped it crossing the import."""
     raw = (headers or {}).get(REQUEST_INFO)
     if not raw:
-        raise AdmissionError("forbidden", "no Nats-Request-Info: only a team account's import reaches admission")
+        raise GatewayRefusal("forbidden", "no Nats-Request-Info: only a team account's import reaches admission")
     try:
         info = json.loads(raw)
     except ValueError:
-        raise AdmissionError("forbidden", "unreadable Nats-Request-Info") from None
+        raise GatewayRefusal("forbidden", "unreadable Nats-Request-Info") from None
     acc, user = (info.get("acc"), info.get("user")) if isinstance(info, dict) else (None, None)
     if not isinstance(acc, str) or not acc:
-        raise AdmissionError("forbidden", "Nats-Request-Info names no account")
+        raise GatewayRefusal("forbidden", "Nats-Request-Info names no account")
     return Caller(account=acc, user=user if isinstance(user, str) else "")
 
 
@@ -137,20 +145,20 @@ def _body(data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data or b"{}")
     except ValueError:
-        raise AdmissionError("bad_request", "the request is not JSON") from None
+        raise GatewayRefusal("bad_request", "the request is not JSON") from None
     if not isinstance(body, dict):
-        raise AdmissionError("bad_request", "the request must be a JSON object")
+        raise GatewayRefusal("bad_request", "the request must be a JSON object")
     return body
 
 
 def _job_id(subject: str, prefix: str) -> str:
     job_id = subject.removeprefix(prefix + ".")
     if not valid_id(job_id):
-        raise AdmissionError("bad_request", f"job id {job_id!r} is not a valid corral id")
+        raise GatewayRefusal("bad_request", f"job id {job_id!r} is not a valid corral id")
     return job_id
 
 
-class Admission:
+class TeamGateway:
     """Answers corral-submit.* and corral-cancel.* until cancelled. Create, then `await run()`."""
 
     def __init__(self, bus: Bus, owners: Owners, *, queue_group: str = QUEUE_GROUP) -> None:
@@ -194,8 +202,8 @@ class Admission:
             elif prefix == CANCEL:
                 seq = await self.cancel(caller, _job_id(subject, CANCEL), _body(data))
             else:
-                raise AdmissionError("bad_request", f"unknown request subject {subject!r}")
-        except AdmissionError as e:
+                raise GatewayRefusal("bad_request", f"unknown request subject {subject!r}")
+        except GatewayRefusal as e:
             self.refused += 1
             log.warning("admission_refused", request=prefix, job_id=job_id, caller=str(caller or "?"), code=e.code,
                         reason=str(e))
@@ -211,26 +219,26 @@ class Admission:
         try:
             spec = parse_jobspec(body.get("spec"))
         except InvalidJobSpec as e:
-            raise AdmissionError("invalid", str(e)) from None
+            raise GatewayRefusal("invalid", str(e)) from None
         except (TypeError, ValueError) as e:
-            raise AdmissionError("invalid", f"not a job spec: {e}") from None
+            raise GatewayRefusal("invalid", f"not a job spec: {e}") from None
         await self._check_owner(caller, spec.queue, f"submit to queue {spec.queue!r}")
         existing = await self._submitted(job_id)
         if existing is not None:
             seq, event = existing
             if event.submitted_by.rpartition("@")[2] == caller.account and event.spec == spec:
                 return seq  # a retry of this very submit (by the same team): the same answer
-            raise AdmissionError("exists", f"job {job_id} already exists: choose another id")
+            raise GatewayRefusal("exists", f"job {job_id} already exists: choose another id")
         return await self.bus.append(JobSubmitted(event_id=f"submit:{job_id}", occurred_at=time.time(),
                                                   job_id=job_id, spec=spec, submitted_by=str(caller)))
 
     async def cancel(self, caller: Caller, job_id: str, body: dict[str, Any]) -> int:
         reason = body.get("reason", "")
         if not isinstance(reason, str):
-            raise AdmissionError("bad_request", "reason must be a string")
+            raise GatewayRefusal("bad_request", "reason must be a string")
         existing = await self._submitted(job_id)
         if existing is None:
-            raise AdmissionError("not_found", f"unknown job {job_id!r}")
+            raise GatewayRefusal("not_found", f"unknown job {job_id!r}")
         queue = existing[1].spec.queue
         await self._check_owner(caller, queue, f"cancel job {job_id} of queue {queue!r}")
         return await self.bus.append(CancelRequested(event_id=f"cancel:{job_id}", occurred_at=time.time(),
@@ -239,10 +247,10 @@ class Admission:
 
     async def _check_owner(self, caller: Caller, queue: str, what: str) -> None:
         if caller.account not in self.owners.queues:
-            raise AdmissionError("forbidden", f"account {caller.account} owns no queue: it may not {what}")
+            raise GatewayRefusal("forbidden", f"account {caller.account} owns no queue: it may not {what}")
         if not self.owners.owns(caller.account, await self.queue_chain(queue)):
             mine = ", ".join(sorted(self.owners.queues[caller.account]))
-            raise AdmissionError("forbidden", f"{caller} may not {what}: the team's queues are {mine} "
+            raise GatewayRefusal("forbidden", f"{caller} may not {what}: the team's queues are {mine} "
                                               "(and their sub-queues)")
 
     async def queue_chain(self, queue: str) -> list[str]:
@@ -269,7 +277,7 @@ class Admission:
         except nats.js.errors.NotFoundError:
             return None
         except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
-            raise AdmissionError("internal", f"cannot read the log: {e}") from None
+            raise GatewayRefusal("internal", f"cannot read the log: {e}") from None
         if msg.data is None or msg.seq is None:
             return None
         return int(msg.seq), decode(msg.data)

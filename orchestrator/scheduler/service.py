@@ -10,23 +10,13 @@ on a stale view. A standby follows the log too, so a takeover starts hot.
 
 Fencing (DESIGN.md, "Safety by construction"). Everything the scheduler
 appends carries its epoch, so a deposed leader's late appends are void in
-every fold. An election is the next epoch or nothing: it is appended only if
-no other election was stored since the newest one this scheduler folded
-(`Bus.append_after`). Heartbeat ages and grace periods are judgements of
+every fold. An election is the next epoch or nothing (leader.py: `Elections`,
+beside the lease). Heartbeat ages and grace periods are judgements of
 time, and a process that was paused (SIGSTOP, a VM freeze, a long GC) cannot
 trust them: it judges only while its lease is provably current by its own
 monotonic clock (`Lease.current`), and after a stall it catches up with the
 log, checks that it still leads and holds the lease, and gives every node a
 full heartbeat timeout from then before it judges again.
-
-An election the fold refuses (an epoch that does not follow the newest one:
-a forged or corrupt `SchedulerElected`, say epoch 2^64-1 appended by anyone
-who may write the log) changes nothing, so scheduling goes on; it is named
-loudly all the same: an `election_refused` error line and the
-`corral_elections_refused` counter. A scheduler that cannot lead -- its own
-election was refused by the server, or its fold lacks the log's newest
-election -- says why in `cannot_lead`, which /readyz reports (503) until an
-election is folded again.
 
 One clock (#30). The fold's times are the stream's (when the server stored
 each event), and decide's "now" is the stream time this scheduler can prove
@@ -41,37 +31,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import msgspec
 import nats.errors
-import nats.js.errors
 import structlog
 
 from events import telemetry
-from events.bus import Bus, BusError, NotLast, append_reclaiming
+from events.bus import Bus, BusError, append_reclaiming
 from events.follow import Follower
 from events.snapshots import SnapshotStore
-from events.subjects import subject_for
 from events.swallowed_cancel import stop_if_cancelled
-from orchestrator import metrics
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.memo import Memo
-from orchestrator.core.state import ClusterState, Config
-from orchestrator.health import HeartbeatMonitor
-from orchestrator.leader import LEASE_BUCKET, Lease
-from schemas import AnyEvent, ClusterConfigured, Event, NodeFailed, SchedulerElected, Unknown, decode
+from orchestrator.core.state import ClusterState
+from orchestrator.scheduler import metrics
+from orchestrator.scheduler.health import HeartbeatMonitor
+from orchestrator.scheduler.leader import LEASE_BUCKET, Elections, Lease
+from schemas import AnyEvent, ClusterConfigured, Event, NodeFailed, SchedulerElected, Unknown
 from schemas.heartbeat import HEARTBEAT_BUCKET
 
 log = structlog.get_logger("corral.scheduler")
-
-#: The subject every SchedulerElected is stored on (the compare-and-set of an election is on it).
-ELECTIONS = subject_for(SchedulerElected(event_id="-", occurred_at=0.0, epoch=0, scheduler_id="-"))
 
 
 def default_scheduler_id() -> str:
@@ -97,13 +80,13 @@ class Scheduler:
         self.bus = bus
         self.config = config or SchedulerConfig()
         self.follower = Follower(bus, self._fold, ClusterState(), stream_times=True)  # one clock for time (#30)
-        self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
+        cfg = self.config
+        self.elections = Elections(bus, self.follower, cfg.scheduler_id, cfg.lease_ttl_s, cfg.cluster, self._appended)
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded
         self._snapshot_at = time.monotonic()  # when it was saved or loaded
         self._snapshots = SnapshotStore(bus.js, replicas=bus.replicas)
         self._monitor: HeartbeatMonitor | None = None
-        self._lease: Lease | None = None
         #: A stall was seen (or, leading, the lease could not be shown current) and no recovery
         #: followed yet: no judgement of time until `_recover` (module docstring).
         self._stalled = False
@@ -116,30 +99,22 @@ class Scheduler:
         #: What decide keeps between cycles, for this scheduler's life (a new state object, say
         #: from a snapshot, only misses it once: see core/memo.py).
         self.memo = Memo()
-        #: Why this scheduler cannot lead now ("" when it can, or has not tried): see `cannot_lead`.
-        self._cannot_lead = ""
 
     def _fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int, at: float | None = None) -> ClusterState:
-        """`evolve`, naming every election the fold refuses (module docstring); folds exactly as `evolve` does."""
+        """`evolve`, naming every election the fold refuses (`Elections.fold`); folds exactly as `evolve` does."""
         if type(event) is not SchedulerElected:
             return evolve(state, event, seq, at)
-        voids = state.voids
-        state = evolve(state, event, seq, at)
-        if state.voids > voids:
-            metrics.ELECTIONS_REFUSED.inc()
-            log.error("election_refused", seq=state.seq, epoch=event.epoch, scheduler_id=event.scheduler_id,
-                      event_id=event.event_id, newest_epoch=state.epoch, leader=state.scheduler_id,
-                      why="its epoch does not follow the newest election (forged or corrupt?): void, "
-                          "scheduling goes on under the newest valid one")
-        elif self._cannot_lead:
-            log.info("can_lead_again", epoch=state.epoch, leader=state.scheduler_id)
-            self._cannot_lead = ""
-        return state
+        return self.elections.fold(state, event, seq, at)
 
     def cannot_lead(self) -> str:
         """Why this scheduler cannot lead ("" if it can): its own election failed in a way waiting for a
         lease does not cure. A readiness check (/readyz); cleared when the fold next accepts an election."""
-        return self._cannot_lead
+        return self.elections.cannot_lead
+
+    @property
+    def epoch(self) -> int:
+        """The epoch we campaign with (0: standing by); leading also needs the log to agree."""
+        return self.elections.epoch
 
     @property
     def state(self) -> ClusterState:
@@ -160,15 +135,19 @@ class Scheduler:
     @property
     def leading(self) -> bool:
         """We lead when the *log* says so: our SchedulerElected is the newest one folded."""
-        s = self.state
-        return self.epoch > 0 and s.epoch == self.epoch and s.scheduler_id == self.config.scheduler_id
+        return self.elections.leading
+
+    def _appended(self, seqs: Sequence[int]) -> int:
+        """Count what we stored; the seq decide waits for (our newest append) is returned."""
+        self.appended += len(seqs)
+        self._awaiting = max(self._awaiting, *seqs)
+        return self._awaiting
 
     async def _append(self, events: Sequence[Event]) -> None:
         if events:
             seqs = await append_reclaiming(self.bus, events)
-            self.appended += len(events)
+            self._appended(seqs)
             telemetry.EVENTS_APPENDED.labels("scheduler").inc(len(events))
-            self._awaiting = max(self._awaiting, *seqs)
 
     async def _restore(self) -> None:
         """The newest usable snapshot, then the log after it: `caught_up` says where and how long it took."""
@@ -209,91 +188,11 @@ class Scheduler:
                 self._snapshot_seq, self._snapshot_at = seq, time.monotonic()
                 log.info("snapshot_saved", seq=seq, bytes=size)
 
-    async def _campaign(self) -> None:
-        assert self._lease is not None
-        while True:
-            stop_if_cancelled()
-            if self._lease.held:
-                if not await self._lease.renew(self.epoch):
-                    log.warning("standing_by", reason="lease lost")
-                    self.epoch = 0
-                elif self.state.epoch > self.epoch:
-                    log.warning("standing_by", reason="newer epoch in the log", epoch=self.state.epoch)
-                    self.epoch = 0
-                    await self._lease.release()
-            elif await self._lease.try_acquire(self.state.epoch + 1):
-                await self._elect()
-            await asyncio.sleep(self.config.lease_ttl_s / 3)
-
-    async def _elect(self) -> None:
-        """Append our SchedulerElected as the epoch after the newest election, or stand by.
-
-        The lease keeps candidates from trying at once; the log decides. Our election is stored
-        only if no other was stored since the newest one we folded (`Bus.append_after`), so two
-        candidates never both store epoch N+1 (one whose fold is behind, say after a pause, loses
-        and stands by), and the fold voids any epoch that is not previous + 1.
-        """
-        sid = self.config.scheduler_id
-        try:
-            last, newest = await self._newest_election()
-            if self.state.seq < last:
-                await self.follower.catch_up(to_seq=last)  # our epoch follows that one
-            epoch = self.state.epoch + 1
-            if newest == epoch:
-                # Folded, that election would hold this epoch already: our fold lacks it (a reader
-                # that skipped events). Electing would store a second epoch N whose void election
-                # we alone would not see, so stand by.
-                log.error("standing_by", reason="the fold is behind the log's newest election", seq=last,
-                          epoch=newest, folded_epoch=self.state.epoch)
-                self._cannot_lead = (f"cannot lead: the fold (epoch {self.state.epoch}) lacks the log's newest "
-                                     f"election (epoch {newest}, seq {last})")
-                await self._stand_by()
-                return
-            # A fresh id per try: the compare-and-set makes an epoch unique, and an id someone
-            # squatted (events/bus.py, IdSquatted) must not keep us from ever being elected.
-            elected = SchedulerElected(event_id=f"elect:{epoch}:{sid}:{secrets.token_hex(4)}", occurred_at=time.time(),
-                                       epoch=epoch, scheduler_id=sid)
-            seqs = [await self.bus.append_after(elected, last)]
-            # Settings right after, under the new epoch; we decide only once both are folded.
-            cfg = self.config.cluster
-            if cfg is not None and self.state.config == Config():
-                seqs += await append_reclaiming(self.bus, [msgspec.structs.replace(cfg, epoch=epoch)])
-        except NotLast as e:
-            log.warning("standing_by", reason="another election was stored first", seq=e.last_seq)
-            await self._stand_by()
-            return
-        except (BusError, nats.errors.Error, TimeoutError) as e:
-            # Not elected until the log says so: give the lease back and campaign again later.
-            log.error("append_failed", what="election", error=str(e) or repr(e))
-            self._cannot_lead = f"cannot lead: its election could not be stored: {str(e) or repr(e)}"
-            await self._stand_by()
-            return
-        self.epoch = epoch
-        self.appended += len(seqs)
-        self._awaiting = max(self._awaiting, *seqs)
-        await self.follower.wait_for_seq(self._awaiting)
-        if self.leading:
-            log.info("leading", epoch=self.epoch)
-        self.follower.changed.set()
-
-    async def _newest_election(self) -> tuple[int, int | None]:
-        """The stream sequence of the newest SchedulerElected (void or not; 0 if none) and its epoch if readable."""
-        try:
-            msg = await self.bus.js.get_last_msg(self.bus.stream, ELECTIONS)
-        except nats.js.errors.NotFoundError:
-            return 0, None
-        event = decode(msg.data or b"")
-        return int(msg.seq or 0), event.epoch if isinstance(event, SchedulerElected) else None
-
-    async def _stand_by(self) -> None:
-        self.epoch = 0
-        assert self._lease is not None
-        await self._lease.release()
-
     def _may_judge(self) -> bool:
         """Whether we may decide now: we lead in the log, our lease is provably current, no stall is pending."""
-        assert self._lease is not None
-        return self.leading and self._lease.current() and not self._stalled
+        lease = self.elections.lease
+        assert lease is not None
+        return self.leading and lease.current() and not self._stalled
 
     async def _decide_loop(self) -> None:
         while True:
@@ -326,7 +225,7 @@ class Scheduler:
         stops judging until `_recover` has run.
         """
         monitor = self._monitor
-        lease = self._lease
+        lease = self.elections.lease
         assert monitor is not None and lease is not None
         period = min(1.0, monitor.timeout_s / 4)
         while True:
@@ -372,13 +271,14 @@ class Scheduler:
         Until all three hold we stay stalled (the next round tries again): a leader deposed while it
         was paused learns it from the log, and a node that beat all along is not failed for our pause.
         """
-        assert self._monitor is not None and self._lease is not None
+        lease = self.elections.lease
+        assert self._monitor is not None and lease is not None
         try:
             await self.follower.catch_up()
         except (BusError, nats.errors.Error, TimeoutError) as e:
             log.warning("catch_up_failed", error=str(e) or repr(e))
             return
-        if self.leading and self._lease.current():
+        if self.leading and lease.current():
             self._monitor.restart_ages()
             self._stalled = False
             log.info("judging_again", epoch=self.epoch, seq=self.state.seq)
@@ -390,13 +290,13 @@ class Scheduler:
             await self._restore()
             lease_kv = await self.bus.kv(LEASE_BUCKET, ttl=self.config.lease_ttl_s)
             hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)
-            self._lease = Lease(lease_kv, self.config.scheduler_id, self.config.lease_ttl_s)
+            self.elections.lease = Lease(lease_kv, self.config.scheduler_id, self.config.lease_ttl_s)
             self._monitor = HeartbeatMonitor(hb_kv, self.config.heartbeat_timeout_s)
             stop_if_cancelled()  # a SIGTERM one of the start-up's nats waits swallowed: the loops below never saw it
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.follower.follow())
                 tg.create_task(self._monitor.run())
-                tg.create_task(self._campaign())
+                tg.create_task(self.elections.campaign())
                 tg.create_task(self._decide_loop())
                 tg.create_task(self._health_loop())
                 tg.create_task(self._snapshot_loop())
@@ -413,6 +313,6 @@ class Scheduler:
                 log.warning("snapshot_failed", seq=self.state.seq, error=repr(e))
             else:
                 log.info("snapshot_saved", seq=self.state.seq, bytes=size)
-        if self._lease is not None:
+        if self.elections.lease is not None:
             with contextlib.suppress(Exception):
-                await self._lease.release()
+                await self.elections.lease.release()
