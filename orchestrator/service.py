@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 
 import msgspec
 import nats.errors
-import nats.js.errors
 import structlog
 
 from events import telemetry
@@ -65,7 +64,7 @@ from orchestrator.core.memo import Memo
 from orchestrator.core.state import ClusterState, Config
 from orchestrator.health import HeartbeatMonitor
 from orchestrator.leader import LEASE_BUCKET, Lease
-from schemas import AnyEvent, ClusterConfigured, Event, NodeFailed, SchedulerElected, Unknown, decode
+from schemas import AnyEvent, ClusterConfigured, Event, NodeFailed, SchedulerElected, Unknown
 from schemas.heartbeat import HEARTBEAT_BUCKET
 
 log = structlog.get_logger("corral.scheduler")
@@ -250,7 +249,7 @@ class Scheduler:
                 await self._stand_by()
                 return
             # A fresh id per try: the compare-and-set makes an epoch unique, and an id someone
-            # squatted (events/bus.py, IdSquatted) must not keep us from ever being elected.
+            # squatted (events/bus/publish.py, IdSquatted) must not keep us from ever being elected.
             elected = SchedulerElected(event_id=f"elect:{epoch}:{sid}:{secrets.token_hex(4)}", occurred_at=time.time(),
                                        epoch=epoch, scheduler_id=sid)
             seqs = [await self.bus.append_after(elected, last)]
@@ -278,12 +277,10 @@ class Scheduler:
 
     async def _newest_election(self) -> tuple[int, int | None]:
         """The stream sequence of the newest SchedulerElected (void or not; 0 if none) and its epoch if readable."""
-        try:
-            msg = await self.bus.js.get_last_msg(self.bus.stream, ELECTIONS)
-        except nats.js.errors.NotFoundError:
+        newest = await self.bus.last_on(ELECTIONS)
+        if newest is None:
             return 0, None
-        event = decode(msg.data or b"")
-        return int(msg.seq or 0), event.epoch if isinstance(event, SchedulerElected) else None
+        return newest.seq, newest.event.epoch if isinstance(newest.event, SchedulerElected) else None
 
     async def _stand_by(self) -> None:
         self.epoch = 0
