@@ -149,14 +149,8 @@ class LogFile:
         if out:
             yield out
 
-    async def tail(
-        self,
-        *,
-        subjects: list[str] | None = None,
-        from_seq: int | None = None,
-        since: float | None = None,
-        batch: int = 500,
-    ) -> AsyncGenerator[Envelope, None]:
+    async def tail(self, *, subjects: list[str] | None = None, from_seq: int | None = None,
+                   since: float | None = None, batch: int = 500) -> AsyncGenerator[Envelope, None]:
         """`Bus.tail` over the file, which does not grow: from now (the default) nothing; from `from_seq` or
         `since`, its events up to its last line. Then it ends."""
         if since is not None and from_seq is not None:

@@ -22,26 +22,13 @@ class LogSource(Protocol):
         """The log's last position now (0: empty)."""
         ...
 
-    def replay(
-        self,
-        from_seq: int = 1,
-        *,
-        since: float | None = None,
-        to_seq: int | None = None,
-        subjects: list[str] | None = None,
-        batch: int = 2000,
-    ) -> AsyncGenerator[list[Envelope], None]:
+    def replay(self, from_seq: int = 1, *, since: float | None = None, to_seq: int | None = None,
+               subjects: list[str] | None = None, batch: int = 2000) -> AsyncGenerator[list[Envelope], None]:
         """The log from `from_seq` (or from stream time `since`) to `to_seq` or its end now, in batches, in order."""
         ...
 
-    def tail(
-        self,
-        *,
-        subjects: list[str] | None = None,
-        from_seq: int | None = None,
-        since: float | None = None,
-        batch: int = 500,
-    ) -> AsyncGenerator[Envelope, None]:
+    def tail(self, *, subjects: list[str] | None = None, from_seq: int | None = None, since: float | None = None,
+             batch: int = 500) -> AsyncGenerator[Envelope, None]:
         """Events as they are appended, from now (default), from `from_seq` or from `since`."""
         ...
 

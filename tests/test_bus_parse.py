@@ -160,7 +160,7 @@ async def test_the_splitter_frames_any_cut_of_the_wire_as_nats_py_does() -> None
             else:
                 await Recorder._process_msg(conn, sid, subject, reply, data, headers)
 
-        conn._process_msg = deliver  # type: ignore[method-assign]  # as _install_direct_dispatch does
+        conn._process_msg = deliver  # type: ignore[method-assign]  # as install_direct_dispatch does
         install_fast_parse(conn, {7: sink}, deliver)  # type: ignore[arg-type,dict-item]
         for at in range(0, len(stream), size):
             await ps.parse(stream[at:at + size])

@@ -247,16 +247,9 @@ class Bus:
         """
         return await read.last_on(self.readers, subject)
 
-    def replay(
-        self,
-        from_seq: int = 1,
-        *,
-        since: float | None = None,
-        to_seq: int | None = None,
-        subjects: list[str] | None = None,
-        batch: int = 2000,
-        stall_timeout: float = 30.0,
-    ) -> AsyncGenerator[list[Envelope], None]:
+    def replay(self, from_seq: int = 1, *, since: float | None = None, to_seq: int | None = None,
+               subjects: list[str] | None = None, batch: int = 2000,
+               stall_timeout: float = 30.0) -> AsyncGenerator[list[Envelope], None]:
         """The log from `from_seq` (or from stream time `since`, epoch seconds) in batches, in order.
 
         Ends after `to_seq`, or after the last sequence present when called,
@@ -267,13 +260,7 @@ class Bus:
         return read.replay(self.readers, from_seq, since=since, to_seq=to_seq, subjects=subjects, batch=batch,
                            stall_timeout=stall_timeout)
 
-    def tail(
-        self,
-        *,
-        subjects: list[str] | None = None,
-        from_seq: int | None = None,
-        since: float | None = None,
-        batch: int = 500,
-    ) -> AsyncGenerator[Envelope, None]:
+    def tail(self, *, subjects: list[str] | None = None, from_seq: int | None = None, since: float | None = None,
+             batch: int = 500) -> AsyncGenerator[Envelope, None]:
         """Events as they are appended, from now (default), from `from_seq` or from time `since`. Never ends."""
         return read.tail(self.readers, subjects=subjects, from_seq=from_seq, since=since, batch=batch)
