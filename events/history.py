@@ -120,7 +120,7 @@ class History:
 
     async def _start_at(self, since: float, segs: list[Manifest]) -> int | None:
         """The first archived position stored at or after `since`; None if every archived one is older."""
-        since_ns = int(since * 1e9) - 1000  # a float's rounding must not skip the event at `since` (events/bus/read.py, _start_time)
+        since_ns = int(since * 1e9) - 1000  # a float's rounding must not skip the event at `since` (events/bus/read.py)
         for m in segs:
             if m.last_time_ns >= since_ns:
                 for r in await self._read_segment(m):

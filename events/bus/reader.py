@@ -230,7 +230,7 @@ class Reader:
             await self.nc.publish(self._api, self._next_req, reply=self._inbox)
 
     async def _run(self) -> AsyncGenerator[list[Any], None]:
-        """The current consumer's batches; returns at the end of a replay, raises _Reset to start over.
+        """The current consumer's batches; returns at the end of a replay, raises Reset to start over.
 
         A reset (`_reset_reason`) is raised only once the buffer is empty: what
         arrived before it is handed out first, and nothing arrives after it.
