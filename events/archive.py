@@ -45,7 +45,9 @@ from pathlib import Path
 
 import msgspec
 
-from events.bus import Bus, _EphemeralConsumers, _Reader
+from events.bus import Bus
+from events.bus.read import EphemeralConsumers
+from events.bus.reader import Reader
 
 #: The segment format this corral writes and the newest it reads.
 FORMAT = 1
@@ -292,9 +294,9 @@ class Archive:
 # -- reading the stream as stored (the archiver's input) ----------------------------------------
 
 
-class _RawReader(_Reader):
+class _RawReader(Reader):
     """The bus's reader (same pull requests, recovery and exactly-once resume), handing out Records:
-    the payload bytes as stored, not decoded events. `_Reader._on_frame`, without the decode."""
+    the payload bytes as stored, not decoded events. `Reader._on_frame`, without the decode."""
 
     def _on_frame(self, subject: bytes | bytearray, sseq: int, ts: int, pending: bytes | bytearray,
                   data: bytes | bytearray) -> bool:
@@ -316,11 +318,11 @@ class _RawReader(_Reader):
 async def stored_records(bus: Bus, from_seq: int, *, batch: int = 1000) -> AsyncGenerator[list[Record], None]:
     """The stream's messages from `from_seq` on, as stored, in batches; follows the stream forever.
 
-    Each message is handed out once and in order across the reader's own resets (events/bus.py);
+    Each message is handed out once and in order across the reader's own resets (events/bus/reader.py);
     a message deleted from the stream is not (the caller sees the jump in positions).
     """
-    consumers = _EphemeralConsumers(bus, None, from_seq=max(1, from_seq), since=None)
-    reader = _RawReader(bus, consumers, batch=batch, end=None, stall_timeout=None)
+    consumers = EphemeralConsumers(bus.link, None, from_seq=max(1, from_seq), since=None)
+    reader = _RawReader(bus.readers, consumers, batch=batch, end=None, stall_timeout=None)
     async with aclosing(reader.batches()) as batches:
         async for items in batches:
             yield items

@@ -22,16 +22,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
-from events.bus import Bus, Envelope, LogGap
+from events.bus import LogGap
+from events.envelope import Envelope
+from events.logsource import LogSource
 from events.streamclock import StreamClock
 from schemas import AnyEvent, Unknown
-
-if TYPE_CHECKING:
-    from events.history import History
 
 log = structlog.get_logger("corral.follow")
 
@@ -84,7 +83,7 @@ class Rereads:
     when REREADS reads in a row missed the same position.
     """
 
-    def __init__(self, bus: Bus | History) -> None:
+    def __init__(self, bus: LogSource) -> None:
         self.bus = bus
         self._at = 0
         self._misses = 0
@@ -103,9 +102,13 @@ class Rereads:
 
 
 class Follower(Generic[S]):
-    """`fold` over the log from `initial` (a fresh state, or a snapshot at its `seq`), kept in `state`."""
+    """`fold` over the log from `initial` (a fresh state, or a snapshot at its `seq`), kept in `state`.
 
-    def __init__(self, bus: Bus | History, fold: Fold[S], initial: S, *, stream_times: bool = False) -> None:
+    `bus` is any LogSource: the stream (`Bus`), the archive and the stream
+    (`History`), or a log file (`LogFile`, whose `follow` ends at its last line).
+    """
+
+    def __init__(self, bus: LogSource, fold: Fold[S], initial: S, *, stream_times: bool = False) -> None:
         self.bus = bus
         self.fold = fold
         self.state = initial

@@ -108,7 +108,7 @@ class History:
     def _envelope(self, r: Record) -> Envelope:
         event = decode(r.data)
         if event.__class__ is Unknown:
-            self.bus._log_unknown(event, r.seq, r.subject)
+            self.bus.readers.log_unknown(event, r.seq, r.subject)
         return Envelope(r.seq, r.subject, r.time_ns / 1e9, event)
 
     async def _read_segment(self, m: Manifest) -> list[Record]:
@@ -120,7 +120,7 @@ class History:
 
     async def _start_at(self, since: float, segs: list[Manifest]) -> int | None:
         """The first archived position stored at or after `since`; None if every archived one is older."""
-        since_ns = int(since * 1e9) - 1000  # a float's rounding must not skip the event at `since` (bus._start_time)
+        since_ns = int(since * 1e9) - 1000  # a float's rounding must not skip the event at `since` (events/bus/read.py)
         for m in segs:
             if m.last_time_ns >= since_ns:
                 for r in await self._read_segment(m):

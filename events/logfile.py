@@ -10,10 +10,11 @@ Two kinds of line, in log order:
   "event"}`) -- a real cluster's log exported with `corral tail --no-follow
   --json > FILE`, which keeps the stream's positions and times.
 
-`LogFile` answers the part of `Bus` that readers use -- `last_seq` and
-`replay` in batches of `Envelope`s -- so `corral replay`, `explain`, `jobs`
-and the rest fold a file with the same code as the NATS stream: what-if
-forensics on a simulated run, or on a cluster's log away from the cluster.
+`LogFile` is a `LogSource` (events/logsource.py) as the stream is -- `last_seq`,
+`replay` in batches of `Envelope`s, `tail`, `missing` -- so `corral replay`,
+`explain`, `jobs` and the rest fold a file with the same code as the NATS
+stream: what-if forensics on a simulated run, or on a cluster's log away from
+the cluster.
 An undecodable line comes back as `Unknown`, as from the stream, on the
 subject `corral.unknown` at the time of the event before it.
 """
@@ -21,11 +22,12 @@ subject `corral.unknown` at the time of the event before it.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
 from pathlib import Path
 
 import msgspec
 
-from events.bus import Envelope
+from events.envelope import Envelope
 from events.subjects import ROOT, matches, normalize_filters, subject_for
 from schemas.codec import decode
 from schemas.events import AnyEvent, Unknown
@@ -77,6 +79,9 @@ def _event_line(seq: int, raw: bytes, before: float) -> Envelope:
 
 
 class LogFile:
+    """A log file read as the log (events/logsource.py `LogSource`): its lines are its positions, unless it is
+    an export that names them."""
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._end: tuple[int, float] | None = None
@@ -143,3 +148,26 @@ class LogFile:
                 out = []
         if out:
             yield out
+
+    async def tail(self, *, subjects: list[str] | None = None, from_seq: int | None = None,
+                   since: float | None = None, batch: int = 500) -> AsyncGenerator[Envelope, None]:
+        """`Bus.tail` over the file, which does not grow: from now (the default) nothing; from `from_seq` or
+        `since`, its events up to its last line. Then it ends."""
+        if since is not None and from_seq is not None:
+            raise ValueError("give from_seq or since, not both")
+        if from_seq is None and since is None:
+            return
+        async with aclosing(self.replay(from_seq or 1, since=since, subjects=subjects, batch=batch)) as batches:
+            async for items in batches:
+                for env in items:
+                    yield env
+
+    async def missing(self, seq: int) -> str | None:
+        """Why the file holds no event at `seq`; None if it holds one (an export may be filtered or start anywhere)."""
+        last = await self.last_seq()
+        for env in self.envelopes():
+            if env.seq == seq:
+                return None
+            if env.seq > seq:
+                break
+        return f"seq {seq} is not in the log file {self.path} (its last position is {last})"

@@ -10,7 +10,7 @@ Two ways to submit and cancel:
 - direct (default): append to the log. For users of the CORRAL account
   (`client`, `admin`, tests, `corral up`): NATS checks only the event type.
 - `Client(bus, via_admission=True)`: ask the admission service
-  (orchestrator/gateway.py) instead. Team users (their own NATS accounts,
+  (orchestrator/scheduler/gateway.py) instead. Team users (their own NATS accounts,
   no write on `corral.>`) must: it checks the team owns the queue, then
   appends for them. A refusal raises AdmissionRefused.
 """
@@ -58,7 +58,7 @@ def new_job_id() -> str:
     return "j-" + secrets.token_hex(5)
 
 
-#: Request subjects of the admission service (orchestrator/gateway.py): `<prefix>.<job_id>`.
+#: Request subjects of the admission service (orchestrator/scheduler/gateway.py): `<prefix>.<job_id>`.
 ADMISSION_SUBMIT = "corral-submit"
 ADMISSION_CANCEL = "corral-cancel"
 

@@ -115,7 +115,7 @@ _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a name usable in one subject tok
 
 def team_account(team: str) -> str:
     """`vision` -> `TEAM_VISION`: the NATS account of a team's users (deploy/nats/render.py renders it,
-    orchestrator/gateway.py reads it from the server's Nats-Request-Info stamp)."""
+    orchestrator/scheduler/gateway.py reads it from the server's Nats-Request-Info stamp)."""
     return "TEAM_" + re.sub(r"[^A-Z0-9]", "_", team.upper())
 
 

@@ -1,7 +1,7 @@
 """What every corral service exposes to Prometheus, and the HTTP endpoint that serves it.
 
 Each service owns its own gauges and counters (the scheduler's in
-orchestrator/metrics.py, the agent's in nodeagent/metrics.py) and registers
+orchestrator/scheduler/metrics.py, the agent's in nodeagent/metrics.py) and registers
 them in one `ServiceRegistry` per process; this module holds what they share:
 the registry (with the process, platform and build facts any process
 exposes), the counters every reader of the log bumps (events appended, read,

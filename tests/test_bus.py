@@ -193,20 +193,20 @@ async def test_replay_passes_undecodable_messages_through_as_unknown(bus: Bus) -
 
 async def test_replay_takes_the_direct_dispatch_and_its_fallback_reads_the_same(nats_server: NatsServer,
                                                                                    bus: Bus) -> None:
-    """Replays skip nats-py's per-message work (events/bus.py `_install_direct_dispatch`); a
+    """Replays skip nats-py's per-message work (events/bus/frames.py `install_direct_dispatch`); a
     connection without the hook (another nats-py) reads the same envelopes through callbacks."""
-    assert bus._direct_ok, "nats-py's parser entry point changed: replays fell back to the slower callbacks"
+    assert bus.readers.direct_ok, "nats-py's parser entry point changed: replays fell back to the slower callbacks"
     await bus.append_many([started(f"j{i % 3}", i) for i in range(120)])
     await bus.js.publish("corral.job.j1.JobRunning", b"\x00not json")
     direct = await replay_all(bus)
     other = await Bus.connect(nats_server.url)
     try:
-        other._direct_ok = False
+        other.readers.direct_ok = False
         fallback = await replay_all(other)
         assert [(e.seq, e.subject, e.stream_time, e.event) for e in fallback] == [
             (e.seq, e.subject, e.stream_time, e.event) for e in direct]
         assert len(direct) == 121 and isinstance(direct[-1].event, Unknown)
-        assert not bus._direct and not other._direct  # every reader unregistered itself
+        assert not bus.readers.direct and not other.readers.direct  # every reader unregistered itself
     finally:
         await other.close()
 
@@ -344,14 +344,14 @@ async def test_undecodable_events_are_logged_once_per_reason(bus: Bus, monkeypat
     import structlog
     from structlog.testing import LogCapture
 
-    import events.bus
+    import events.bus.reader
 
     # The bus's own logger, not structlog.testing.capture_logs: an earlier test's configure_logging
     # (cached loggers, a level filter) would hide what capture_logs installs.
     capture = LogCapture()
-    monkeypatch.setattr(events.bus, "log", structlog.wrap_logger(None, processors=[capture],
-                                                                 wrapper_class=structlog.BoundLogger,
-                                                                 cache_logger_on_first_use=False))
+    monkeypatch.setattr(events.bus.reader, "log", structlog.wrap_logger(None, processors=[capture],
+                                                                        wrapper_class=structlog.BoundLogger,
+                                                                        cache_logger_on_first_use=False))
     for i in range(3):
         await bus.js.publish("corral.job.j1.JobTeleported", b'{"type":"JobTeleported%d","n":%d}' % (i, i))
         await bus.js.publish("corral.job.j1.Garbage", b"\xff%d" % i)

@@ -1,4 +1,4 @@
-"""The fast frame splitter (events/bus.py `_install_fast_parse`) reads what nats-py's own parser reads.
+"""The fast frame splitter (events/bus/frames.py `install_fast_parse`) reads what nats-py's own parser reads.
 
 Real nats-server. Frames split across socket reads (payloads far larger than one read), status
 messages, and core messages with and without headers to a plain subscription, all interleaved
@@ -139,7 +139,7 @@ def wire() -> bytes:
 async def test_the_splitter_frames_any_cut_of_the_wire_as_nats_py_does() -> None:
     from nats.protocol.parser import Parser
 
-    from events.bus import _install_fast_parse
+    from events.bus.frames import install_fast_parse
 
     stream = wire()
     ref = Recorder()
@@ -160,8 +160,8 @@ async def test_the_splitter_frames_any_cut_of_the_wire_as_nats_py_does() -> None
             else:
                 await Recorder._process_msg(conn, sid, subject, reply, data, headers)
 
-        conn._process_msg = deliver  # type: ignore[method-assign]  # as _install_direct_dispatch does
-        _install_fast_parse(conn, {7: sink}, deliver)  # type: ignore[arg-type,dict-item]
+        conn._process_msg = deliver  # type: ignore[method-assign]  # as install_direct_dispatch does
+        install_fast_parse(conn, {7: sink}, deliver)  # type: ignore[arg-type,dict-item]
         for at in range(0, len(stream), size):
             await ps.parse(stream[at:at + size])
         assert conn.seen == expected, f"cut every {size} bytes"

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from orchestrator.core.state import ClusterState
 
 #: What a read-only command reads: the NATS stream (with `--archive`, the archive and the stream), or a log file.
+#: Each is an `events.logsource.LogSource`; the union lets a command tell a file from the stream.
 LogSource: TypeAlias = "Bus | History | LogFile"
 
 

@@ -322,10 +322,7 @@ class IndexService:
 
     async def _get(self, seq: int) -> Any:
         try:
-            try:
-                return await self.bus.js.get_msg(self.bus.stream, seq, direct=True)
-            except nats.errors.NoRespondersError:  # a stream made without allow_direct
-                return await self.bus.js.get_msg(self.bus.stream, seq)
+            return await self.bus.message_at(seq)
         except nats.js.errors.NotFoundError:
             why = await self.history.missing(seq) or f"seq {seq} is not in the stream"
             raise BadRequest(f"event #{seq} of the story cannot be read: {why}", "unavailable") from None

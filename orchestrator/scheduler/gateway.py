@@ -67,7 +67,7 @@ from events.sdk import ADMISSION_CANCEL, ADMISSION_SUBMIT
 from events.security import team_account
 from events.subjects import valid_id
 from events.swallowed_cancel import stop_if_cancelled
-from schemas import CancelRequested, InvalidJobSpec, JobSubmitted, QueueDefined, decode, parse_jobspec
+from schemas import CancelRequested, InvalidJobSpec, JobSubmitted, QueueDefined, parse_jobspec
 
 log = structlog.get_logger("corral.admission")
 
@@ -273,11 +273,7 @@ class TeamGateway:
     async def _last(self, subject: str) -> tuple[int, Any] | None:
         """The stream's last message on `subject`, decoded, from the stream leader (not a replica)."""
         try:
-            msg = await self.bus.js.get_last_msg(self.bus.stream, subject)
-        except nats.js.errors.NotFoundError:
-            return None
+            newest = await self.bus.last_on(subject)
         except (nats.errors.TimeoutError, nats.js.errors.APIError) as e:
             raise GatewayRefusal("internal", f"cannot read the log: {e}") from None
-        if msg.data is None or msg.seq is None:
-            return None
-        return int(msg.seq), decode(msg.data)
+        return None if newest is None else (newest.seq, newest.event)

@@ -34,7 +34,6 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 import nats.errors
-import nats.js.errors
 import structlog
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
@@ -46,7 +45,7 @@ from events.swallowed_cancel import stop_if_cancelled
 from orchestrator.core.evolve import evolve
 from orchestrator.core.state import ClusterState, Config
 from orchestrator.scheduler import metrics
-from schemas import ClusterConfigured, SchedulerElected, decode
+from schemas import ClusterConfigured, SchedulerElected
 
 log = structlog.get_logger("corral.leader")
 
@@ -140,12 +139,10 @@ ELECTIONS = subject_for(SchedulerElected(event_id="-", occurred_at=0.0, epoch=0,
 
 async def newest_election(bus: Bus) -> tuple[int, int | None]:
     """The stream sequence of the newest SchedulerElected (void or not; 0 if none) and its epoch if readable."""
-    try:
-        msg = await bus.js.get_last_msg(bus.stream, ELECTIONS)
-    except nats.js.errors.NotFoundError:
+    newest = await bus.last_on(ELECTIONS)
+    if newest is None:
         return 0, None
-    event = decode(msg.data or b"")
-    return int(msg.seq or 0), event.epoch if isinstance(event, SchedulerElected) else None
+    return newest.seq, newest.event.epoch if isinstance(newest.event, SchedulerElected) else None
 
 
 class Elections:
