@@ -47,7 +47,7 @@ from events.follow import Follower, fold_batch  # noqa: E402
 from events.logfile import LogFile  # noqa: E402
 from events.server import NatsServer  # noqa: E402
 from orchestrator.core.evolve import evolve  # noqa: E402
-from orchestrator.core.state import ClusterState  # noqa: E402
+from orchestrator.core.model.state import ClusterState  # noqa: E402
 
 
 def note(msg: str) -> None:

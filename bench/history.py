@@ -84,7 +84,7 @@ from events.logfile import LogFile  # noqa: E402
 from events.server import NatsServer  # noqa: E402
 from events.telemetry import digest  # noqa: E402
 from orchestrator.core.evolve import evolve  # noqa: E402
-from orchestrator.core.state import ClusterState, snapshot  # noqa: E402
+from orchestrator.core.model.state import ClusterState, snapshot  # noqa: E402
 from schemas.events import Event, GangRestarted, JobSubmitted, JobWaiting, NodeRegistered, Unknown  # noqa: E402
 
 #: The issue's targets (acceptance 1), checked by --compare.

@@ -57,7 +57,7 @@ from nodeagent.agent import Agent, AgentConfig  # noqa: E402
 from nodeagent.fake_gpus import fake_inventory  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
 from orchestrator.core.evolve import evolve  # noqa: E402
-from orchestrator.core.state import ClusterState  # noqa: E402
+from orchestrator.core.model.state import ClusterState  # noqa: E402
 from orchestrator.logging import configure_logging  # noqa: E402
 from schemas import GangReserved, JobRunning, JobSpec, JobSubmitted, tag_of  # noqa: E402
 

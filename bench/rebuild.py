@@ -42,7 +42,7 @@ from events.follow import Follower
 from events.server import NatsServer
 from events.snapshots import SnapshotStore
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, snapshot
+from orchestrator.core.model.state import ClusterState, snapshot
 
 
 async def rebuild(bus: Bus, expect: int) -> tuple[float, ClusterState]:

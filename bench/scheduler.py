@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import ClusterState
 from schemas.events import (
     AnyEvent,
     Checkpointed,

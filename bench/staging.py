@@ -53,7 +53,7 @@ import structlog  # noqa: E402
 from nodeagent.datasets.cache import DatasetCache  # noqa: E402
 from nodeagent.datasets.stager import Stager  # noqa: E402
 from nodeagent.datasets.verify import manifest_digest  # noqa: E402
-from orchestrator.core.state import ClusterState  # noqa: E402
+from orchestrator.core.model.state import ClusterState  # noqa: E402
 from schemas import Event  # noqa: E402
 from schemas.datasets import Dataset  # noqa: E402
 from tests.dataset_source import make_tar, make_tree, start_http_server, stop_http_server  # noqa: E402

@@ -39,9 +39,9 @@ from nodeagent.rank_env import ignored_spec_env, node_env, rank_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from nodeagent.start_rules import backoff_left, blocked, held_gpus, next_generation, on_faulty_gpu, restarts_rank
 from orchestrator.core.evolve import evolve
+from orchestrator.core.model.state import ClusterState, Job
 from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
 from orchestrator.core.staging import staged
-from orchestrator.core.state import ClusterState, Job
 from schemas import (
     Checkpointed,
     Event,

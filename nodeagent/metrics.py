@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from events.telemetry import ServiceRegistry, count_folded, fold_gauges, gauge
-from orchestrator.core.state import snapshot
+from orchestrator.core.model.state import snapshot
 
 if TYPE_CHECKING:
     from nodeagent.agent import Agent

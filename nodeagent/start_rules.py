@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
+from orchestrator.core.model.state import ClusterState, Job, Node
 from orchestrator.core.node_work import Intent, WorkerKey
-from orchestrator.core.state import ClusterState, Job, Node
 
 
 class Holder(Protocol):

@@ -23,7 +23,7 @@ from schemas.jobspec import JobSpec
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", gc=False):
     """Base of every event. Frozen and acyclic (no field can lead back to the event), hence
-    gc=False, like every schema record: the cyclic GC need not track them (orchestrator/core/state.py)."""
+    gc=False, like every schema record: the cyclic GC need not track them (orchestrator/core/model/state.py)."""
 
     event_id: str
     #: Publisher wall clock, seconds since the epoch.

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from events.bus import Bus, Envelope
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 
 
 async def stored(bus: Bus) -> list[Envelope]:

@@ -22,7 +22,7 @@ from events.bus import Bus, Envelope, LogGap
 from events.follow import REREADS, Follower, fold_batch
 from events.server import NatsServer
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import NodeCordoned
 from tests.faults.services import agent_proc, scheduler_proc
 from tests.integration.harness import CORRAL

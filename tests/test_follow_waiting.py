@@ -16,7 +16,7 @@ import pytest
 
 from events.follow import Follower
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from tests.integration.harness import wait_until
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,3 +22,19 @@ def test_import_contracts_are_kept() -> None:
     done = subprocess.run([exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+def _contract(name: str) -> dict[str, object]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    found = [c for c in config["tool"]["importlinter"]["contracts"] if c["name"] == name]
+    assert len(found) == 1, f"no contract named {name!r} in pyproject.toml"
+    return found[0]
+
+
+def test_the_engine_list_of_the_core_contracts_is_every_engine_module() -> None:
+    """model < policies < engine is written as forbidden lists: a new engine module must join them."""
+    engine = {f"orchestrator.core.{p.stem}" for p in (ROOT / "orchestrator/core").glob("*.py") if p.stem != "__init__"}
+    model = _contract("the core's model imports neither the policies nor the engine")
+    policies = _contract("the policies import the core's model, not its engine")
+    assert set(model["forbidden_modules"]) == engine | {"orchestrator.policies"}  # type: ignore[arg-type]
+    assert set(policies["forbidden_modules"]) == engine  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from events.bus import LogGap
 from events.follow import Follower
 from events.logfile import LogFile
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, snapshot
+from orchestrator.core.model.state import ClusterState, snapshot
 from schemas import QueueDefined, decode, encode
 
 T0 = 1_750_000_000.0

@@ -1,7 +1,7 @@
 """The pure rooms hold no module-level mutable state: no caches, registries or counters behind decide's back.
 
 A memo the core needs is a field of an object its caller owns and passes in
-(core/memo.py: the scheduler service keeps one for its life, the simulator one
+(core/model/memo.py: the scheduler service keeps one for its life, the simulator one
 per run), so its scope and lifetime are stated where it is declared. This
 reads every module of schemas/, orchestrator/core/ and orchestrator/policies/
 and fails on a module-level (or class-level) dict, list or set, a call that
@@ -128,7 +128,7 @@ def _pure_files() -> list[Path]:
 def test_pure_module_holds_no_mutable_state(path: Path) -> None:
     rel = str(path.relative_to(ROOT))
     found = module_state(path, rel)
-    assert not found, f"{rel} holds module-level mutable state (make it an owned object's field, core/memo.py):\n" + \
+    assert not found, f"{rel} holds module-level mutable state (make it an owned object's field, core/model/memo.py):\n" + \
         "\n".join(found)
 
 

@@ -68,10 +68,10 @@ def test_pure_module_imports_no_project_io_package(path: Path) -> None:
 
 
 def test_the_import_rule_sees_project_packages() -> None:
-    core = ROOT / "orchestrator" / "core" / "state.py"
+    core = ROOT / "orchestrator" / "core" / "model" / "state.py"
     assert {"msgspec", "schemas.events"} <= _modules(core)
     assert not _inside("orchestrator.scheduler.service", PURE_PACKAGES) and not _inside("orchestrator.cli.views", PURE_PACKAGES)
-    assert not _inside("orchestrator.corex", PURE_PACKAGES) and _inside("orchestrator.core.plan", PURE_PACKAGES)
+    assert not _inside("orchestrator.corex", PURE_PACKAGES) and _inside("orchestrator.core.model.plan", PURE_PACKAGES)
 
 
 def test_pure_rooms_exist() -> None:

@@ -35,7 +35,7 @@ from events.snapshots import (
 )
 from orchestrator.cli.state_view import load_state
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, snapshot
+from orchestrator.core.model.state import ClusterState, snapshot
 from schemas import AnyEvent
 from tests.core.harness import Sim
 from tests.stored import fold_stored, stored

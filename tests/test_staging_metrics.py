@@ -7,7 +7,7 @@ from events.bus import Envelope
 from events.follow import Follower
 from events.subjects import subject_for
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from orchestrator.scheduler.metrics import DATASET_BYTES_STAGED, DATASETS_READY, STAGING_SECONDS, count_outcomes
 from schemas.datasets import Dataset
 from schemas.events import DatasetReady

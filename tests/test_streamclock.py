@@ -6,7 +6,7 @@ from events.bus import Bus, Envelope
 from events.follow import Follower
 from events.streamclock import StreamClock
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import JobSpec, JobSubmitted
 
 

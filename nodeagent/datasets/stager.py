@@ -31,7 +31,7 @@ import structlog
 
 from nodeagent.datasets.cache import CacheFull, DatasetCache, Entry, tree_bytes
 from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, DiskFull, StagingError, Stopped, stage
-from orchestrator.core.state import HOLDING, ClusterState, Job
+from orchestrator.core.model.state import HOLDING, ClusterState, Job
 from schemas import Event, Mount
 from schemas.datasets import Dataset, source_scheme
 from schemas.events import (

@@ -19,8 +19,8 @@ from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import print_json
 from orchestrator.cli.queuefile import queue_problems
 from orchestrator.cli.state_view import load_state
-from orchestrator.core.state import ClusterState, Node, Queue
-from orchestrator.core.usage import ancestors
+from orchestrator.core.model.state import ClusterState, Node, Queue
+from orchestrator.core.model.usage import ancestors
 
 NONE_WORDS = ("none", "-", "")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.cli.output import human_duration
-from orchestrator.core.state import ClusterState, Node
+from orchestrator.core.model.state import ClusterState, Node
 
 
 def bytes_text(n: int) -> str:

@@ -155,7 +155,7 @@ async def _fresh_start(bus: Bus, client: Client) -> tuple[int, str]:
     not hold the GPUs this run needs. Said in one line, so nobody mistakes it for a replay.
     """
     from orchestrator.cli.state_view import load_state
-    from orchestrator.core.state import TERMINAL
+    from orchestrator.core.model.state import TERMINAL
 
     start = await bus.last_seq()
     if start == 0:

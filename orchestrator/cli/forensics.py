@@ -34,7 +34,7 @@ from orchestrator.cli.views import (
     queues_rows,
 )
 from orchestrator.core.gating import gate_reason, has_gates
-from orchestrator.core.state import TERMINAL
+from orchestrator.core.model.state import TERMINAL
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused
 from schemas.codec import decode

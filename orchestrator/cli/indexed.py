@@ -23,7 +23,7 @@ from orchestrator.index.api import JobInfo, Reply
 if TYPE_CHECKING:
     from events.bus import Bus
     from events.history import History
-    from orchestrator.core.state import Job
+    from orchestrator.core.model.state import Job
     from orchestrator.index.client import R
 
 
@@ -73,7 +73,7 @@ def freshness(reply: Reply, last_seq: int | None = None) -> str:
 
 @cache
 def _record() -> msgspec.msgpack.Decoder[Job]:
-    from orchestrator.core.state import Job
+    from orchestrator.core.model.state import Job
 
     return msgspec.msgpack.Decoder(Job)
 

@@ -24,7 +24,7 @@ from orchestrator.cli.views import (
     job_started_at,
     readable,
 )
-from orchestrator.core.state import TERMINAL, ClusterState, Job
+from orchestrator.core.model.state import TERMINAL, ClusterState, Job
 
 Cell = Callable[[ClusterState, Job, float], Any]
 

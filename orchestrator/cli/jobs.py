@@ -26,7 +26,7 @@ from orchestrator.cli.specfile import load_jobspec
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.submitter import add_submitter_args, with_submitter
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import TERMINAL, ClusterState, Job
+from orchestrator.core.model.state import TERMINAL, ClusterState, Job
 from schemas import ArrayElement, JobSpec, tag_of
 
 
@@ -69,7 +69,7 @@ def queue_refusal(state: ClusterState, queue: str) -> str | None:
     runs (implicit queues).
 
     Stricter than the scheduler's rule, on purpose (tests/cli/test_queue_rule.py pins the difference): the
-    scheduler sends a name it does not know to the default queue (orchestrator/core/usage.py:
+    scheduler sends a name it does not know to the default queue (orchestrator/core/model/usage.py:
     `resolve_queue`) and rejects it only when there is no default queue either (policies/reject.py). The
     scheduler's rule reads the log, which must fold the same forever: jobs already in it, a queue deleted
     after its jobs were submitted, other clients' appends. This one reads a person's `-q`: a typo sent to the

@@ -30,7 +30,7 @@ from orchestrator.cli.views import (
     select_jobs,
     sorted_nodes,
 )
-from orchestrator.core.state import FINISHED_KEPT, HOLDING, TERMINAL, ClusterState, Job
+from orchestrator.core.model.state import FINISHED_KEPT, HOLDING, TERMINAL, ClusterState, Job
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused
 

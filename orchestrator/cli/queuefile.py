@@ -28,7 +28,7 @@ from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.output import print_json
 from orchestrator.cli.state_view import load_state
-from orchestrator.core.state import HOLDING, ClusterState, Queue
+from orchestrator.core.model.state import HOLDING, ClusterState, Queue
 from schemas.specinput import SpecInputError, load_yaml, spec_text
 
 #: A queue file is read up to this many bytes.

@@ -328,7 +328,7 @@ async def run_demo_on_cluster(args: argparse.Namespace) -> int:
     from events.follow import Follower
     from orchestrator.cli.demo import run_demo
     from orchestrator.core.evolve import evolve
-    from orchestrator.core.state import ClusterState
+    from orchestrator.core.model.state import ClusterState
 
     async with connected(args, name="corral-demo") as bus:
         follower = Follower(bus, evolve, ClusterState())

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from events.bus import Bus, Envelope
     from events.history import History
     from events.logfile import LogFile
-    from orchestrator.core.state import ClusterState
+    from orchestrator.core.model.state import ClusterState
 
 #: What a read-only command reads: the NATS stream (with `--archive`, the archive and the stream), or a log file.
 #: Each is an `events.logsource.LogSource`; the union lets a command tell a file from the stream.
@@ -80,7 +80,7 @@ async def log_now(source: LogSource) -> float:
 async def newest_snapshot(bus: Bus | History, *, at_most: int) -> ClusterState | None:
     """The scheduler's newest usable snapshot at a position <= `at_most`; None: fold from the log's start."""
     from events.snapshots import SnapshotStore
-    from orchestrator.core.state import ClusterState
+    from orchestrator.core.model.state import ClusterState
 
     return await SnapshotStore(bus.js, replicas=bus.replicas).load(ClusterState, at_most=at_most)
 
@@ -90,7 +90,7 @@ async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot:
     from events.follow import Follower, fold_batch
     from events.logfile import LogFile
     from orchestrator.core.evolve import evolve
-    from orchestrator.core.state import ClusterState
+    from orchestrator.core.model.state import ClusterState
 
     end = await bus.last_seq()
     target = end if to_seq is None else max(0, min(to_seq, end))

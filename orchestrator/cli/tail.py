@@ -36,7 +36,7 @@ from orchestrator.cli.listing import checked_id
 from orchestrator.cli.render import line, unreadable
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.timespec import parse_instant
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.model.usage import resolve_queue
 from schemas import EVENT_TAGS, GangReserved, JobSubmitted, Unknown, tag_of
 
 #: Job events that name a node: what `--node` shows besides the node's own events.

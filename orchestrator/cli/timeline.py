@@ -18,7 +18,7 @@ from events.bus import Envelope
 from orchestrator.cli.render import gates_text, mb, placement_summary, printable, unreadable
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
-from orchestrator.core.state import UNSTARTABLE, ClusterState, Job
+from orchestrator.core.model.state import UNSTARTABLE, ClusterState, Job
 from schemas import (
     AnyEvent,
     CancelRequested,

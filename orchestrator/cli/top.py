@@ -34,7 +34,7 @@ from orchestrator.cli.state_view import load_state, log_now
 from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, readable, sorted_nodes
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
-from orchestrator.core.state import FREE, ClusterState
+from orchestrator.core.model.state import FREE, ClusterState
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta", "bright_green",
            "bright_yellow", "bright_blue", "bright_red")

@@ -24,7 +24,7 @@ from orchestrator.index import api
 
 if TYPE_CHECKING:  # (imported when the command runs: `corral usage --help` needs neither the log nor the fold)
     from orchestrator.core.accounting import Account, GpuTime
-    from orchestrator.core.state import ClusterState
+    from orchestrator.core.model.state import ClusterState
 
 _WHEN = ("a duration before the log's end (30d, 12h), one after its first event (+3d), an ISO time, or on a "
          "simulated log a day and time (d3, 'd3 12:00')")
@@ -37,7 +37,7 @@ async def gpu_time(source: LogSource, meter: GpuTime) -> tuple[ClusterState, int
     (`require_from`): a total over part of the log is not the usage asked for.
     """
     from orchestrator.cli.archive import check_contiguous, require_from
-    from orchestrator.core.state import ClusterState
+    from orchestrator.core.model.state import ClusterState
 
     await require_from(source, 1, "usage counts the whole log")
     state = ClusterState()

@@ -15,10 +15,10 @@ import msgspec
 from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
-from orchestrator.core.estimates import LIMIT, estimated_end
 from orchestrator.core.gating import gate_reason
-from orchestrator.core.plan import QueueLoad
-from orchestrator.core.state import (
+from orchestrator.core.model.estimates import LIMIT, estimated_end
+from orchestrator.core.model.plan import QueueLoad
+from orchestrator.core.model.state import (
     FINAL_RANKS_KEPT,
     FREE,
     HOLDING,
@@ -29,7 +29,7 @@ from orchestrator.core.state import (
     Node,
     RankState,
 )
-from orchestrator.core.usage import average_gpus, resolve_queue
+from orchestrator.core.model.usage import average_gpus, resolve_queue
 
 #: Every job status, in lifecycle order (what `corral jobs --state` accepts).
 STATUSES: tuple[JobStatus, ...] = (
@@ -188,7 +188,7 @@ _ENDS_BY_ESTIMATE = frozenset({"reserved", "running"})
 def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | None:
     """The run time the scheduler expects of a job not yet finished, learned from the log, and its source.
 
-    The same estimate backfill plans with (`Policies.estimate`, core/estimates.py): the median
+    The same estimate backfill plans with (`Policies.estimate`, core/model/estimates.py): the median
     of the newest completed runs of the job's name by its user in its queue, else of its queue.
     A placed gang's `expected_end` is when backfill counts on its GPUs coming back (never
     before `now`). None: the job is over, or nothing like it has completed yet.

@@ -1,9 +1,12 @@
 """corral's pure scheduler core: state, evolve, decide (no IO, clock or randomness).
 
-Import the modules themselves (this package imports nothing, so that
-`orchestrator.policies` can build on the core without an import cycle):
+Two layers, with the policies between them (model < policies < engine, kept by pyproject.toml's
+import-linter contracts): `orchestrator.core.model` holds the state the fold builds and what both the
+policies and the engine read of it (capacity, topology, facts, usage, estimates, plan types); every
+other module here is the engine (the fold and decide), which may use the policies. Import the modules
+themselves (this package imports nothing, so no import cycle runs through it):
 
-    orchestrator.core.state    ClusterState (+ snapshot/restore), Job, Node, Queue, ...
+    orchestrator.core.model.state    ClusterState (+ snapshot/restore), Job, Node, Queue, ...
     orchestrator.core.evolve   evolve(state, event, seq=0) -> state (in place), fold(events)
     orchestrator.core.decide   decide(state, now, *, epoch, policies=DEFAULT_POLICIES) -> list[Event]
                                decide_cycle(...) -> Decision(events, complete) (the simulator's)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import TERMINAL, ClusterState, Job
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.model.state import TERMINAL, ClusterState, Job
+from orchestrator.core.model.usage import resolve_queue
 from schemas.events import AnyEvent, Unknown
 
 GroupBy = Literal["queue", "user", "state"]

@@ -31,16 +31,16 @@ from __future__ import annotations
 from heapq import heapify, heappop, heappush
 from typing import NamedTuple
 
-from orchestrator.core.completeness import complete, final_verdicts, note_verdict
+from orchestrator.core.completeness import Certificate, complete, final_verdicts, note_verdict
 from orchestrator.core.context import AdmitContext
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import PLACED, PREEMPTING, Outcome
 from orchestrator.core.heads import admit_one
 from orchestrator.core.lines import Line, Ranks, queue_rank
-from orchestrator.core.plan import Plan
+from orchestrator.core.model.plan import Plan
+from orchestrator.core.model.state import Job
 from orchestrator.core.reservations import holders, quota_holds, reservation_turn
 from orchestrator.core.starving import earmarked, starving_gangs
-from orchestrator.core.state import Job
 from schemas.events import Event
 
 
@@ -53,7 +53,7 @@ class Admitted(NamedTuple):
 
 
 def admit(c: Cycle, plan: Plan, lines: dict[str, Line]) -> Admitted:
-    adm = AdmitContext(c, plan)
+    adm = AdmitContext(c, plan, Certificate())
     # 1. Quota: the quota a limit frees is kept for the head it blocked first.
     adm.quota_holds = quota_holds(adm, lines)
     # 2. Preemptors with earmarked GPUs, then the gangs past the starvation bound, oldest first;
@@ -104,7 +104,7 @@ def _earmarked_first(adm: AdmitContext, lines: dict[str, Line]) -> list[str]:
         _look_first(adm, lines, job, q, looked_first=False)
         first.append(job.job_id)
         if adm.outcomes[job.job_id].code not in (PLACED, PREEMPTING):
-            adm.holders_differ = True
+            adm.cert.holders_differ = True
     return first
 
 
@@ -151,7 +151,7 @@ def _in_fair_share_order(adm: AdmitContext, lines: dict[str, Line]) -> None:
     ranks: Ranks = {}
     order = [(queue_rank(c, plan, q, line, ranks), line.head[0], q) for q, line in lines.items() if line.head]
     heapify(order)
-    blocked = adm.blocked_heads = dict.fromkeys(lines, 0)
+    blocked = adm.cert.blocked_heads = dict.fromkeys(lines, 0)
     while order:
         rank, head_key, q = heappop(order)
         line = lines[q]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.model.state import ClusterState, Job
 
 
 class Backlog(NamedTuple):

@@ -13,7 +13,7 @@ kept sorted by key; values are replaced, never mutated.
 
 from __future__ import annotations
 
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas.events import CachedDataset, DatasetEvicted, DatasetReady, NodeDatasets
 
 

@@ -13,8 +13,43 @@ from __future__ import annotations
 from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import BACKFILL_HEAD, PLACED, PREEMPTING, QUOTA, Outcome
 from orchestrator.core.heads import blocked_verdict
-from orchestrator.core.state import Job
+from orchestrator.core.model.state import Job
 from orchestrator.policies.placement import GangRequest
+
+
+class Certificate:
+    """What `complete` is judged on, recorded as admission judges heads (one per cycle, `AdmitContext.cert`).
+
+    Kept apart from the rest of the cycle's context so the certificate's inputs are in one place: a
+    new way for a repeat call to differ needs a field here and a line in `complete`.
+    """
+
+    __slots__ = (
+        "blocked",
+        "blocked_heads",
+        "capacity_blocked",
+        "holders_differ",
+        "loop_holds",
+        "out_of_searches",
+        "through_hold",
+    )
+
+    def __init__(self) -> None:
+        #: Each blocked head (and its queue) with the plan's (version, charges) it was judged at.
+        self.blocked: list[tuple[int, int, Job, str]] = []
+        #: A gang was placed on held GPUs (`AdmitContext.place_through_hold`).
+        self.through_hold = False
+        #: A victim search the budget refused (the next cycle may search).
+        self.out_of_searches = False
+        #: A head looked at first is not holding (or one holding was not looked at first).
+        self.holders_differ = False
+        #: A reservation was given in the fair-share loop (not to a head looked at first).
+        self.loop_holds = False
+        #: Per queue, the blocked heads the fair-share loop judged.
+        self.blocked_heads: dict[str, int] = {}
+        #: A head waits for GPUs (not placed, preempting or over quota).
+        self.capacity_blocked = False
+
 
 #: Verdicts that later changes of the plan in the same cycle leave as they are: a placement, a
 #: preemptor's (its victims are named in the state), a holder's (its reservation is told, and
@@ -26,13 +61,13 @@ def note_verdict(adm: AdmitContext, job: Job, queue: str, code: str, *, looked_f
     """Record what `complete` needs to know of a head just judged (on the plan as it is now)."""
     plan = adm.plan
     if code not in _UNMOVED:
-        adm.blocked.append((plan.version, plan.charges, job, queue))
+        adm.cert.blocked.append((plan.version, plan.charges, job, queue))
     if code == BACKFILL_HEAD and not looked_first:
-        adm.loop_holds = True  # the next cycle looks at it first (see complete)
+        adm.cert.loop_holds = True  # the next cycle looks at it first (see complete)
     elif code != PLACED and (code == BACKFILL_HEAD) != looked_first:
-        adm.holders_differ = True  # the next cycle looks at other heads first
+        adm.cert.holders_differ = True  # the next cycle looks at other heads first
     if code not in (PLACED, QUOTA, PREEMPTING):
-        adm.capacity_blocked = True
+        adm.cert.capacity_blocked = True
 
 
 def complete(adm: AdmitContext) -> bool:
@@ -60,22 +95,22 @@ def complete(adm: AdmitContext) -> bool:
     heads differs. Strict mode in the simulator checks every use of it.
     """
     c, plan = adm.c, adm.plan
-    if adm.out_of_searches or (adm.placed and c.state.config.min_runtime_s <= 0):
+    if adm.cert.out_of_searches or (adm.placed and c.state.config.min_runtime_s <= 0):
         return False
-    if adm.through_hold and c.policies.may_use_held is not None:
+    if adm.cert.through_hold and c.policies.may_use_held is not None:
         return False  # another rule may let a gang outlast a reservation's start: it is planned again
     if plan.victims or any(c.state.jobs[p.job_id].earmark for p in adm.placed):
         return False  # folded, these move freed_seq: told reservations are planned again
-    if adm.holders_differ:
+    if adm.cert.holders_differ:
         return False
-    if adm.loop_holds and any(n >= c.policies.heads_per_queue - 1 for n in adm.blocked_heads.values()):
+    if adm.cert.loop_holds and any(n >= c.policies.heads_per_queue - 1 for n in adm.cert.blocked_heads.values()):
         # The next cycle looks at the new holders first, so their queues' lines count one
         # blocked head fewer: only a queue that ran out of heads sees a difference. Otherwise
         # the same heads are judged on the same final plan (blocked ones only see fewer free
         # GPUs, charges move no verdict but the order, and `final_verdicts` told them).
         return False
     pol = c.policies
-    return len(plan.holds) >= pol.reservations or pol.reservation_order is None or not adm.capacity_blocked
+    return len(plan.holds) >= pol.reservations or pol.reservation_order is None or not adm.cert.capacity_blocked
 
 
 def final_verdicts(adm: AdmitContext) -> bool:
@@ -97,7 +132,7 @@ def final_verdicts(adm: AdmitContext) -> bool:
     """
     c, plan = adm.c, adm.plan
     final = (plan.version, plan.charges)
-    stale = [(job, q) for version, charges, job, q in adm.blocked if (version, charges) != final]
+    stale = [(job, q) for version, charges, job, q in adm.cert.blocked if (version, charges) != final]
     if not stale:
         return True
     if len(plan.holds) < c.policies.reservations:

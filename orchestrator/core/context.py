@@ -3,7 +3,7 @@
 Owner and lifetime: `admit` builds one `AdmitContext` per decide call and
 every head's judgment reads and extends it; nothing in it outlives the call.
 It holds the events decided so far, lazily derived views of the state
-(running gangs, preemption candidates, preemptors' victims), memos of
+(running gangs, preemption candidates, preemptors' victims), answers of
 placement answers that stay true while free GPUs only shrink, and the facts
 the skip certificate (`completeness.py`) is judged on.
 """
@@ -11,18 +11,22 @@ the skip certificate (`completeness.py`) is judged on.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import Outcome, capacity_outcome
 from orchestrator.core.locality import cache_index, located
-from orchestrator.core.plan import Plan, QueueLoad
-from orchestrator.core.running import RunningGangs, running_gangs
-from orchestrator.core.state import Job, attained_service
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.plan import Plan, QueueLoad
+from orchestrator.core.model.running import RunningGangs, running_gangs
+from orchestrator.core.model.state import Job, attained_service
 from orchestrator.policies import Candidate, Ending
 from orchestrator.policies.links import Links
 from orchestrator.policies.placement import GangRequest, Placement
 from schemas.events import Event
+
+if TYPE_CHECKING:  # completeness imports this module (its Certificate is built by admit)
+    from orchestrator.core.completeness import Certificate
 
 #: A gang shape: what placement answers depend on besides the free GPUs.
 Shape = tuple[object, ...]
@@ -45,7 +49,7 @@ def _since_checkpoint(job: Job, now: float) -> float:
 class AdmitContext:
     """What the admission of one cycle shares between heads (built lazily)."""
 
-    def __init__(self, c: Cycle, plan: Plan) -> None:
+    def __init__(self, c: Cycle, plan: Plan, cert: Certificate) -> None:
         self.c = c
         self.plan = plan
         self.events: list[Event] = []
@@ -60,7 +64,9 @@ class AdmitContext:
         self._candidate_loads: tuple[int, list[Candidate], dict[str, QueueLoad]] | None = None
         #: Gangs placed earlier in this cycle: they end too (backfill estimates).
         self.placed: list[Ending] = []
-        self.memo: dict[tuple[object, ...], object] = {}
+        #: Placement and fit answers of this cycle by gang shape (they stay true while free GPUs only
+        #: shrink); not "memo", which names the caller-owned `Memo` that outlives the cycle.
+        self.answers: dict[tuple[object, ...], object] = {}
         #: Victim searches that found nothing: shape/queue -> highest priority that failed.
         self.hopeless: dict[tuple[object, ...], float] = {}
         #: Victim searches that spent the budget without a `hopeless` entry (the next alike head searches too).
@@ -69,22 +75,11 @@ class AdmitContext:
         self.held_until: tuple[int, float] = (0, math.inf)
         #: A reservation of this cycle was planned afresh: a later holder cannot keep its told one past returns.
         self.replanned = False
-        # What `Admitted.complete` is judged on: each blocked head (and its queue) with the plan's
-        # (version, charges) it was judged at, a placement on held GPUs, a victim search the budget refused.
-        self.blocked: list[tuple[int, int, Job, str]] = []
-        self.through_hold = False
-        self.out_of_searches = False
-        #: A head looked at first is not holding (or one holding was not looked at first).
-        self.holders_differ = False
         #: Limited queue -> the queue head its limit blocked first (in line order): its quota is
         #: kept for that gang (set once per cycle, before any head is judged: see quota_holds).
         self.quota_holds: dict[str, tuple[tuple[object, ...], str]] = {}
-        #: A reservation was given in the fair-share loop (not to a head looked at first).
-        self.loop_holds = False
-        #: Per queue, the blocked heads the fair-share loop judged.
-        self.blocked_heads: dict[str, int] = {}
-        #: A head waits for GPUs (not placed, preempting or over quota).
-        self.capacity_blocked = False
+        #: What the skip certificate is judged on (`completeness.Certificate`), recorded as heads are judged.
+        self.cert = cert
         #: Dataset cache key -> the nodes holding it (core/locality.py), built for the first job with datasets.
         self._caches: dict[str, list[str]] | None = None
 
@@ -104,37 +99,37 @@ class AdmitContext:
 
     def place(self, req: GangRequest, index: FreeIndex, *, shared: bool) -> Placement | None:
         key = ("no room", shape_of(req))
-        if shared and key in self.memo:
+        if shared and key in self.answers:
             return None
         p = self.c.policies.place(req, index, self.links_of)
         if p is None and shared:
-            self.memo[key] = None
+            self.answers[key] = None
         return p
 
     def place_through_hold(self, req: GangRequest) -> Placement | None:
         """Place on free and held GPUs (held ones only shrink too, so a shape that found no room finds none later)."""
         key = ("no room through hold", shape_of(req))
-        if key in self.memo:
+        if key in self.answers:
             return None
         p = self.c.policies.place(req, self.plan.index(req.cls, through_hold=True), self.links_of)
         if p is None:
-            self.memo[key] = None
+            self.answers[key] = None
         else:
-            self.through_hold = True
+            self.cert.through_hold = True
         return p
 
     def fits_now(self, req: GangRequest) -> bool:
         key = ("fits", shape_of(req), self.plan.version)
-        found = self.memo.get(key)
+        found = self.answers.get(key)
         if found is None:
-            found = self.memo[key] = self.c.policies.fits(req, self.plan.index(req.cls))
+            found = self.answers[key] = self.c.policies.fits(req, self.plan.index(req.cls))
         return bool(found)
 
     def fits_through_hold(self, req: GangRequest) -> bool:
         key = ("through hold", shape_of(req), self.plan.version)
-        found = self.memo.get(key)
+        found = self.answers.get(key)
         if found is None:
-            found = self.memo[key] = self.c.policies.fits(req, self.plan.index(req.cls, through_hold=True))
+            found = self.answers[key] = self.c.policies.fits(req, self.plan.index(req.cls, through_hold=True))
         return bool(found)
 
     def capacity_outcome(self, req: GangRequest, index: FreeIndex, model: str | None, *, shared: bool) -> Outcome:
@@ -142,9 +137,9 @@ class AdmitContext:
         if not shared:
             return capacity_outcome(req, index, model)
         key = ("why", shape_of(req), model, self.plan.version)
-        found = self.memo.get(key)
+        found = self.answers.get(key)
         if not isinstance(found, Outcome):
-            found = self.memo[key] = capacity_outcome(req, index, model)
+            found = self.answers[key] = capacity_outcome(req, index, model)
         return found
 
     def links_of(self, node: str) -> Links:

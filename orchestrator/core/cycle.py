@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import ClusterState, Job
-from orchestrator.core.topology import Topology
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import ClusterState, Job
+from orchestrator.core.model.topology import Topology
 from orchestrator.policies import Policies
 
 

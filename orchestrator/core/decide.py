@@ -16,13 +16,13 @@ from orchestrator.core.backlog import Backlog
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import explain
 from orchestrator.core.lines import queue_lines
-from orchestrator.core.memo import Memo
-from orchestrator.core.plan import Plan
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.plan import Plan
+from orchestrator.core.model.state import ClusterState
+from orchestrator.core.model.topology import topology_of
 from orchestrator.core.react import react
 from orchestrator.core.reject import reject_unfit
-from orchestrator.core.state import ClusterState
 from orchestrator.core.tentative import tentative_plan
-from orchestrator.core.topology import topology_of
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event, JobRunning
 

@@ -71,8 +71,8 @@ from orchestrator.core.evolve_jobs import (
     preemption_requested,
 )
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
+from orchestrator.core.model.state import ClusterState, needs_look
 from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
-from orchestrator.core.state import ClusterState, needs_look
 from schemas.events import (
     AnyEvent,
     CancelRequested,

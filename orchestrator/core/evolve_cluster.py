@@ -6,8 +6,8 @@ from msgspec.structs import replace
 
 from orchestrator.core.evolve_fencing import stale
 from orchestrator.core.evolve_health import redrain_all
-from orchestrator.core.state import FREE, ClusterState, Config, Node, Queue
-from orchestrator.core.usage import recompute_trees
+from orchestrator.core.model.state import FREE, ClusterState, Config, Node, Queue
+from orchestrator.core.model.usage import recompute_trees
 from schemas.events import ClusterConfigured, NodeFailed, NodeRecovered, NodeRegistered, QueueDefined, QueueDeleted
 
 

@@ -7,7 +7,7 @@ evolve.py's docstring.
 
 from __future__ import annotations
 
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas.events import SchedulerElected
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from orchestrator.core.state import FREE, ClusterState, Job
-from orchestrator.core.usage import charge
+from orchestrator.core.model.state import FREE, ClusterState, Job
+from orchestrator.core.model.usage import charge
 from schemas.events import RankPlacement
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from msgspec.structs import replace
 
-from orchestrator.core.state import FREE, ClusterState, GpuFault, Node
+from orchestrator.core.model.state import FREE, ClusterState, GpuFault, Node
 from schemas.events import GPU_FATAL, GpuHealthy, GpuUnhealthy, NodeHealthChecked
 
 

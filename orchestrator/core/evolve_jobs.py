@@ -11,13 +11,13 @@ from bisect import insort
 from msgspec.structs import replace
 
 from orchestrator.core import gating
-from orchestrator.core.eligibility import gpu_matches
-from orchestrator.core.estimates import claim_of
-from orchestrator.core.estimates import record as record_run
 from orchestrator.core.evolve_fencing import stale, void
 from orchestrator.core.evolve_gpus import clear_earmark, end_changed, release, set_earmark, set_owner
-from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.state import (
+from orchestrator.core.model.eligibility import gpu_matches
+from orchestrator.core.model.estimates import claim_of
+from orchestrator.core.model.estimates import record as record_run
+from orchestrator.core.model.facts import SETTLE_S
+from orchestrator.core.model.state import (
     FINAL_RANKS_KEPT,
     FINISHED_KEPT,
     FREE,
@@ -31,7 +31,7 @@ from orchestrator.core.state import (
     Stop,
     Waiting,
 )
-from orchestrator.core.usage import charge, first_over_limit, resolve_queue, tree_gpus
+from orchestrator.core.model.usage import charge, first_over_limit, resolve_queue, tree_gpus
 from schemas.events import (
     CancelRequested,
     GangReserved,

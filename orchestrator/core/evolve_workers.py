@@ -5,7 +5,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_jobs import active
-from orchestrator.core.state import TERMINAL, UNSTARTABLE, Checkpoint, ClusterState, Job, RankState, WorkerId
+from orchestrator.core.model.state import TERMINAL, UNSTARTABLE, Checkpoint, ClusterState, Job, RankState, WorkerId
 from schemas.events import Checkpointed, WorkerExited, WorkerStarted
 
 

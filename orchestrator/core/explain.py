@@ -8,7 +8,7 @@ reason is REFRESH_S old. Otherwise a busy cluster writes a JobWaiting per pendin
 per decision (measured: 92% of a 400-job log), and the log, every replay and
 every tail pay for numbers nobody reads. Messages avoid relative times so
 they do not change every tick. A job's first "queued" reason tells its
-expected run time learned from the log (core/estimates.py) and where it comes
+expected run time learned from the log (core/model/estimates.py) and where it comes
 from; a reservation behind gangs without time limits names an estimated start
 (reservations._estimated_start).
 """
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.cycle import Cycle
-from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.plan import Hold, Plan
-from orchestrator.core.state import RESERVING, Job
-from orchestrator.core.topology import NODE
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.facts import SETTLE_S
+from orchestrator.core.model.plan import Hold, Plan
+from orchestrator.core.model.state import RESERVING, Job
+from orchestrator.core.model.topology import NODE
+from orchestrator.core.model.usage import resolve_queue
 from orchestrator.policies.placement import GangRequest
 from schemas.events import JobWaiting
 

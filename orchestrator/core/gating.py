@@ -31,7 +31,7 @@ from bisect import bisect_left, insort
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_gpus import clear_earmark
-from orchestrator.core.state import BIG_GANG_GPUS, HOLDING, TERMINAL, ClusterState, Job
+from orchestrator.core.model.state import BIG_GANG_GPUS, HOLDING, TERMINAL, ClusterState, Job
 from schemas.events import JobHeld, JobReleased
 from schemas.jobspec import Gates
 

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import BACKFILL, PLACED, PREEMPTING, QUOTA, Outcome
 from orchestrator.core.locality import locality_outcome
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.state import BIG_GANG_GPUS, Job
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.starving import is_starving
-from orchestrator.core.state import BIG_GANG_GPUS, Job
 from orchestrator.policies import Ending
 from orchestrator.policies.placement import GangRequest, Placement
 from schemas.events import GangReserved
@@ -52,13 +52,13 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
         return judge(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
            _may_use_held(adm, job), plan.version, plan.charges)
-    found = adm.memo.get(key)
+    found = adm.answers.get(key)
     if isinstance(found, Outcome):
         return found
     before = (plan.version, plan.charges, len(adm.events), adm.unremembered_searches)
     outcome = judge(adm, job, queue, req)
     if (plan.version, plan.charges, len(adm.events), adm.unremembered_searches) == before:
-        adm.memo[key] = outcome
+        adm.answers[key] = outcome
     return outcome
 
 

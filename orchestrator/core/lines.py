@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from heapq import merge
 
 from orchestrator.core.cycle import Cycle
-from orchestrator.core.plan import Plan
-from orchestrator.core.state import Job, LineKey
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.model.plan import Plan
+from orchestrator.core.model.state import Job, LineKey
+from orchestrator.core.model.usage import resolve_queue
 from orchestrator.policies.fairshare import JobKey
 
 #: A queue's place in the order: (0, waiting since) for a starving head, else (1, `Policies.queue_key`).

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.explain import Outcome
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.state import ClusterState
 from orchestrator.policies.placement import GangRequest
 from schemas.jobspec import JobSpec
 

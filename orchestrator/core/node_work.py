@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.model.state import ClusterState, Job
 
 #: run: keep it running (start it if missing); checkpoint: preemption asked for
 #: a checkpoint, then exit within the grace period; stop: cancel/time limit.

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import PREEMPTING, Outcome
-from orchestrator.core.state import Job
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.state import Job
 from orchestrator.policies import Candidate, PreemptionAsk, PreemptionRule
 from orchestrator.policies.placement import GangRequest
 from schemas.events import PreemptionRequested
@@ -47,7 +47,7 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
     if memo and priority <= adm.hopeless.get(hopeless, -math.inf):
         return None
     if adm.searches <= 0:
-        adm.out_of_searches = True  # the next cycle may search: admission is not complete
+        adm.cert.out_of_searches = True  # the next cycle may search: admission is not complete
         return None
     adm.searches -= 1
     ask = PreemptionAsk(
@@ -74,12 +74,12 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
     # is skipped: its budget and bookkeeping are spent as before, so every decision stays the same.
     again = None if job.earmark else ("no victims for", rule, pol.victims, shape_of(req), ask[1:],
                                        plan.version, plan.charges)
-    if again is not None and again in adm.memo:
+    if again is not None and again in adm.answers:
         victims = None
     else:
         victims = pol.victims(ask, cands, base, loads, pol.fits, quota_ok, rule)
         if not victims and again is not None:
-            adm.memo[again] = True
+            adm.answers[again] = True
     if not victims:
         if memo:  # (an earmark view is not the shared index)
             adm.hopeless[hopeless] = max(ask.priority, adm.hopeless.get(hopeless, -math.inf))

@@ -35,7 +35,7 @@ from __future__ import annotations
 from orchestrator.core.backoff import restart_delay
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.gating import NEVER_SATISFIED
-from orchestrator.core.state import FREE, SCHEDULER, UNSTARTABLE, ClusterState, Job
+from orchestrator.core.model.state import FREE, SCHEDULER, UNSTARTABLE, ClusterState, Job
 from schemas.events import (
     CancelRequested,
     Event,

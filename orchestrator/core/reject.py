@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 
 from orchestrator.core.cycle import Cycle
-from orchestrator.core.facts import ClusterFacts
-from orchestrator.core.memo import Memo
-from orchestrator.core.plan import Plan
-from orchestrator.core.state import ClusterState, Job
-from orchestrator.core.topology import build_topology
+from orchestrator.core.model.facts import ClusterFacts
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.plan import Plan
+from orchestrator.core.model.state import ClusterState, Job
+from orchestrator.core.model.topology import build_topology
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import JobRejected
 from schemas.jobspec import JobSpec

@@ -27,16 +27,16 @@ from collections.abc import Iterator
 from heapq import merge
 from operator import attrgetter
 
-from orchestrator.core.capacity import FreeIndex
 from orchestrator.core.context import AdmitContext
-from orchestrator.core.estimates import estimated_end
 from orchestrator.core.explain import BACKFILL_HEAD, Outcome
 from orchestrator.core.lines import Line
 from orchestrator.core.locality import locality_note
-from orchestrator.core.plan import Hold
-from orchestrator.core.running import ends_at
-from orchestrator.core.state import FREE, HOLDING, RESERVING, Job, Waiting
-from orchestrator.core.usage import ancestors, resolve_queue
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.estimates import estimated_end
+from orchestrator.core.model.plan import Hold
+from orchestrator.core.model.running import ends_at
+from orchestrator.core.model.state import FREE, HOLDING, RESERVING, Job, Waiting
+from orchestrator.core.model.usage import ancestors, resolve_queue
 from orchestrator.policies import Ending
 from orchestrator.policies.fairshare import JobKey, arrival_order_key
 from orchestrator.policies.placement import GangRequest
@@ -179,7 +179,7 @@ def _estimated_start(adm: AdmitContext, hold: Hold) -> str:
 
     Each GPU it will start on that is not free now comes free when its gang ends:
     by the gang's time limit if it has one, else by its estimate (`Policies.estimate`,
-    core/estimates.py). The latest of those ends, with the estimate it came from; no
+    core/model/estimates.py). The latest of those ends, with the estimate it came from; no
     estimate for one of the gangs: "when running jobs end", as without history.
     """
     c, plan = adm.c, adm.plan

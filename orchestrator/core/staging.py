@@ -23,7 +23,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_jobs import active
-from orchestrator.core.state import ClusterState, Job, StagedDataset, Staging
+from orchestrator.core.model.state import ClusterState, Job, StagedDataset, Staging
 from schemas.events import DatasetEvicted, DatasetFailed, DatasetReady, DatasetStaging, NodeDatasets
 
 #: Most characters of an agent's reason kept in a job's failure.

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 
 from orchestrator.core.cycle import Cycle
-from orchestrator.core.state import BIG_GANG_GPUS, FREE, ClusterState, Job
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.model.state import BIG_GANG_GPUS, FREE, ClusterState, Job
+from orchestrator.core.model.usage import resolve_queue
 
 
 def starving_from(job: Job, bound_s: float) -> float | None:

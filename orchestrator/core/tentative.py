@@ -8,7 +8,7 @@ follow-up is appended before any reservation, so the fold agrees.
 from __future__ import annotations
 
 from orchestrator.core.cycle import Cycle
-from orchestrator.core.plan import Plan
+from orchestrator.core.model.plan import Plan
 from schemas.events import Event, JobCancelled, JobCompleted, JobFailed, JobRequeued, JobRunning, Preempted, entity_of
 
 _ENDS_GANG = (JobCompleted, JobFailed, JobCancelled, JobRequeued, Preempted)

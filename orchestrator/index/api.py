@@ -116,7 +116,7 @@ class JobInfo(msgspec.Struct, kw_only=True):
     gpu_seconds: float
     attempts: int
     preemptions: int
-    #: The job's newest record in the fold (orchestrator.core.state.Job, msgpack).
+    #: The job's newest record in the fold (orchestrator.core.model.state.Job, msgpack).
     record: bytes
 
 

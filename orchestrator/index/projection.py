@@ -48,8 +48,8 @@ import structlog
 
 from events.bus import Envelope, LogGap
 from orchestrator.core.accounting import NO_USER, Accounted, account
-from orchestrator.core.state import TERMINAL, ClusterState, Job, restore, snapshot
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.model.state import TERMINAL, ClusterState, Job, restore, snapshot
+from orchestrator.core.model.usage import resolve_queue
 from schemas import Preempted, PreemptionRequested, Unknown, tag_of
 
 log = structlog.get_logger("corral.index")

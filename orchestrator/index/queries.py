@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from orchestrator.core.accounting import Account
-from orchestrator.core.state import TERMINAL
+from orchestrator.core.model.state import TERMINAL
 from orchestrator.index.api import JobInfo
 from orchestrator.index.projection import DAY_S, day_of
 

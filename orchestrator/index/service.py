@@ -46,7 +46,7 @@ from events.history import History as ArchiveHistory
 from events.subjects import valid_id
 from events.swallowed_cancel import stop_if_cancelled
 from events.telemetry import ServiceRegistry, gauge
-from orchestrator.core.state import JobStatus
+from orchestrator.core.model.state import JobStatus
 from orchestrator.index import api, queries
 from orchestrator.index.projection import DB_NAME, Projection, connect
 

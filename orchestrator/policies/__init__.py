@@ -11,11 +11,11 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.estimates import Estimate, learned_estimate
-from orchestrator.core.facts import ClusterFacts
-from orchestrator.core.plan import Hold, QueueLoad
-from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.estimates import Estimate, learned_estimate
+from orchestrator.core.model.facts import ClusterFacts
+from orchestrator.core.model.plan import Hold, QueueLoad
+from orchestrator.core.model.state import ClusterState, Job
 from orchestrator.policies.backfill import Ending, earliest_start, longest_waiting
 from orchestrator.policies.fairshare import JobKey, QueueKey, fair_share_key
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement, fits, place_gang, request_of
@@ -111,7 +111,7 @@ class Policies:
     #: even one deciding alike, is asked per reservation and makes such a cycle incomplete.
     may_use_held: Callable[[float, Hold], bool] | None = None
     #: A job's run time learned from the log (state, job, its queue): backfill names an estimated
-    #: start from it where running gangs have no time limit (core/estimates.py). None: no estimate.
+    #: start from it where running gangs have no time limit (core/model/estimates.py). None: no estimate.
     estimate: Callable[[ClusterState, Job, str], Estimate | None] = learned_estimate
     reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
     #: Blocked heads tried per queue per cycle (placements do not count): bounds a cycle's work.

@@ -22,10 +22,10 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.plan import Hold
-from orchestrator.core.state import Job
-from orchestrator.core.topology import ROOT
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.plan import Hold
+from orchestrator.core.model.state import Job
+from orchestrator.core.model.topology import ROOT
 from orchestrator.policies import placement
 from orchestrator.policies.placement import GangRequest, LinksOf, Placement
 from schemas.events import RankPlacement

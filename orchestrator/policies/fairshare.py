@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.core.plan import QueueLoad
-from orchestrator.core.state import Job
+from orchestrator.core.model.plan import QueueLoad
+from orchestrator.core.model.state import Job
 
 #: Any comparable tuple; the default is the fold's line key (-priority, claim, waiting_since, job_id).
 JobKey = tuple[Any, ...]

@@ -26,8 +26,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestrator.core.plan import QueueLoad
-from orchestrator.core.state import Job
+from orchestrator.core.model.plan import QueueLoad
+from orchestrator.core.model.state import Job
 from orchestrator.policies.fairshare import JobKey
 from orchestrator.policies.victims import Candidate, PreemptionAsk, PreemptionRule
 

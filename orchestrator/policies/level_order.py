@@ -21,7 +21,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable
 
-from orchestrator.core.state import Job
+from orchestrator.core.model.state import Job
 from orchestrator.policies.fairshare import JobKey
 
 #: Level boundaries in GPU-seconds: 1, 8 and 64 GPU-hours.

@@ -34,10 +34,10 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import ANY_GPU, GpuClass, gpu_class
-from orchestrator.core.state import Job
-from orchestrator.core.topology import CLUSTER, NODE, ROOT, Topology
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.eligibility import ANY_GPU, GpuClass, gpu_class
+from orchestrator.core.model.state import Job
+from orchestrator.core.model.topology import CLUSTER, NODE, ROOT, Topology
 from orchestrator.policies.links import Links, best_gpu_set, set_score, split_ranks
 from schemas.events import RankPlacement
 from schemas.jobspec import JobSpec

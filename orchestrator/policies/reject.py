@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import msgspec
 
-from orchestrator.core.facts import ClusterFacts
-from orchestrator.core.state import Job
-from orchestrator.core.topology import NODE
+from orchestrator.core.model.facts import ClusterFacts
+from orchestrator.core.model.state import Job
+from orchestrator.core.model.topology import NODE
 from orchestrator.policies.placement import fits, request_for
 from schemas.jobspec import JobSpec, jobspec_problems
 
@@ -37,9 +37,9 @@ def unfit_reasons(job: Job, facts: ClusterFacts) -> tuple[str, ...]:
     topo = spec.topology
     shape = (spec.queue, spec.ranks, spec.gpus_per_rank, spec.gpu_model, spec.min_gpu_memory_mib,
              topo.level if topo else None, topo.mode if topo else None, spec.waits_for_nodes)
-    found = facts.memo.get(shape)
+    found = facts.unfit.get(shape)
     if found is None:
-        found = facts.memo[shape] = _unfit(spec, facts)
+        found = facts.unfit[shape] = _unfit(spec, facts)
     return found
 
 

@@ -81,9 +81,9 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, NamedTuple
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.plan import QueueLoad
-from orchestrator.core.topology import ROOT
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.plan import QueueLoad
+from orchestrator.core.model.topology import ROOT
 from orchestrator.policies.placement import GangRequest
 from schemas.events import RankPlacement
 

@@ -43,7 +43,7 @@ from events.follow import Follower
 from events.subjects import subject_for
 from events.swallowed_cancel import stop_if_cancelled
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, Config
+from orchestrator.core.model.state import ClusterState, Config
 from orchestrator.scheduler import metrics
 from schemas import ClusterConfigured, SchedulerElected
 

@@ -19,8 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from events.telemetry import ServiceRegistry, count_folded, digest, fold_gauges, gauge
-from orchestrator.core.state import FREE, ClusterState, Job, snapshot
-from orchestrator.core.usage import ancestors, resolve_queue
+from orchestrator.core.model.state import FREE, ClusterState, Job, snapshot
+from orchestrator.core.model.usage import ancestors, resolve_queue
 from schemas import DatasetReady, GangReserved, GangRestarted, PreemptionRequested, WorkerStarted
 
 if TYPE_CHECKING:

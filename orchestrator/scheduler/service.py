@@ -46,8 +46,8 @@ from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import ClusterState
 from orchestrator.scheduler import metrics
 from orchestrator.scheduler.health import HeartbeatMonitor
 from orchestrator.scheduler.leader import LEASE_BUCKET, Elections, Lease
@@ -97,7 +97,7 @@ class Scheduler:
         self.appended = 0
         self.decide_seconds: list[float] = []
         #: What decide keeps between cycles, for this scheduler's life (a new state object, say
-        #: from a snapshot, only misses it once: see core/memo.py).
+        #: from a snapshot, only misses it once: see core/model/memo.py).
         self.memo = Memo()
 
     def _fold(self, state: ClusterState, event: AnyEvent | Unknown, seq: int, at: float | None = None) -> ClusterState:

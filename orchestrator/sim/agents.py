@@ -9,7 +9,7 @@ without a counter.
 
 from __future__ import annotations
 
-from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.model.state import ClusterState, Job
 from schemas.events import Checkpointed, WorkerExited, WorkerStarted
 
 

@@ -35,9 +35,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import replace
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.plan import Hold, QueueLoad
-from orchestrator.core.state import Job
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.plan import Hold, QueueLoad
+from orchestrator.core.model.state import Job
 from orchestrator.policies import DEFAULT_POLICIES, Ending, Policies
 from orchestrator.policies.backfill import FitsFn, PlaceFn
 from orchestrator.policies.fairshare import JobKey, QueueKey, arrival_order_key

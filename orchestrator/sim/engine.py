@@ -40,10 +40,10 @@ from typing import IO, Any, NamedTuple
 
 from orchestrator.core.decide import decide, decide_cycle
 from orchestrator.core.evolve import evolve
-from orchestrator.core.facts import SETTLE_S
 from orchestrator.core.gating import end_ungates
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import HOLDING, RESERVING, ClusterState, Job
+from orchestrator.core.model.facts import SETTLE_S
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import HOLDING, RESERVING, ClusterState, Job
 from orchestrator.policies import Policies
 from orchestrator.policies.victims import protected_for
 from orchestrator.sim.agents import checkpointed, workers_exited, workers_started
@@ -174,7 +174,7 @@ class Simulation:
         self.now = 0.0
         self.events = 0
         self.decides = 0
-        #: What decide keeps between calls, for this run (core/memo.py).
+        #: What decide keeps between calls, for this run (core/model/memo.py).
         self.memo = Memo()
         self.skips = 0
         self.kills = 0

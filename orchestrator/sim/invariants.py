@@ -9,7 +9,7 @@ and no decision of the scheduler was recorded as void.
 
 from __future__ import annotations
 
-from orchestrator.core.state import FREE, HOLDING, ClusterState
+from orchestrator.core.model.state import FREE, HOLDING, ClusterState
 
 
 def violations(state: ClusterState) -> list[str]:

@@ -32,7 +32,7 @@ import msgspec
 
 from events.logfile import read_events
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from orchestrator.sim.cluster import EPOCH, ClusterSpec, setup_events
 from orchestrator.sim.engine import Scenario
 from orchestrator.sim.specs import DURATION_ENV, SimJob

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from orchestrator.core.state import Queue
-from orchestrator.core.usage import first_over_limit
+from orchestrator.core.model.state import Queue
+from orchestrator.core.model.usage import first_over_limit
 from orchestrator.sim.cluster import ClusterSpec
 from orchestrator.sim.trace import TraceError, TraceJob
 from schemas.datasets import Dataset

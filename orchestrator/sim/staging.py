@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
-from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.model.state import ClusterState, Job
 from orchestrator.sim.specs import dataset_sizes
 from schemas.events import DatasetEvicted, DatasetReady, Event
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from orchestrator.core.running import preemptions_in_flight
-from orchestrator.core.state import ClusterState, Job
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.model.running import preemptions_in_flight
+from orchestrator.core.model.state import ClusterState, Job
+from orchestrator.core.model.usage import resolve_queue
 
 
 def preemption_threat(state: ClusterState) -> Callable[[Job], bool]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from array import array
 
-from orchestrator.core.state import HOLDING, ClusterState, Job
-from orchestrator.core.usage import resolve_queue
+from orchestrator.core.model.state import HOLDING, ClusterState, Job
+from orchestrator.core.model.usage import resolve_queue
 
 
 class Timeline:

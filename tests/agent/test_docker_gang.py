@@ -28,7 +28,7 @@ from events.follow import Follower
 from events.sdk import Client
 from events.server import NatsServer
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import Checkpointed, JobSpec, WorkerExited
 from tests.agent.conftest import BUSYBOX_IMAGE
 from tests.integration.harness import log_tail, scheduler, start_corral, stop, wait_until

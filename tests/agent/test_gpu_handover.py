@@ -21,7 +21,7 @@ from events.sdk import Client
 from nodeagent.runtime.base import Runtime, WorkerHandle
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import JobSpec
 from tests.integration.harness import agents, scheduler, wait_until
 

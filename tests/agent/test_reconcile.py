@@ -33,7 +33,7 @@ from nodeagent.agent import Agent, AgentConfig
 from nodeagent.runtime.base import ExitInfo, FoundWorker, WorkerHandle, WorkerSpec, WorkerStartError
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, snapshot
+from orchestrator.core.model.state import ClusterState, snapshot
 from schemas import GangRestarted, JobRequeued, JobRunning, WorkerExited, WorkerStarted
 from tests.core.harness import Sim, inventory
 from tests.integration.harness import wait_until

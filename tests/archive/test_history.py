@@ -18,7 +18,7 @@ from events.follow import Follower
 from events.history import History
 from events.server import NatsServer
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from orchestrator.scheduler.metrics import state_digest
 from tests.archive.workload import append, archived_and_purged
 

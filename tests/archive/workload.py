@@ -12,7 +12,7 @@ from events.follow import Follower
 from events.snapshots import SnapshotStore
 from orchestrator.archiver import Archiver, ArchiverConfig
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import NodeCordoned
 
 

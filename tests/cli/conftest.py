@@ -35,7 +35,7 @@ from events.bus import Bus, Envelope
 from events.sdk import Client
 from orchestrator.cli import main
 from orchestrator.cli.state_view import load_state
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "examples" / "worker.py"

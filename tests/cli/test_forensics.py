@@ -7,7 +7,7 @@ from pathlib import Path
 
 from orchestrator.cli.views import gpu_map
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import FREE, ClusterState
+from orchestrator.core.model.state import FREE, ClusterState
 from schemas import GangReserved, Preempted, PreemptionRequested
 from tests.cli.conftest import Preemption, Up, corral, corral_json, log_of
 

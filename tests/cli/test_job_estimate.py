@@ -1,6 +1,6 @@
 """`corral job` and `corral explain` show the run time the scheduler expects of a job and where it comes from.
 
-The estimate is the one backfill plans with (core/estimates.py): the median of the job's own
+The estimate is the one backfill plans with (core/model/estimates.py): the median of the job's own
 completed runs (same name, user and queue), else of its queue's. Read in-process through the
 parser from a folded log file: three completed runs of alice's `train` (500, 600, 700 s) and one
 of bob's `eval` (300 s) in queue q, then a running and a pending `train`, a pending job of a new
@@ -177,7 +177,7 @@ def test_job_and_explain_show_a_pending_jobs_claim_and_a_big_gangs_starvation_bo
 
 def test_a_gang_past_the_bound_reads_starving_since() -> None:
     from orchestrator.cli.views import job_line, line_lines
-    from orchestrator.core.state import Job
+    from orchestrator.core.model.state import Job
 
     job = Job(job_id="g", spec=JobSpec(name="g", ranks=2, gpus_per_rank=8), submitted_at=T0)
     line = job_line(job, T0 + 10**7)

@@ -1,7 +1,7 @@
 """The submit-time queue rule against the scheduler's (#35): one deliberate difference, pinned here.
 
 `corral submit` refuses a queue name that is not defined once any queue is (orchestrator/cli/jobs.py:
-`queue_refusal`); the scheduler sends it to the default queue (orchestrator/core/usage.py:
+`queue_refusal`); the scheduler sends it to the default queue (orchestrator/core/model/usage.py:
 `resolve_queue`) and rejects it only when there is no default queue either (`never_fits`, the rule of
 its reject stage). So: whatever the scheduler rejects for its queue, the CLI refuses; the CLI refuses
 more only for an unknown name while the default queue is defined. No server: states from folded events.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import itertools
 
 from orchestrator.cli.jobs import queue_refusal
+from orchestrator.core.model.state import ClusterState
+from orchestrator.core.model.usage import resolve_queue
 from orchestrator.core.reject import never_fits
-from orchestrator.core.state import ClusterState
-from orchestrator.core.usage import resolve_queue
 from schemas.events import ClusterConfigured, QueueDefined
 from schemas.jobspec import JobSpec
 from tests.core.harness import Sim

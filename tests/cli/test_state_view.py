@@ -15,7 +15,7 @@ from events.snapshots import SNAPSHOT_BUCKET, SnapshotStore
 from orchestrator.cli import main
 from orchestrator.cli.state_view import envelope_at, load_state, seq_at_time
 from orchestrator.core.evolve import fold
-from orchestrator.core.state import snapshot
+from orchestrator.core.model.state import snapshot
 from tests.cli.test_top import EVENTS
 from tests.test_snapshots import fold_to, workload
 

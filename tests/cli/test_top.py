@@ -18,7 +18,7 @@ from events.bus import Envelope
 from events.subjects import subject_for
 from orchestrator.cli.top import frame, queue_bar
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import (
     Event,
     GangReserved,

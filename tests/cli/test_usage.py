@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.core.state import FINISHED_KEPT
+from orchestrator.core.model.state import FINISHED_KEPT
 from schemas import (
     ClusterConfigured,
     Event,

@@ -12,8 +12,8 @@ from typing import Any
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import ClusterState, Job
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import (
     AnyEvent,
@@ -68,7 +68,7 @@ class Sim:
         self.now = now
         self.epoch = 1
         self.policies = policies
-        #: What decide keeps between this test's calls (core/memo.py).
+        #: What decide keeps between this test's calls (core/model/memo.py).
         self.memo = Memo()
         self._n = 0
         self.emit(ClusterConfigured(event_id=self.eid(), occurred_at=now, topology_levels=levels,

@@ -24,7 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, restore, snapshot
+from orchestrator.core.model.state import ClusterState, restore, snapshot
 from schemas.events import (
     AnyEvent,
     GangRestarted,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.core.estimates import LIMIT
+from orchestrator.core.model.estimates import LIMIT
 from orchestrator.policies import DEFAULT_POLICIES
 from schemas.events import GangReserved, JobSubmitted
 from schemas.jobspec import JobSpec

@@ -15,10 +15,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import ANY_GPU, gpu_class
-from orchestrator.core.plan import Hold
-from orchestrator.core.topology import ROOT, Topology
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.eligibility import ANY_GPU, gpu_class
+from orchestrator.core.model.plan import Hold
+from orchestrator.core.model.topology import ROOT, Topology
 from orchestrator.policies.backfill import Ending, FitsFn, PlaceFn, earliest_start
 from orchestrator.policies.placement import GangRequest, LinksOf, fits, place_gang
 from schemas.events import RankPlacement

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.core.estimates import KEYS_KEPT, SAMPLES_KEPT, gpus_key, job_key, learned_estimate, queue_key, record
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, Job, restore, snapshot
+from orchestrator.core.model.estimates import (
+    KEYS_KEPT,
+    SAMPLES_KEPT,
+    gpus_key,
+    job_key,
+    learned_estimate,
+    queue_key,
+    record,
+)
+from orchestrator.core.model.state import ClusterState, Job, restore, snapshot
 from orchestrator.policies import DEFAULT_POLICIES
 from schemas.events import JobCompleted, JobSubmitted, JobWaiting
 from schemas.jobspec import JobSpec

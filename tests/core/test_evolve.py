@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
-from orchestrator.core.state import ClusterState, restore, snapshot
+from orchestrator.core.model.state import ClusterState, restore, snapshot
 from schemas import decode, encode
 from schemas.events import (
     GangReserved,
@@ -195,7 +195,7 @@ def test_a_snapshot_from_before_the_line_indexes_still_schedules() -> None:
 def test_finished_jobs_beyond_the_retention_leave_the_state_deterministically() -> None:
     """Memory and snapshots stay bounded: only the newest FINISHED_KEPT finished jobs are kept."""
     from orchestrator.core.evolve import fold
-    from orchestrator.core.state import FINISHED_KEPT, snapshot
+    from orchestrator.core.model.state import FINISHED_KEPT, snapshot
     from schemas.events import JobRejected, JobSubmitted
     from schemas.jobspec import JobSpec
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from orchestrator.core.decide import decide_cycle
 from orchestrator.core.explain import REFRESH_S
-from orchestrator.core.facts import SETTLE_S
+from orchestrator.core.model.facts import SETTLE_S
 from orchestrator.policies import DEFAULT_POLICIES
 from schemas.events import GangReserved, JobRejected, JobWaiting
 from tests.core.harness import Sim, of_type

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core.decide import decide
-from orchestrator.core.state import SCHEDULER, restore, snapshot
+from orchestrator.core.model.state import SCHEDULER, restore, snapshot
 from schemas import EVENT_TYPES, decode, encode
 from schemas.events import (
     AnyEvent,

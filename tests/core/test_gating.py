@@ -19,7 +19,7 @@ from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.evolve_jobs import reservation_problem
 from orchestrator.core.gating import NEVER_SATISFIED, gate_reason
-from orchestrator.core.state import HOLDING, TERMINAL, ClusterState, restore, snapshot
+from orchestrator.core.model.state import HOLDING, TERMINAL, ClusterState, restore, snapshot
 from orchestrator.policies import Policies
 from orchestrator.sim.baselines import policies_for
 from schemas.events import (

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.core.evolve import fold
-from orchestrator.core.state import HOLDING, snapshot
+from orchestrator.core.model.state import HOLDING, snapshot
 from schemas.events import (
     ClusterConfigured,
     GangReserved,
@@ -229,7 +229,7 @@ def test_no_placement_ever_on_an_unhealthy_gpu(node_count: int, script: list[tup
 
 def test_usage_by_state_counts_the_gpu_hours_an_attempt_ended_by_a_gpu_fault_held() -> None:
     from orchestrator.core.accounting import GPU_FAULT, GpuTime
-    from orchestrator.core.state import ClusterState
+    from orchestrator.core.model.state import ClusterState
 
     s = Sim()
     s.node("n0")

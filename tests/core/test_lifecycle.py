@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.core.facts import SETTLE_S
-from orchestrator.core.state import SCHEDULER
+from orchestrator.core.model.facts import SETTLE_S
+from orchestrator.core.model.state import SCHEDULER
 from schemas.events import (
     CancelRequested,
     GangReserved,

@@ -9,10 +9,10 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import ANY_GPU
 from orchestrator.core.locality import LOCALITY
-from orchestrator.core.topology import CLUSTER, NODE, build_topology
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.eligibility import ANY_GPU
+from orchestrator.core.model.topology import CLUSTER, NODE, build_topology
 from orchestrator.policies import DEFAULT_POLICIES
 from orchestrator.policies.links import set_score
 from orchestrator.policies.placement import GangRequest, place_gang

@@ -12,9 +12,9 @@ from __future__ import annotations
 import io
 
 from orchestrator.core.evolve import _ALLOCATION_UNTOUCHED, _NODE_EVENTS, evolve
-from orchestrator.core.memo import Memo
-from orchestrator.core.running import RunningGangs, running_gangs
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.running import RunningGangs, running_gangs
+from orchestrator.core.model.state import ClusterState
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate
 from orchestrator.sim.gen import GenConfig, generate, standard_cluster

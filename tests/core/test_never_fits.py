@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from orchestrator.core.facts import SETTLE_S
+from orchestrator.core.model.facts import SETTLE_S
 from orchestrator.core.reject import never_fits
 from schemas.events import JobRejected, JobWaiting
 from schemas.jobspec import JobSpec, Topology

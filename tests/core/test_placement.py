@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import ANY_GPU
 from orchestrator.core.explain import capacity_outcome
-from orchestrator.core.topology import build_topology
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.eligibility import ANY_GPU
+from orchestrator.core.model.topology import build_topology
 from orchestrator.policies import DEFAULT_POLICIES
 from orchestrator.policies.links import best_gpu_set, set_score
 from orchestrator.policies.placement import GangRequest, place_gang

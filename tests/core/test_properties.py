@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve, fold
-from orchestrator.core.facts import SETTLE_S
+from orchestrator.core.model.facts import SETTLE_S
+from orchestrator.core.model.state import BIG_GANG_GPUS, FREE, HOLDING, ClusterState, needs_look, restore, snapshot
+from orchestrator.core.model.usage import ancestors
 from orchestrator.core.node_work import node_work, rank_intent
-from orchestrator.core.state import BIG_GANG_GPUS, FREE, HOLDING, ClusterState, needs_look, restore, snapshot
-from orchestrator.core.usage import ancestors
 from schemas.events import (
     GangReserved,
     NodeRegistered,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import SCHEDULER, ClusterState
+from orchestrator.core.model.state import SCHEDULER, ClusterState
 from schemas.events import (
     AnyEvent,
     CancelRequested,

@@ -3,7 +3,7 @@ fails at once with the agent's words, restarts left or not (#31: "fails the job 
 
 from __future__ import annotations
 
-from orchestrator.core.state import UNSTARTABLE
+from orchestrator.core.model.state import UNSTARTABLE
 from schemas.events import CancelRequested, GangRestarted, JobFailed, WorkerExited
 from tests.core.harness import Sim, of_type
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import ANY_GPU
-from orchestrator.core.plan import QueueLoad
-from orchestrator.core.topology import Topology
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.eligibility import ANY_GPU
+from orchestrator.core.model.plan import QueueLoad
+from orchestrator.core.model.topology import Topology
 from orchestrator.policies.placement import GangRequest, fits
 from orchestrator.policies.victims import (
     PRIORITY_AND_RECLAIM,

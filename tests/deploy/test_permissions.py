@@ -29,7 +29,7 @@ from deploy.nats import permissions
 from deploy.nats.render import accounts, server
 from events.security import connect_options
 from events.snapshots import SnapshotStore
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from tests.deploy.launcher import Server, free_ports, passwords
 
 NODES = ["n1", "n2"]

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import FREE, HOLDING, ClusterState, restore, snapshot
+from orchestrator.core.model.state import FREE, HOLDING, ClusterState, restore, snapshot
 from schemas import EVENT_TAGS, EVENT_TYPES, Event, encode
 from schemas.events import (
     CancelRequested,
@@ -152,7 +152,7 @@ def structure_problems(s: ClusterState) -> list[str]:
 
 
 #: Decide long after the nodes joined: the core rejects nothing on capacity while a cluster is still
-#: growing (orchestrator/core/facts.py SETTLE_S).
+#: growing (orchestrator/core/model/facts.py SETTLE_S).
 LATER = NOW + 3600
 
 

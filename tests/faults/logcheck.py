@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from events.bus import Bus
 from orchestrator.core.evolve import fold
-from orchestrator.core.state import TERMINAL, ClusterState, snapshot
+from orchestrator.core.model.state import TERMINAL, ClusterState, snapshot
 from schemas import AnyEvent, JobSubmitted, Unknown, WorkerStarted
 from tests.integration.harness import assert_no_double_booking
 

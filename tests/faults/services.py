@@ -20,7 +20,7 @@ from pathlib import Path
 from events.bus import Bus
 from events.follow import Follower
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from tests.integration.harness import log_tail, start_corral, stop
 
 Proc = subprocess.Popen[bytes]

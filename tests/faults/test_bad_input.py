@@ -29,7 +29,7 @@ from events.server import NatsServer
 from events.snapshots import SnapshotStore
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, snapshot
+from orchestrator.core.model.state import ClusterState, snapshot
 from schemas import (
     GangReserved,
     JobRejected,
@@ -188,7 +188,7 @@ def test_invalid_spec_gets_rejected(fields: dict[str, object]) -> None:
 def test_unrunnable_submit_during_cluster_start_is_rejected_later() -> None:
     """Fault: a 1x9-GPU job on 8-GPU nodes, submitted one second after the nodes registered.
     Check: once the cluster has settled, decide rejects it (it can never run here)."""
-    from orchestrator.core.facts import SETTLE_S
+    from orchestrator.core.model.facts import SETTLE_S
 
     s = ClusterState()
     for e in (ClusterConfigured(event_id="c", occurred_at=NOW, topology_levels=("block", "leaf")),

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from orchestrator.scheduler.metrics import state_digest
 from schemas import decode
 from tests.faults.chaos import ChaosConfig, run_chaos

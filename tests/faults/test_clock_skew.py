@@ -38,7 +38,7 @@ from events.bus import Bus
 from events.follow import Follower
 from events.sdk import Client
 from events.server import NatsServer
-from orchestrator.core.state import TERMINAL, ClusterState
+from orchestrator.core.model.state import TERMINAL, ClusterState
 from schemas import JobSpec
 from tests.faults import chaos_check, clock_check
 from tests.faults.services import agent_proc, kill, observer, scheduler_proc, stop_all, until

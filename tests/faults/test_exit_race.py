@@ -18,7 +18,7 @@ from pathlib import Path
 from events.bus import Bus
 from events.sdk import Client
 from nodeagent.runtime.base import WorkerLabels
-from orchestrator.core.state import TERMINAL
+from orchestrator.core.model.state import TERMINAL
 from schemas import JobSpec
 from tests.faults.logcheck import check_log, read_log
 from tests.faults.runtimes import CountingRuntime, started_twice

@@ -34,7 +34,7 @@ from events.bus import Bus, NotLast
 from events.sdk import Client
 from events.server import NatsServer
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState, snapshot
+from orchestrator.core.model.state import ClusterState, snapshot
 from schemas import JobSpec, NodeFailed, SchedulerElected, decode
 from tests.faults.logcheck import check_log, read_log
 from tests.faults.services import Proc, agent_proc, observer, scheduler_proc, stop_all, until

@@ -26,7 +26,7 @@ import pytest
 from events.bus import Bus, BusError
 from events.sdk import Client
 from events.server import NatsServer
-from orchestrator.core.state import TERMINAL
+from orchestrator.core.model.state import TERMINAL
 from schemas import JobSpec, NodeFailed
 from tests.faults.logcheck import check_log, read_log
 from tests.faults.services import agent_proc, logged_starts, observer, scheduler_proc, stop_all, until

@@ -27,7 +27,7 @@ from events.follow import Follower
 from events.sdk import Client
 from events.snapshots import UNRECORDED_DECODED, Header, SnapshotStore, decoded_tags, suspect
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import JobSpec, JobSubmitted, Unknown, tag_of
 from tests.integration.harness import agents, scheduler
 

@@ -26,7 +26,7 @@ from events.bus import Bus
 from events.sdk import Client
 from events.server import NatsServer
 from nodeagent.runtime.base import WorkerLabels
-from orchestrator.core.state import TERMINAL
+from orchestrator.core.model.state import TERMINAL
 from schemas import GangReserved, JobSpec, SchedulerElected
 from tests.faults.logcheck import check_log, read_log
 from tests.faults.runtimes import CountingRuntime, started_twice

@@ -20,7 +20,7 @@ from nats.js.api import DiscardPolicy
 from events.bus import Bus, BusError, LogFull
 from events.sdk import Client
 from events.server import NatsServer
-from orchestrator.core.state import TERMINAL
+from orchestrator.core.model.state import TERMINAL
 from schemas import JobSpec, NodeCordoned
 from tests.faults.logcheck import check_log, read_log
 from tests.faults.services import agent_proc, logged_starts, observer, scheduler_proc, stop_all, until

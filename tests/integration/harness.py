@@ -20,7 +20,7 @@ from nodeagent.runtime.base import Runtime
 from nodeagent.runtime.process import ProcessRuntime
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import HOLDING, ClusterState
+from orchestrator.core.model.state import HOLDING, ClusterState
 from orchestrator.scheduler.service import Scheduler, SchedulerConfig
 from schemas import ClusterConfigured
 

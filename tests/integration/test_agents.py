@@ -21,7 +21,7 @@ from events.bus import Bus
 from events.follow import Follower
 from events.sdk import Client
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import Checkpointed, JobSpec, WorkerExited, WorkerStarted
 from tests.integration.harness import agents, processes, scheduler, wait_until
 

@@ -24,7 +24,7 @@ from events.bus import Bus
 from events.sdk import Client
 from events.server import NatsServer
 from nodeagent.checkpoint import checkpoint_failure
-from orchestrator.core.state import ClusterState, Job
+from orchestrator.core.model.state import ClusterState, Job
 from schemas import JobSpec, WorkerExited, decode
 from tests.cli.conftest import corral
 from tests.faults.services import observer

@@ -24,8 +24,8 @@ from events.follow import Follower
 from events.sdk import Client
 from nodeagent.datasets.cache import DatasetCache
 from orchestrator.core.evolve import evolve
+from orchestrator.core.model.state import ClusterState
 from orchestrator.core.staging import staged
-from orchestrator.core.state import ClusterState
 from schemas import (
     DatasetEvicted,
     DatasetFailed,

@@ -21,7 +21,7 @@ from events.bus import Bus
 from events.follow import Follower
 from events.sdk import Client
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import DatasetFailed, DatasetReady, DatasetStaging, JobSpec, WorkerStarted
 from schemas.datasets import Dataset
 from tests.dataset_source import S3_ENV, make_tar, make_tree, put_tree, s3_client, s3_server, tree_sum

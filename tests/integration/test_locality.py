@@ -27,7 +27,7 @@ from events.follow import Follower
 from events.sdk import Client
 from events.server import NatsServer
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import ClusterState
+from orchestrator.core.model.state import ClusterState
 from schemas import GangReserved, JobSpec, JobWaiting
 from schemas.datasets import Dataset
 from schemas.events import DatasetReady

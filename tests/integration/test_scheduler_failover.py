@@ -24,7 +24,7 @@ from events.sdk import Client
 from events.server import NatsServer
 from events.snapshots import SnapshotStore
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import TERMINAL, ClusterState, snapshot
+from orchestrator.core.model.state import TERMINAL, ClusterState, snapshot
 from schemas import GangReserved, JobSpec, Topology
 from tests.integration.harness import agents, assert_no_double_booking, start_corral, stop, wait_until
 from tests.stored import fold_stored, stored

@@ -16,7 +16,7 @@ from events.logfile import LogFile
 from orchestrator.cli.sim import main as sim_main
 from orchestrator.cli.timeline import Story, story_summary
 from orchestrator.core.evolve import evolve
-from orchestrator.core.state import FREE, ClusterState
+from orchestrator.core.model.state import FREE, ClusterState
 from orchestrator.sim.replay import read_log
 from schemas import Event, JobSpec, JobSubmitted, JobWaiting, PreemptionRequested
 from schemas.codec import encode

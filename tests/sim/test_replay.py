@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.state import snapshot
+from orchestrator.core.model.state import snapshot
 from orchestrator.sim.baselines import POLICY_NAMES
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate

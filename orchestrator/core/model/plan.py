@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import NamedTuple
 from zlib import crc32
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import GpuClass
-from orchestrator.core.freegpus import FreeGpus, free_gpus
-from orchestrator.core.memo import Memo
-from orchestrator.core.running import preemptions_in_flight, running_gangs
-from orchestrator.core.state import FREE, ClusterState, Job
-from orchestrator.core.topology import Topology
-from orchestrator.core.usage import ancestors, average_gpus, first_over_limit, resolve_queue
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.eligibility import GpuClass
+from orchestrator.core.model.freegpus import FreeGpus, free_gpus
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.running import preemptions_in_flight, running_gangs
+from orchestrator.core.model.state import FREE, ClusterState, Job
+from orchestrator.core.model.topology import Topology
+from orchestrator.core.model.usage import ancestors, average_gpus, first_over_limit, resolve_queue
 from schemas.events import RankPlacement
 
 #: MASTER_PORT range for rank 0's rendezvous: 29500 + [0, PORT_SPAN).

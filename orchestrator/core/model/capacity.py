@@ -14,8 +14,8 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Iterable
 
-from orchestrator.core.eligibility import GpuClass
-from orchestrator.core.topology import Topology
+from orchestrator.core.model.eligibility import GpuClass
+from orchestrator.core.model.topology import Topology
 
 
 class FreeIndex:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import FREE, ClusterState, EndKey, Job
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import FREE, ClusterState, EndKey, Job
 
 
 class RunningGangs:

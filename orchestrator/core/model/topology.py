@@ -12,8 +12,8 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import ClusterState, Node
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import ClusterState, Node
 
 #: The whole cluster, the coarsest domain.
 ROOT = "*"

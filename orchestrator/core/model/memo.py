@@ -24,12 +24,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orchestrator.core.capacity import FreeIndex
-    from orchestrator.core.eligibility import GpuClass
-    from orchestrator.core.freegpus import FreeGpus
-    from orchestrator.core.running import RunningGangs
-    from orchestrator.core.state import ClusterState, Node
-    from orchestrator.core.topology import Topology
+    from orchestrator.core.model.capacity import FreeIndex
+    from orchestrator.core.model.eligibility import GpuClass
+    from orchestrator.core.model.freegpus import FreeGpus
+    from orchestrator.core.model.running import RunningGangs
+    from orchestrator.core.model.state import ClusterState, Node
+    from orchestrator.core.model.topology import Topology
 
 
 class Memo:

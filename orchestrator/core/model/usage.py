@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from orchestrator.core.state import ClusterState, Queue, Usage
+from orchestrator.core.model.state import ClusterState, Queue, Usage
 
 #: Deepest queue hierarchy walked; deeper (or cyclic) parent chains are cut here.
 MAX_DEPTH = 16

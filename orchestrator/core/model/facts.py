@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import ClusterState
-from orchestrator.core.topology import Topology
-from orchestrator.core.usage import first_over_limit, resolve_queue
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.eligibility import ANY_GPU, GpuClass, eligible_gpus
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import ClusterState
+from orchestrator.core.model.topology import Topology
+from orchestrator.core.model.usage import first_over_limit, resolve_queue
 
 #: Capacity is judged only once no node has joined for this long: a job submitted while the
 #: cluster is still registering (every `corral up`, every scheduler restart of a fresh
@@ -22,7 +22,7 @@ SETTLE_S = 30.0
 
 
 class ClusterFacts:
-    __slots__ = ("_empty", "_recent", "memo", "now", "state", "topo")
+    __slots__ = ("_empty", "_recent", "now", "state", "topo", "unfit")
 
     def __init__(self, state: ClusterState, topo: Topology, now: float, memo: Memo) -> None:
         self.state = state
@@ -33,8 +33,9 @@ class ClusterFacts:
         #: while no node record changed (`build_topology`), and these indexes read only the nodes'
         #: inventories, so the same Topology object means the same answer; rules only read them.
         self._recent = memo.empty_indexes
-        #: Answers of admission rules by the spec shape they read (a backlog has few shapes).
-        self.memo: dict[Hashable, tuple[str, ...]] = {}
+        #: Why a spec shape can never run here, by the shape the admission rules read (a backlog has
+        #: few shapes; `policies/reject.py`). Not "memo": that is the caller-owned `Memo` of decide.
+        self.unfit: dict[Hashable, tuple[str, ...]] = {}
 
     @property
     def settled_at(self) -> float | None:

@@ -20,11 +20,11 @@ from __future__ import annotations
 from itertools import compress
 from operator import is_not
 
-from orchestrator.core.capacity import FreeIndex
-from orchestrator.core.eligibility import ANY_GPU, GpuClass, eligible_gpus
-from orchestrator.core.memo import Memo
-from orchestrator.core.state import FREE, ClusterState
-from orchestrator.core.topology import Topology
+from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.eligibility import ANY_GPU, GpuClass, eligible_gpus
+from orchestrator.core.model.memo import Memo
+from orchestrator.core.model.state import FREE, ClusterState
+from orchestrator.core.model.topology import Topology
 
 
 def unclaimed(

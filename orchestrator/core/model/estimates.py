@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from orchestrator.core.state import HOLDING, ClusterState, Job
+from orchestrator.core.model.state import HOLDING, ClusterState, Job
 
 #: Run times kept per key (the median of these is the estimate).
 SAMPLES_KEPT = 8
