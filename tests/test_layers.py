@@ -38,3 +38,14 @@ def test_the_engine_list_of_the_core_contracts_is_every_engine_module() -> None:
     policies = _contract("the policies import the core's model, not its engine")
     assert set(model["forbidden_modules"]) == engine | {"orchestrator.policies"}  # type: ignore[arg-type]
     assert set(policies["forbidden_modules"]) == engine  # type: ignore[arg-type]
+
+
+def test_no_arrow_runs_up_from_the_core_or_the_policies() -> None:
+    """Every module of orchestrator/ above the pure core is forbidden to it (a new one must join the list)."""
+    above = {f"orchestrator.{p.stem}" for p in (ROOT / "orchestrator").iterdir()
+             if p.stem not in {"core", "policies", "__init__", "__pycache__", "py"}
+             and (p.suffix == ".py" or (p / "__init__.py").exists())}
+    forbidden = set(_contract("the pure core imports no IO, clock, randomness, nor any project IO package")
+                    ["forbidden_modules"])  # type: ignore[arg-type]
+    assert above - forbidden == set(), f"add to the pure core's contract: {sorted(above - forbidden)}"
+    assert {"events", "nodeagent"} <= forbidden
