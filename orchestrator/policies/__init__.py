@@ -116,6 +116,11 @@ class Policies:
     reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
     #: Blocked heads tried per queue per cycle (placements do not count): bounds a cycle's work.
     heads_per_queue: int = 32
+    #: New (unexplained) jobs a cycle checks and tells a first reason, oldest arrival first; the rest
+    #: wait in their lines, unjudged, for the next cycles (core/backlog.py). Each costs ~25-35 us (the
+    #: spec check, the estimate, a JobWaiting), so a cycle stays near 35 ms of CPU whatever the burst
+    #: (#34: one call met 50,000 and held the scheduler's loop 1.3 CPU s, past the lease's TTL).
+    fresh_per_cycle: int = 1_000
     #: Victim searches per cycle (each costs O(running gangs)).
     preemption_searches: int = 8
     #: Extra wait after a grace period before a stopped or preempted gang is declared gone.
