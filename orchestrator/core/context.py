@@ -74,6 +74,8 @@ class AdmitContext:
         self.blocked: list[tuple[int, int, Job, str]] = []
         self.through_hold = False
         self.out_of_searches = False
+        #: The fair-share loop stopped at `Policies.placements_per_cycle` (admit._in_fair_share_order).
+        self.capped = False
         #: A head looked at first is not holding (or one holding was not looked at first).
         self.holders_differ = False
         #: Limited queue -> the queue head its limit blocked first (in line order): its quota is

@@ -32,8 +32,9 @@ class Decision(NamedTuple):
     #: Admission ran and is complete (admit.Admitted, completeness.py): folding `events` and the workers' WorkerStarted
     #: answers, a call at the same `now` may pass `after_complete` and skip it.
     complete: bool
-    #: New jobs were left for the next calls to explain (core/backlog.py): call again even if
-    #: `events` changes nothing that would wake a caller (a first JobWaiting changes nothing else).
+    #: New jobs were left for the next calls to explain (core/backlog.py), or admission stopped at
+    #: its cap (`Policies.placements_per_cycle`): call again even if `events` changes nothing that
+    #: would wake a caller (a first JobWaiting changes nothing else).
     more: bool = False
 
 
@@ -77,6 +78,7 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     #    backfill reservation for the first blocked gang, else wait (quota, backfill, capacity).
     admitted = admit(c, plan, lines)
     # 6. Explain: a JobWaiting for each job left pending whose reason changed.
-    waiting = explain(c, plan, backlog.fresh, admitted.outcomes)
-    more = backlog.more
+    #    (A cycle whose admission stopped at its cap leaves the new jobs it did not judge to the next.)
+    waiting = explain(c, plan, [] if admitted.capped else backlog.fresh, admitted.outcomes)
+    more = backlog.more or admitted.capped
     return Decision([*followups, *rejecter.events, *admitted.events, *waiting], admitted.complete and not more, more)

@@ -87,3 +87,27 @@ def test_under_the_bound_every_new_job_is_explained_in_one_cycle() -> None:
         s.submit(f"j{i}", gpus_per_rank=8)
     cycle = decide_cycle(s.state, s.now, epoch=s.epoch, policies=s.policies, memo=s.memo)
     assert sorted(judged(cycle.events)) == ["j0", "j1", "j2"] and not cycle.more
+
+
+def test_placements_stop_at_the_cap_and_the_next_cycle_goes_on_in_the_same_order() -> None:
+    def placed(policies: Policies) -> list[list[str]]:
+        s = settled_sim(policies, nodes=2)
+        s.queue("a")
+        s.queue("b")
+        for i in range(12):
+            s.submit(f"j{i:02d}", gpus_per_rank=1 + i % 3, queue="ab"[i % 2], priority=i % 4)
+        out: list[list[str]] = []
+        for _ in range(8):
+            cycle = decide_cycle(s.state, s.now, epoch=s.epoch, policies=s.policies, memo=s.memo)
+            s.emit_all(cycle.events)  # type: ignore[arg-type]
+            s.agents(cycle.events)
+            out.append([e.job_id for e in of_type(cycle.events, GangReserved)])
+            assert not (cycle.more and cycle.complete)
+            if not cycle.more:
+                break
+        return [ids for ids in out if ids]
+
+    capped = placed(replace(DEFAULT_POLICIES, placements_per_cycle=3))
+    whole = placed(DEFAULT_POLICIES)
+    assert [len(ids) for ids in capped] == [3, 3, 3] and len(whole) == 1 and len(whole[0]) == 9
+    assert [j for ids in capped for j in ids] == whole[0]
