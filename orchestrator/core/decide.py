@@ -78,7 +78,8 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     #    backfill reservation for the first blocked gang, else wait (quota, backfill, capacity).
     admitted = admit(c, plan, lines)
     # 6. Explain: a JobWaiting for each job left pending whose reason changed.
-    #    (A cycle whose admission stopped at its cap leaves the new jobs it did not judge to the next.)
-    waiting = explain(c, plan, [] if admitted.capped else backlog.fresh, admitted.outcomes)
+    #    (A cycle whose admission stopped at its cap tells the checked new jobs it did not judge
+    #    that they queue behind jobs that go first, which they do: the check is not paid again.)
+    waiting = explain(c, plan, backlog.fresh, admitted.outcomes)
     more = backlog.more or admitted.capped
     return Decision([*followups, *rejecter.events, *admitted.events, *waiting], admitted.complete and not more, more)
