@@ -134,6 +134,12 @@ class Policies:
     #: `locality: require` still holds); the simulator compares the two.
     prefer_warm: bool = True
 
+    def __post_init__(self) -> None:
+        # A bound of 0 would leave every new job, or every placement, to a next cycle forever.
+        for name in ("fresh_per_cycle", "placements_per_cycle"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Policies.{name} must be at least 1, got {getattr(self, name)}")
+
 
 DEFAULT_POLICIES = Policies()
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from orchestrator.core.decide import decide_cycle
 from orchestrator.core.facts import SETTLE_S
 from orchestrator.policies import DEFAULT_POLICIES, Policies
@@ -111,3 +113,9 @@ def test_placements_stop_at_the_cap_and_the_next_cycle_goes_on_in_the_same_order
     whole = placed(DEFAULT_POLICIES)
     assert [len(ids) for ids in capped] == [3, 3, 3] and len(whole) == 1 and len(whole[0]) == 9
     assert [j for ids in capped for j in ids] == whole[0]
+
+
+def test_a_bound_below_one_is_refused() -> None:
+    for name in ("fresh_per_cycle", "placements_per_cycle"):
+        with pytest.raises(ValueError, match=name):
+            replace(DEFAULT_POLICIES, **{name: 0})
