@@ -9,10 +9,10 @@ themselves (this package imports nothing, so no import cycle runs through it):
     orchestrator.core.model.state    ClusterState (+ snapshot/restore), Job, Node, Queue, ...
     orchestrator.core.evolve   evolve(state, event, seq=0) -> state (in place), fold(events)
     orchestrator.core.decide   decide(state, now, *, epoch, policies=DEFAULT_POLICIES) -> list[Event]
-                               decide_cycle(...) -> Decision(events, complete) (the simulator's)
+                               decide_cycle(...) -> Decision(events, complete, more) (the simulator's)
     orchestrator.core.node_work  node_work, rank_intent: what an agent runs on its node
 
-A decide cycle's stages, in order: react.py, tentative.py (plan.py), reject.py,
+A decide cycle's stages, in order: backlog.py, react.py, tentative.py (plan.py), reject.py,
 lines.py, admit.py (heads.py, preemption.py, reservations.py, completeness.py), explain.py.
 What a cycle derives from the state is kept between calls where rebuilding it
 would cost O(nodes) or O(gangs): topology.topology_of, freegpus.py (free GPUs

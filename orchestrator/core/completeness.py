@@ -28,6 +28,7 @@ class Certificate:
         "blocked",
         "blocked_heads",
         "capacity_blocked",
+        "capped",
         "holders_differ",
         "loop_holds",
         "out_of_searches",
@@ -41,6 +42,8 @@ class Certificate:
         self.through_hold = False
         #: A victim search the budget refused (the next cycle may search).
         self.out_of_searches = False
+        #: The fair-share loop stopped at `Policies.placements_per_cycle` (admit._in_fair_share_order).
+        self.capped = False
         #: A head looked at first is not holding (or one holding was not looked at first).
         self.holders_differ = False
         #: A reservation was given in the fair-share loop (not to a head looked at first).
@@ -92,10 +95,10 @@ def complete(adm: AdmitContext) -> bool:
     reservation given in the loop makes the next cycle look at its holder
     first, which only changes a queue's count of blocked heads, so it matters
     only for a queue that ran out of heads -- or a queue's count of blocked
-    heads differs. Strict mode in the simulator checks every use of it.
+    heads differs, or the cycle stopped at its placement cap (the next one goes on). Strict mode in the simulator checks every use of it.
     """
     c, plan = adm.c, adm.plan
-    if adm.cert.out_of_searches or (adm.placed and c.state.config.min_runtime_s <= 0):
+    if adm.cert.out_of_searches or adm.cert.capped or (adm.placed and c.state.config.min_runtime_s <= 0):
         return False
     if adm.cert.through_hold and c.policies.may_use_held is not None:
         return False  # another rule may let a gang outlast a reservation's start: it is planned again

@@ -21,7 +21,7 @@ from orchestrator.core.model.plan import Plan
 from orchestrator.core.model.state import ClusterState
 from orchestrator.core.model.topology import topology_of
 from orchestrator.core.react import react
-from orchestrator.core.reject import reject_unfit
+from orchestrator.core.reject import Rejecter
 from orchestrator.core.tentative import tentative_plan
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event, JobRunning
@@ -32,6 +32,10 @@ class Decision(NamedTuple):
     #: Admission ran and is complete (admit.Admitted, completeness.py): folding `events` and the workers' WorkerStarted
     #: answers, a call at the same `now` may pass `after_complete` and skip it.
     complete: bool
+    #: New jobs were left for the next calls to explain (core/backlog.py), or admission stopped at
+    #: its cap (`Policies.placements_per_cycle`): call again even if `events` changes nothing that
+    #: would wake a caller (a first JobWaiting changes nothing else).
+    more: bool = False
 
 
 def decide(state: ClusterState, now: float, *, epoch: int, policies: Policies = DEFAULT_POLICIES,
@@ -56,7 +60,7 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
         memo = Memo()
     topo = topology_of(state, memo)
     c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo, memo=memo)
-    backlog = Backlog.of(state)
+    backlog = Backlog.of(state, now, policies.fresh_per_cycle)
     # 1. React: follow-ups the log already implies (running, completed, restarted,
     #    requeued, preempted, stopped, cancelled).
     followups = react(c, backlog.stopping)
@@ -65,13 +69,17 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     # 2. Tentative plan: free GPUs per node and domain, queue usage -- with the GPUs
     #    the follow-ups release already free.
     plan: Plan = tentative_plan(c, followups)
-    # 3. Reject: pending specs that can never fit this cluster.
-    rejections = reject_unfit(c, plan, backlog.fresh)
+    # 3. Reject: pending specs that can never fit this cluster (a bounded batch of the new jobs
+    #    now; a new job past it when its line offers it as a head: backlog.py).
+    rejecter = Rejecter(c, plan, backlog.fresh)
     # 4. Heads: each queue's line of pending jobs (priority, claim, waiting since, id: kept sorted by the fold).
-    lines = queue_lines(c, plan)
+    lines = queue_lines(c, plan, rejecter.admissible if backlog.more else None)
     # 5. Admit in fair-share order: allocate, else preempt / reclaim, else hold a
     #    backfill reservation for the first blocked gang, else wait (quota, backfill, capacity).
     admitted = admit(c, plan, lines)
     # 6. Explain: a JobWaiting for each job left pending whose reason changed.
+    #    (A cycle whose admission stopped at its cap tells the checked new jobs it did not judge
+    #    that they queue behind jobs that go first, which they do: the check is not paid again.)
     waiting = explain(c, plan, backlog.fresh, admitted.outcomes)
-    return Decision([*followups, *rejections, *admitted.events, *waiting], admitted.complete)
+    more = backlog.more or admitted.capped
+    return Decision([*followups, *rejecter.events, *admitted.events, *waiting], admitted.complete and not more, more)

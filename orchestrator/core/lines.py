@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from heapq import merge
 
 from orchestrator.core.cycle import Cycle
@@ -20,17 +20,22 @@ Ranks = dict[tuple[str, int, int], Rank]
 class Line:
     """One queue's pending jobs in order, read lazily: a cycle looks at a few heads, not the whole backlog."""
 
-    __slots__ = ("_busy", "_items", "head")
+    __slots__ = ("_admissible", "_busy", "_items", "head")
 
-    def __init__(self, items: Iterator[tuple[JobKey, Job]], busy: set[str]) -> None:
+    def __init__(self, items: Iterator[tuple[JobKey, Job]], busy: set[str],
+                 admissible: Callable[[Job], bool] | None = None) -> None:
         self._items = items
         self._busy = busy
+        #: Asked of each job before it becomes the head (None: all are): a new job the cycle did
+        #: not check up front is checked here (reject.Rejecter.admissible).
+        self._admissible = admissible
         self.head: tuple[JobKey, Job] | None = None
         self._advance()
 
     def _advance(self) -> None:
+        busy, admissible = self._busy, self._admissible
         for key, job in self._items:
-            if job.job_id not in self._busy:
+            if job.job_id not in busy and (admissible is None or admissible(job)):
                 self.head = (key, job)
                 return
         self.head = None
@@ -42,8 +47,8 @@ class Line:
         return job
 
 
-def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
-    """Each queue's line of pending jobs (jobs already decided on this cycle are skipped).
+def queue_lines(c: Cycle, plan: Plan, admissible: Callable[[Job], bool] | None = None) -> dict[str, Line]:
+    """Each queue's line of pending jobs (jobs already decided on this cycle, or not `admissible`, are skipped).
 
     With the fold's line order (`Policies.job_key` None) the fold's sorted lines
     are read as they are (several spec queue names may resolve to one queue:
@@ -57,7 +62,7 @@ def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
             by_queue.setdefault(resolve_queue(state, name), []).append(keys)
         jobs = state.jobs
         return {
-            q: Line(((k, jobs[k[-1]]) for k in (ks[0] if len(ks) == 1 else merge(*ks))), busy)
+            q: Line(((k, jobs[k[-1]]) for k in (ks[0] if len(ks) == 1 else merge(*ks))), busy, admissible)
             for q, ks in by_queue.items()
         }
     custom: dict[str, list[tuple[JobKey, Job]]] = {}
@@ -66,7 +71,7 @@ def queue_lines(c: Cycle, plan: Plan) -> dict[str, Line]:
             continue  # held, waiting for other jobs or an array slot: in no line (core/gating.py)
         job = state.jobs[jid]
         custom.setdefault(resolve_queue(state, job.spec.queue), []).append((key(job), job))
-    return {q: Line(iter(sorted(items, key=lambda kj: kj[0])), busy) for q, items in custom.items()}
+    return {q: Line(iter(sorted(items, key=lambda kj: kj[0])), busy, admissible) for q, items in custom.items()}
 
 
 def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Rank:

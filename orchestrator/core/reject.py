@@ -21,26 +21,60 @@ from schemas.events import JobRejected
 from schemas.jobspec import JobSpec
 
 
-def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
-    facts = ClusterFacts(c.state, plan.topo, c.now, c.memo)
-    settled_at = facts.settled_at
-    out: list[JobRejected] = []
-    for job in pending:
-        if job.job_id in plan.busy:
-            continue
+class Rejecter:
+    """Stage 3's rule, asked of the cycle's batch of new jobs at once and of later ones when admission meets them.
+
+    A cycle checks at most `Policies.fresh_per_cycle` new jobs up front (core/backlog.py); an
+    unchecked one that a queue's line offers admission as a head is checked there (`admissible`),
+    so it neither starts nor is told a reason before the check, and keeps its place in line.
+    """
+
+    __slots__ = ("_batch", "_c", "_facts", "_plan", "_settled_at", "events")
+
+    def __init__(self, c: Cycle, plan: Plan, batch: list[Job]) -> None:
+        self._c = c
+        self._plan = plan
+        self._facts = ClusterFacts(c.state, plan.topo, c.now, c.memo)
+        self._settled_at = self._facts.settled_at
+        #: The batch checked up front: `admissible` passes these (their verdict is in `events`).
+        self._batch = {j.job_id for j in batch}
+        self.events: list[JobRejected] = []
+        for job in batch:
+            self._check(job)
+
+    def _check(self, job: Job) -> bool:
+        """Reject `job` if it is owed a check that it fails; whether it may still be admitted."""
+        if job.job_id in self._plan.busy:
+            return False
         # Fresh jobs, and once more those explained before the cluster settled: their
         # capacity verdict was postponed then, not passed.
         w = job.waiting
-        if w is not None and (settled_at is None or c.now < settled_at or w.at >= settled_at):
-            continue
-        reasons = c.policies.reject(job, facts)
-        if reasons:
-            plan.busy.add(job.job_id)
-            out.append(
-                JobRejected(event_id=c.event_id("rejected", job), occurred_at=c.now, job_id=job.job_id, reasons=reasons,
-                            epoch=c.epoch)
-            )
-    return out
+        settled_at = self._settled_at
+        if w is not None and (settled_at is None or self._c.now < settled_at or w.at >= settled_at):
+            return True
+        c = self._c
+        reasons = c.policies.reject(job, self._facts)
+        if not reasons:
+            return True
+        self._plan.busy.add(job.job_id)
+        self.events.append(
+            JobRejected(event_id=c.event_id("rejected", job), occurred_at=c.now, job_id=job.job_id, reasons=reasons,
+                        epoch=c.epoch)
+        )
+        return False
+
+    def admissible(self, job: Job) -> bool:
+        """For a queue's line: False if `job` is a new job outside the batch that fails its check now."""
+        jid = job.job_id
+        if jid in self._batch or jid not in self._c.state.unexplained:
+            return True
+        self._batch.add(jid)  # (checked once per cycle)
+        return self._check(job)
+
+
+def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
+    """JobRejected for the jobs of `pending` owed a check that they fail (marked busy in `plan`)."""
+    return Rejecter(c, plan, pending).events
 
 
 def never_fits(state: ClusterState, spec: JobSpec, *, policies: Policies = DEFAULT_POLICIES) -> tuple[str, ...]:

@@ -116,6 +116,15 @@ class Policies:
     reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
     #: Blocked heads tried per queue per cycle (placements do not count): bounds a cycle's work.
     heads_per_queue: int = 32
+    #: New (unexplained) jobs a cycle checks and tells a first reason, oldest arrival first; the rest
+    #: wait in their lines for the next cycles (core/backlog.py). Each costs ~20 us (the spec check,
+    #: the estimate, a JobWaiting), so a burst costs a cycle ~10 ms of CPU whatever its size
+    #: (#34: one call met 50,000 and held the scheduler's loop 1.3 CPU s, past the lease's TTL).
+    fresh_per_cycle: int = 500
+    #: Gangs the fair-share loop places per cycle; the next cycle goes on where it stopped
+    #: (core/admit.py). ~80-150 us each at 4,096 nodes (with the JobRunning that follows): an empty
+    #: cluster is filled in cycles of ~20 ms of CPU instead of one of 0.5 s.
+    placements_per_cycle: int = 128
     #: Victim searches per cycle (each costs O(running gangs)).
     preemption_searches: int = 8
     #: Extra wait after a grace period before a stopped or preempted gang is declared gone.
@@ -124,6 +133,12 @@ class Policies:
     #: (issue #33: core/locality.py, policies/placement.py). False: placement ignores the caches (a spec's
     #: `locality: require` still holds); the simulator compares the two.
     prefer_warm: bool = True
+
+    def __post_init__(self) -> None:
+        # A bound of 0 would leave every new job, or every placement, to a next cycle forever.
+        for name in ("fresh_per_cycle", "placements_per_cycle"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Policies.{name} must be at least 1, got {getattr(self, name)}")
 
 
 DEFAULT_POLICIES = Policies()

@@ -292,9 +292,11 @@ class Simulation:
     def _settle(self) -> None:
         state = self.state
         complete = False  # the last round's admission was complete, and only WorkerStarted answered it
-        for _ in range(MAX_ROUNDS):
-            out, done = decide_cycle(state, self.now, epoch=EPOCH, policies=self.policies, after_complete=complete,
-                                     memo=self.memo)
+        rounds = 0
+        while rounds < MAX_ROUNDS:
+            out, done, more = decide_cycle(state, self.now, epoch=EPOCH, policies=self.policies,
+                                               after_complete=complete, memo=self.memo)
+            rounds += not more  # a burst of new jobs is judged in as many rounds as it takes (core/backlog.py)
             self.decides += 1
             self.skips += complete
             if complete and self.config.strict:
@@ -329,7 +331,7 @@ class Simulation:
             answers = self._agents(out)
             for e in answers:
                 self.append(e)
-            if inert and not answers:
+            if inert and not answers and not more:
                 return
             complete = self.config.skip_complete and done and all(isinstance(e, WorkerStarted) for e in answers)
         raise SimulationError(f"t={self.now}: decide did not settle after {MAX_ROUNDS} rounds")
