@@ -98,12 +98,18 @@ def _copy_dir(src: Path, dest: Path, sha256: str, progress: Progress, stop: thre
             _copy_file(s, dest / rel / name)
             done += s.stat().st_size
             progress(done, total)
-    if sha256:
-        got = manifest_digest(dest)
-        if got != sha256:
-            raise StagingError(f"digest mismatch: the manifest of {src} hashes to sha256:{got}, the spec says "
-                               f"sha256:{sha256} (the directory changed, or the digest is wrong)")
+    check_manifest(dest, sha256, src, "the directory")
     return done
+
+
+def check_manifest(dest: Path, sha256: str, source: object, what: str) -> None:
+    """Raise unless the staged directory `dest` has the spec's manifest digest (none given: nothing to check)."""
+    if not sha256:
+        return
+    got = manifest_digest(dest)
+    if got != sha256:
+        raise StagingError(f"digest mismatch: the manifest of {source} hashes to sha256:{got}, the spec says "
+                           f"sha256:{sha256} ({what} changed, or the digest is wrong)")
 
 
 def _copy_file(src: Path, dst: Path) -> None:

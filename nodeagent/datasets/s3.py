@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from nodeagent.datasets.fetch import Progress, StagingError, Stopped, unpack_archive
-from nodeagent.datasets.verify import CHUNK, manifest_digest
+from nodeagent.datasets.fetch import Progress, StagingError, Stopped, check_manifest, unpack_archive
+from nodeagent.datasets.verify import CHUNK
 
 #: Seconds to connect, and that one read may stall, before an S3 request gives up (and is retried).
 CONNECT_TIMEOUT_S = 10.0
@@ -196,11 +196,7 @@ def _prefix(client: Any, loc: Location, dest: Path, sha256: str, progress: Progr
             raise StagingError(f"s3://{loc.bucket}/{key} changed while staging: listed with {size} bytes, "
                                f"read {got}")
         done += got
-    if sha256:
-        found = manifest_digest(dest)
-        if found != sha256:
-            raise StagingError(f"digest mismatch: the manifest of {loc} hashes to sha256:{found}, the spec says "
-                               f"sha256:{sha256} (the objects changed, or the digest is wrong)")
+    check_manifest(dest, sha256, loc, "the objects")
     return done
 
 
