@@ -45,13 +45,13 @@ if [ -n "${CORRAL_RESUME_FROM:-}" ]; then
     target=$((step + 5))
     echo "$me resumed at step $step from $CORRAL_RESUME_FROM"
 fi
-# Each side keeps its stdin open a second after its token: an nc whose stdin ends may close
+# Each side keeps its stdin open 3 s after its token: an nc whose stdin ends may close (CI once saw 1 s run out)
 # before it has read the peer's token.
 if [ "$RANK" = 0 ]; then
-    got=$( (echo "token-from-$me"; sleep 1) | nc -l -p "$MASTER_PORT")
+    got=$( (echo "token-from-$me"; sleep 3) | nc -l -p "$MASTER_PORT")
 else
     i=0
-    until got=$( (echo "token-from-$me"; sleep 1) | nc "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) && [ -n "$got" ]; do
+    until got=$( (echo "token-from-$me"; sleep 3) | nc "$MASTER_ADDR" "$MASTER_PORT" 2>/dev/null) && [ -n "$got" ]; do
         i=$((i + 1))
         [ $i -gt 60 ] && { echo "$me: nobody at $MASTER_ADDR:$MASTER_PORT"; exit 3; }
     done
@@ -164,7 +164,7 @@ async def test_preempted_gang_resumes_in_new_containers_from_the_host_checkpoint
             await wait_until(follower, lambda s: status("low")(s) == "running", 60, "low running")
             await wait_until(follower, lambda s: [r.status for r in s.ranks.get("low", {}).values()] == ["started"] * 2,
                              60, "both ranks started")
-            await asyncio.sleep(3.0)  # past the rendezvous, steps worth checkpointing
+            await asyncio.sleep(6.0)  # past the rendezvous (3 s and more), steps worth checkpointing
             high = JobSpec(name="high", ranks=1, gpus_per_rank=8, priority=10, image=BUSYBOX_IMAGE,
                            command=("sh", "-c", "echo high at $MASTER_ADDR; sleep 1"))
             await client.submit(high, job_id="high")
