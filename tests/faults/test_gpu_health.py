@@ -245,11 +245,17 @@ async def test_a_healthy_fake_cluster_under_load_reports_no_fault_and_an_applica
                                         job_id=jid)
                     jobs.append(jid)
                 if not xid_sent and n > 40:
-                    running = [j for j in jobs if (job := f.state.jobs.get(j)) is not None and job.status == "running"]
-                    if running:
-                        rp = f.state.jobs[running[0]].placement[0]
-                        scen[rp.node_id].xid(rp.gpus[0], 13)  # the job's own bug, not the GPU's
-                        xid_sent = True
+                    # A job that runs long enough to be seen running (the load's 0.5 s jobs may all be
+                    # over whenever the test looks), with an application Xid on its GPU mid-run.
+                    await client.submit(JobSpec(name="app-xid", ranks=1, gpus_per_rank=1,
+                                                command=(sys.executable, "-c", "import time; time.sleep(5)")),
+                                        job_id="app-xid")
+                    jobs.append("app-xid")
+                    await until(f, lambda s: s.jobs["app-xid"].status == "running", 60, "app-xid running",
+                                alive=procs)
+                    rp = f.state.jobs["app-xid"].placement[0]
+                    scen[rp.node_id].xid(rp.gpus[0], 13)  # the job's own bug, not the GPU's
+                    xid_sent = True
                 await asyncio.sleep(1.0)
                 for p in procs:
                     assert p.poll() is None, "a service died"
