@@ -230,6 +230,11 @@ async def test_a_worker_of_an_attempt_requeued_while_the_agent_was_down_is_repor
     async with running(agent):
         await wait_until(agent.follower, lambda s: "n0" in s.nodes and not s.nodes["n0"].failed, 10,
                          "the agent's registration")
+        # The registration may be folded while the catch-up still runs: its log line comes after.
+        for _ in range(100):
+            if any(e["event"] == "caught_up" for e in logged.entries):
+                break
+            await asyncio.sleep(0.1)
     assert [e["from_snapshot"] for e in logged.entries if e["event"] == "caught_up"] == [
         len(sim.log) if from_snapshot else 0]
     ended = [(env.event.attempt, env.event.reason) async for batch in bus.replay() for env in batch
