@@ -108,10 +108,18 @@ class Follower(Generic[S]):
     (`History`), or a log file (`LogFile`, whose `follow` ends at its last line).
     """
 
-    def __init__(self, bus: LogSource, fold: Fold[S], initial: S, *, stream_times: bool = False) -> None:
+    def __init__(self, bus: LogSource, fold: Fold[S], initial: S, *, stream_times: bool = False,
+                 subjects: list[str] | None = None) -> None:
         self.bus = bus
         self.fold = fold
         self.state = initial
+        #: A slice of the log, filtered by the server (an agent's node, issue #40: events/subjects.py
+        #: `slice_filters`), or None for the whole log. A slice's positions are not contiguous: it is read from
+        #: the position after the state's, in order, each position once; a start the stream no longer holds
+        #: raises LogGap (`_check_start`). Needs a source that filters (`Bus`).
+        self.subjects = subjects
+        #: The highest position read through: a slice's fold may lie behind it where nothing of the slice is.
+        self.read_through = initial.seq
         #: Date each event by when the stream stored it (`fold`'s `at`), not by its publisher's clock: what a
         #: reader that judges time across machines folds (the scheduler, the agents; #30). Reporting readers
         #: keep the publishers' times, so a log loaded from a simulation keeps its history.
@@ -143,7 +151,7 @@ class Follower(Generic[S]):
     @property
     def caught_up(self) -> bool:
         """Whether the fold has reached `target` (the fold only moves forward: once true, it stays true)."""
-        return self.target is not None and self.state.seq >= self.target
+        return self.target is not None and max(self.state.seq, self.read_through) >= self.target
 
     async def _take_target(self) -> None:
         if self.target is None:
@@ -161,8 +169,9 @@ class Follower(Generic[S]):
         seq = env.seq
         if seq <= self.state.seq:
             return False
-        if seq != self.state.seq + 1:
+        if seq != self.state.seq + 1 and self.subjects is None:
             raise LogGap(self.state.seq + 1, seq)
+        self.read_through = max(self.read_through, seq)
         self.state = self.fold(self.state, env.event, seq, env.stream_time if self.stream_times else None)
         self.clock.saw(env.stream_time)
         self._note_unknown(env)
@@ -175,8 +184,9 @@ class Follower(Generic[S]):
 
     def _wake(self) -> None:
         keep = []
+        through = max(self.state.seq, self.read_through)
         for seq, fut in self._seq_waiters:
-            if self.state.seq >= seq:
+            if through >= seq:
                 if not fut.done():
                     fut.set_result(None)
             else:
@@ -196,8 +206,8 @@ class Follower(Generic[S]):
                 await self.changed.wait()
 
     async def wait_for_seq(self, seq: int) -> None:
-        """Until the fold has reached `seq` (e.g. our own append came back)."""
-        if self.state.seq >= seq:
+        """Until the fold has reached `seq` (e.g. our own append came back; in a slice, one of its own positions)."""
+        if max(self.state.seq, self.read_through) >= seq:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._seq_waiters.append((seq, fut))
@@ -206,7 +216,23 @@ class Follower(Generic[S]):
     async def catch_up(self, to_seq: int | None = None) -> None:
         """Fold the log up to `to_seq` (default: its end now)."""
         await self._take_target()
-        await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=to_seq), self.apply_batch)
+        if self.subjects is None:
+            await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=to_seq), self.apply_batch)
+            return
+        end = await self.bus.last_seq() if to_seq is None else to_seq
+        await self._check_start()
+        await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=end, subjects=self.subjects),
+                              self.apply_batch)
+        self.read_through = max(self.read_through, end)
+        self._wake()
+
+    async def _check_start(self) -> None:
+        """A slice starts after its state's position: the stream must still hold that position (or be before it)."""
+        start = max(self.state.seq, self.read_through) + 1
+        why = await self.bus.missing(start)
+        if why is not None and "not in the stream" in why:
+            log.error("log_gap", expected=start, why=why, subjects=self.subjects)
+            raise LogGap(start, start, why)
 
     def apply_batch(self, batch: list[Envelope]) -> None:
         """`apply` for a replay batch: the same fold, with one wake-up per batch instead of per event.
@@ -221,9 +247,11 @@ class Follower(Generic[S]):
             return
         before = self.state.seq
         try:
-            self.state = fold_batch(self.state, batch, self.fold, stream_times=self.stream_times)
+            self.state = fold_batch(self.state, batch, self.fold, contiguous=self.subjects is None,
+                                    stream_times=self.stream_times)
         finally:
             after = self.state.seq
+            self.read_through = max(self.read_through, after)
             for env in batch:  # (a second pass: this loop's cost is one class check per event)
                 if env.event.__class__ is Unknown and before < env.seq <= after:
                     self._note_unknown(env)
@@ -236,14 +264,16 @@ class Follower(Generic[S]):
     async def follow(self) -> None:
         """Tail the log forever (after `catch_up`)."""
         await self._take_target()
-        await self._fold_from(lambda start: self.bus.tail(from_seq=start), self.apply)
+        if self.subjects is not None:
+            await self._check_start()
+        await self._fold_from(lambda start: self.bus.tail(from_seq=start, subjects=self.subjects), self.apply)
 
     async def _fold_from(self, read: Callable[[int], AsyncGenerator[_T, None]], fold: Callable[[_T], object]) -> None:
         """`fold` each item of `read(state.seq + 1)`; after a gap, read again from the new `state.seq + 1`."""
         rereads = Rereads(self.bus)
         while True:
             try:
-                async with aclosing(read(self.state.seq + 1)) as items:
+                async with aclosing(read(max(self.state.seq, self.read_through) + 1)) as items:
                     async for item in items:
                         fold(item)
                 return

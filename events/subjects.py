@@ -2,6 +2,12 @@
 
     corral.job.<job_id>.<Tag>     corral.node.<node_id>.<Tag>
     corral.queue.<queue>.<Tag>    corral.sched.<Tag>
+    corral.job.<job_id>.<Tag>.<node_id>   (what an agent reports about a job's work on its node)
+
+The reports of agents (NODE_REPORT_TAGS) carry their node as a fifth token,
+so one node's slice of the log -- its own subjects, its reports, the
+scheduler's -- is a server-side filter (`slice_filters`, issue #40), and a
+node's credentials can be limited to its own reports (deploy/nats).
 
 An id becomes one subject token, and NATS tokens cannot hold '.', '*', '>' or
 whitespace: "a.b" would silently become two tokens and `corral.job.a.>` would
@@ -56,13 +62,38 @@ def id_from(text: str) -> str:
     return out
 
 
+#: What an agent reports about a job's work on its node: published as corral.job.<job>.<Tag>.<node>. A log
+#: written before #40 holds them without the node token; readers match both (`tag_patterns`).
+NODE_REPORT_TAGS = frozenset({"WorkerStarted", "WorkerExited", "Checkpointed", "DatasetStaging", "DatasetReady",
+                              "DatasetFailed"})
+
+
 def subject_for(event: Event) -> str:
     """The subject an event is published on; raises InvalidId for an id that would break it."""
     kind, ident = entity_of(event)
     tag = tag_of(event)
     if kind == "sched":
         return f"{ROOT}.sched.{tag}"
-    return f"{ROOT}.{kind}.{check_id(ident, kind + ' id')}.{tag}"
+    base = f"{ROOT}.{kind}.{check_id(ident, kind + ' id')}.{tag}"
+    node = getattr(event, "node_id", "") if tag in NODE_REPORT_TAGS else ""
+    return f"{base}.{check_id(node, 'node id')}" if node else base
+
+
+def tag_patterns(prefix: str, tag: str) -> list[str]:
+    """The subjects of `tag` events under `prefix` ("corral.job.<id>", "corral.*.*"): a node report's both forms."""
+    return [f"{prefix}.{tag}", f"{prefix}.{tag}.*"] if tag in NODE_REPORT_TAGS else [f"{prefix}.{tag}"]
+
+
+def slice_filters(node_id: str) -> list[str]:
+    """One node's slice of the log (issue #40), filtered by the server: the node's own subjects (its facts and
+    the scheduler's orders to it), what it reported about jobs, and the scheduler's elections and settings."""
+    node = check_id(node_id, "node id")
+    return [f"{ROOT}.node.{node}.>", f"{ROOT}.job.*.*.{node}", f"{ROOT}.sched.>"]
+
+
+def in_slice(subject: str, node_id: str) -> bool:
+    """Whether `subject` is in `node_id`'s slice (what `slice_filters` selects)."""
+    return matches(slice_filters(node_id), subject)
 
 
 def log_subject(node_id: str) -> str:
@@ -90,7 +121,7 @@ def type_filters(*tags: str) -> list[str]:
     out: list[str] = []
     for tag in tags:
         _check_tag(tag)
-        out += [f"{ROOT}.*.*.{tag}", f"{ROOT}.sched.{tag}"]
+        out += [*tag_patterns(f"{ROOT}.*.*", tag), f"{ROOT}.sched.{tag}"]
     return out
 
 
@@ -118,7 +149,7 @@ def filters(
         return type_filters(*tags) if tags else [ALL]
     if not tags:
         return normalize_filters(f"{e}.>" for e in entities)
-    return normalize_filters(f"{e}.{t}" for e in entities for t in tags)
+    return normalize_filters(p for e in entities for t in tags for p in tag_patterns(e, t))
 
 
 def _check_tag(tag: str) -> None:

@@ -1,12 +1,17 @@
 """The node agent: turns the ranks the log places on this node into running workers.
 
-It folds the same log as the scheduler (shared `evolve`), starting from the
-scheduler's newest usable snapshot (events/snapshots.py: an agent only reads
-them), so "what should run here" is a pure read of the state (`orchestrator.core.node_work.node_work`); the agent's job is
-the difference between that and the workers that exist. Everything it learns
-(a worker started, exited, checkpointed) goes back into the log as an event
-whose id is derived from the worker's identity, so a retried or repeated
-report is stored once.
+It reads only its node's slice of the log (issue #40; events/subjects.py:
+`slice_filters`, filtered by the server): the scheduler's orders to this node
+(WorkAssigned, WorkChanged), its own facts and reports, the elections. It folds
+them into a `NodeView` (orchestrator/core/node_view.py), starting from the
+view the scheduler stored for this node (events/nodeviews.py), so its memory
+and what the server sends it do not grow with the cluster or its history.
+"What should run here" is a pure read of the view
+(`orchestrator.core.node_view.node_work`); the agent's job is the difference
+between that and the workers that exist. Everything it learns (a worker
+started, exited, checkpointed) goes back into the log as an event whose id is
+derived from the worker's identity, so a retried or repeated report is stored
+once.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from nats.js.kv import KeyValue
 from events import telemetry
 from events.bus import Bus, BusError, append_reclaiming
 from events.follow import Follower
-from events.snapshots import SnapshotStore
+from events.nodeviews import NodeViewStore
+from events.subjects import slice_filters
 from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, checkpoint_failure, newest_manifest, step_of
@@ -35,13 +41,12 @@ from nodeagent.datasets.stager import Stager
 from nodeagent.gpu_health import Finding, GpuHealthWatch
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
-from nodeagent.rank_env import ignored_spec_env, node_env, rank_env
+from nodeagent.rank_env import GangPart, ignored_spec_env, node_env, part_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from nodeagent.start_rules import backoff_left, blocked, held_gpus, next_generation, on_faulty_gpu, restarts_rank
-from orchestrator.core.evolve import evolve
-from orchestrator.core.model.state import ClusterState, Job
-from orchestrator.core.node_work import Intent, WorkerKey, node_work, rank_intent
-from orchestrator.core.staging import staged
+from orchestrator.core.model.slices import NodeJob
+from orchestrator.core.node_view import NodeView, evolve_node, node_work, rank_intent
+from orchestrator.core.node_work import Intent, WorkerKey
 from schemas import (
     Checkpointed,
     Event,
@@ -135,7 +140,9 @@ class Agent:
         self.config = config
         self.inventory = inventory
         self.runtime = runtime
-        self.follower = Follower(bus, evolve, ClusterState(), stream_times=True)  # one clock for time (#30)
+        # Its node's slice only, filtered by the server (#40); one clock for time (#30).
+        self.follower = Follower(bus, evolve_node, NodeView(node_id=config.node_id), stream_times=True,
+                                 subjects=slice_filters(config.node_id))
         self.incarnation = uuid.uuid4().hex[:12]
         self.workers: dict[WorkerKey, Tracked] = {}
         self._restarting: set[WorkerKey] = set()
@@ -168,7 +175,7 @@ class Agent:
 
     async def run(self) -> None:
         """Register, adopt what survived a restart, then reconcile until cancelled."""
-        await self._catch_up_from_snapshot()
+        await self._catch_up_from_view()
         await self.stager.start()
         await self._adopt()
         # Fold what adoption reported (exits while we were down) before the first reconcile:
@@ -214,21 +221,24 @@ class Agent:
                 with contextlib.suppress(BaseException):
                     await t
 
-    async def _catch_up_from_snapshot(self) -> None:
-        """The state now: the newest usable snapshot, then the log after it (or the whole log).
+    async def _catch_up_from_view(self) -> None:
+        """The node's state now: the view the scheduler stored for it, then its slice after it (or all of it).
 
-        Everything the agent decides from is in the fold (what a restarted agent must tell about
-        workers of ended attempts: ClusterState.unended; a gang restart's backoff: Job.not_before;
-        the failure a recovery answers: Node.failed_seq), so a snapshot start decides as a full fold.
+        Everything the agent decides from is in the view (the workers it reported and never saw end,
+        `unended`; a gang restart's backoff, `not_before`; the failure a recovery answers, the node's
+        `failed_seq`), so a start from a stored view decides as a fold of the whole slice.
         """
         t0 = time.monotonic()
         start = 0
         if self.follower.state.seq == 0:
-            snap = await SnapshotStore(self.bus.js, replicas=self.bus.replicas).load(ClusterState)
-            if snap is not None:
-                self.follower.state, start = snap, snap.seq
+            stored = await NodeViewStore(self.bus.js, replicas=self.bus.replicas).load(self.node_id, NodeView)
+            if stored is not None:
+                start, view = stored
+                view.node_id, view.seq = self.node_id, start  # (`_base`'s is nobody's; a view holds through it)
+                self.follower.state = view
         await self.follower.catch_up()
-        log.info("caught_up", node_id=self.node_id, seq=self.follower.state.seq, from_snapshot=start,
+        log.info("caught_up", node_id=self.node_id, seq=self.follower.state.seq, from_view=start,
+                 read_through=self.follower.read_through, jobs=len(self.follower.state.work),
                  seconds=round(time.monotonic() - t0, 3))
 
     def _spawn(self, coro: object) -> asyncio.Task[object]:
@@ -271,9 +281,9 @@ class Agent:
             lb = found.handle.labels
             key = (lb.job_id, lb.attempt, lb.rank)
             seen.add(key)
-            job = state.jobs.get(lb.job_id)
+            job = state.work.get(lb.job_id)
             current = job is not None and job.attempt == lb.attempt
-            rank = state.ranks.get(lb.job_id, {}).get(lb.rank) if current else None
+            rank = job.report(lb.rank) if job is not None and current else None
             if found.running:
                 if job is None:
                     await stop_with_grace(self.runtime, found.handle, UNWANTED_GRACE_S)
@@ -300,8 +310,9 @@ class Agent:
         # A rank the log says runs here whose worker left no trace (container removed, runtime state
         # lost) is lost: the scheduler requeues its gang from the newest checkpoint. Started again
         # as it is, its events would reuse the vanished worker's ids and dedupe away.
-        for key in node_work(state, self.node_id):
-            rank = state.ranks.get(key[0], {}).get(key[2])
+        for key in node_work(state):
+            nj = state.work.get(key[0])
+            rank = nj.report(key[2]) if nj is not None else None
             if key not in seen and rank is not None and rank.status == "started":
                 log.warning("worker_vanished", job_id=key[0], attempt=key[1], rank=key[2])
                 info = ExitInfo.of(None, None, "no worker of this rank was found after the agent restarted")
@@ -309,15 +320,15 @@ class Agent:
         # The same for a worker of an attempt that ended meanwhile (its gang was requeued while this agent
         # was down): the fold no longer cares, but left untold the log would show it running on its GPUs
         # forever, beside every later worker there.
-        for key, generation in list(state.unended.get(self.node_id, {}).items()):
-            job = state.jobs.get(key[0])
+        for key, generation in list(state.slice.unended.items()):
+            job = state.work.get(key[0])
             if key not in seen and (job is None or job.attempt != key[1]):
                 log.warning("worker_vanished", job_id=key[0], attempt=key[1], rank=key[2], attempt_ended=True)
                 info = ExitInfo.of(None, None, "no worker of this superseded attempt was found after the agent "
                                                "restarted")
                 await self._report_exit(key, generation, info, info.reason, will_restart=False)
 
-    def _track(self, handle: WorkerHandle, job: Job, restarts: int, spec: WorkerSpec | None = None) -> Tracked:
+    def _track(self, handle: WorkerHandle, job: NodeJob, restarts: int, spec: WorkerSpec | None = None) -> Tracked:
         lb = handle.labels
         tr = Tracked(
             handle=handle,
@@ -354,7 +365,7 @@ class Agent:
     async def reconcile(self) -> None:
         state = self.follower.state
         await self._recover(state)
-        work = node_work(state, self.node_id)
+        work = node_work(state)
         now = time.monotonic()
         if self._failed_starts:
             self._failed_starts = {k: seq for k, seq in self._failed_starts.items() if seq > state.seq}
@@ -369,7 +380,7 @@ class Agent:
             # Asked again of the state as it is now: the pass awaits each start, and meanwhile a
             # worker may have exited and been forgotten; by the pass's first reading it would
             # run again (its second run invisible in the log, as its event ids dedupe).
-            intent = rank_intent(self.follower.state, self.node_id, key)
+            intent = rank_intent(self.follower.state, key)
             tr = self.workers.get(key)
             if tr is None:
                 if (intent == "run" and key not in self._restarting and key not in self._failed_starts
@@ -387,12 +398,12 @@ class Agent:
                 if tr.ending is None and work.get(key) == "run":
                     await self._report_checkpoint(key, tr)
 
-    async def _recover(self, state: ClusterState) -> None:
+    async def _recover(self, state: NodeView) -> None:
         """Declared dead (a partition, a pause) but alive: say so, once for each NodeFailed.
 
         Our gangs were requeued meanwhile; the node takes work again once this is folded.
         """
-        me = state.nodes.get(self.node_id)
+        me = state.node
         if me is None or not me.failed or me.incarnation != self.incarnation:
             return
         failed_at = me.failed_seq
@@ -416,7 +427,7 @@ class Agent:
     def _stop_unwanted(self) -> None:
         """Begin stopping every worker the log no longer wants here (at most the usual grace)."""
         for key, tr in list(self.workers.items()):
-            if tr.ending is None and rank_intent(self.follower.state, self.node_id, key) is None:
+            if tr.ending is None and rank_intent(self.follower.state, key) is None:
                 tr.ending = "killed"
                 tr.stopper = asyncio.ensure_future(
                     stop_with_grace(self.runtime, tr.handle, min(tr.grace_s, UNWANTED_GRACE_S))
@@ -425,8 +436,8 @@ class Agent:
     def _staged(self, key: WorkerKey) -> bool:
         """Whether every node of `key`'s gang holds every dataset of its attempt (the fold says); if not,
         make sure this node stages its part (core/staging.py, nodeagent/datasets/)."""
-        job = self.follower.state.jobs[key[0]]
-        ready = staged(job)
+        job = self.follower.state.work[key[0]]
+        ready = job.staged
         if ready and self.stager.holds(job):
             return True
         self.stager.ensure(job, again=ready)  # (ready, yet not here: the cache was wiped under us)
@@ -440,7 +451,7 @@ class Agent:
     def _backing_off(self, key: WorkerKey, log_now: float | None) -> bool:
         """Whether `key`'s attempt waits out a gang restart's backoff (start_rules.py: `backoff_left`); the
         soonest end of one wakes the next reconcile pass (`_backoff_left`)."""
-        left = backoff_left(self.follower.state.jobs.get(key[0]), key[1], log_now, self.config.tick_s)
+        left = backoff_left(self.follower.state.work.get(key[0]), key[1], log_now, self.config.tick_s)
         if left is None:
             return False
         self._backoff_left = left if self._backoff_left is None else min(self._backoff_left, left)
@@ -450,8 +461,8 @@ class Agent:
         """A new worker waits until no old one holds any of its GPUs (reconcile retries each tick)."""
         if held is not None and not held:
             return False
-        job = self.follower.state.jobs[key[0]]
-        gpus = next((p.gpus for p in job.placement if p.rank == key[2]), ())
+        job = self.follower.state.work[key[0]]
+        gpus = next((p.gpus for p in job.ranks if p.rank == key[2]), ())
         if blocked(held, gpus):
             log.info("worker_start_deferred", job_id=key[0], rank=key[2], reason="GPUs still held by a stopping worker")
             return True
@@ -467,8 +478,8 @@ class Agent:
                 log.info("checkpoint_signal", job_id=key[0], rank=key[2], signal=tr.signal_name)
                 await self.runtime.signal(tr.handle, int(sig))
             await self._report_checkpoint(key, tr)
-            job = self.follower.state.jobs.get(key[0])
-            grace = job.preempt_grace_s if job is not None and job.preempt_grace_s > 0 else tr.grace_s
+            job = self.follower.state.work.get(key[0])
+            grace = job.grace_s if job is not None and job.grace_s > 0 else tr.grace_s
             if tr.stopper is None and now - tr.signaled_at > grace:
                 log.warning("grace_expired", job_id=key[0], rank=key[2], grace_s=grace)
                 tr.stopper = asyncio.ensure_future(stop_with_grace(self.runtime, tr.handle, 0.0))
@@ -483,7 +494,7 @@ class Agent:
         (an orphan, a stale worker after a partition) may still be writing, and the log would
         then credit the new attempt with steps it never reached.
         """
-        if tr.spec.checkpoint_dir is None or rank_intent(self.follower.state, self.node_id, key) is None:
+        if tr.spec.checkpoint_dir is None or rank_intent(self.follower.state, key) is None:
             return
         manifest = newest_manifest(tr.spec.checkpoint_dir, attempt=key[1])
         if manifest is None or manifest.step <= tr.checkpoint_step:
@@ -499,10 +510,11 @@ class Agent:
                 rank=rank,
                 step=manifest.step,
                 path=manifest.path,
+                node_id=self.node_id,
             )
         )
 
-    def _checkpoint_dir(self, job: Job, attempt: int, rank: int) -> Path:
+    def _checkpoint_dir(self, job: NodeJob, attempt: int, rank: int) -> Path:
         """One directory per attempt and rank: an earlier attempt's orphan never writes into it.
 
         A new attempt resumes from the path the log recorded (CORRAL_RESUME_FROM, in an
@@ -512,7 +524,7 @@ class Agent:
         base = Path(job.spec.checkpoint_dir) if job.spec.checkpoint_dir else root / job.job_id
         return checkpoint_dir(base, attempt, rank)
 
-    def _warn_ignored_env(self, job: Job, attempt: int) -> None:
+    def _warn_ignored_env(self, job: NodeJob, attempt: int) -> None:
         """Say once per attempt and node (at its first rank's first start) which spec env keys corral overrides."""
         if ignored := ignored_spec_env(job.spec):
             log.warning("spec_env_ignored", job_id=job.job_id, attempt=attempt, keys=list(ignored),
@@ -521,11 +533,11 @@ class Agent:
     async def _start(self, key: WorkerKey, restarts: int) -> None:
         job_id, attempt, rank = key
         state = self.follower.state
-        if rank_intent(state, self.node_id, key) != "run":
+        if rank_intent(state, key) != "run":
             return  # never a worker for an attempt that is not current in our fold now
-        job = state.jobs[job_id]
-        placement = next(p for p in job.placement if p.rank == rank)
-        if restarts == 0 and rank == min(p.rank for p in job.placement if p.node_id == self.node_id):
+        job = state.work[job_id]
+        placement = next(p for p in job.ranks if p.rank == rank)
+        if restarts == 0 and rank == job.ranks[0].rank:
             self._warn_ignored_env(job, attempt)
         workdir = job.spec.working_dir if self._on_host else None
         if workdir is not None and not os.path.isdir(workdir):
@@ -537,14 +549,13 @@ class Agent:
             )
             return
         ckpt = self._checkpoint_dir(job, attempt, rank)
-        env = self._node_env | rank_env(
-            job.placement,
+        env = self._node_env | part_env(
+            GangPart(job.ranks, job.world_size, job.node_rank, job.master_addr),
             rank,
             job_id=job_id,
             attempt=attempt,
             master_port=job.master_port,
             spec=job.spec,
-            node_addresses={n.node_id: n.address for n in state.nodes.values()},
             resume_from=job.resume_from,
             checkpoint_dir=str(ckpt),
             isolated_gpus=self.config.isolated_gpus,
@@ -563,7 +574,7 @@ class Agent:
             log_dir=str(self.config.data_dir / "logs"),
             checkpoint_dir=str(ckpt),
             restarts=restarts,
-            world_size=len(job.placement),
+            world_size=job.world_size,
             shm_size_mb=job.spec.shm_size_mb,
         )
         # Logged before the runtime starts it: a slow start (an image pull, a loaded node) shows as the
@@ -583,7 +594,7 @@ class Agent:
         # reported by the generation before, not a new one to report.
         if (found := newest_manifest(ckpt, attempt=attempt)) is not None:
             tr.checkpoint_step = found.step
-        if rank_intent(self.follower.state, self.node_id, key) is None:
+        if rank_intent(self.follower.state, key) is None:
             # The attempt ended while the runtime started it (a JobFailed, restart or requeue
             # folded meanwhile): the log will not say a worker of an attempt that is over
             # started. It stops with the other unwanted ones; its GPUs stay held until then.
@@ -627,7 +638,7 @@ class Agent:
         failed, lost = "", -1
         if tr.ending == "preempted":
             await self._report_checkpoint(key, tr)  # the worker may have written it just before exiting
-            job = self.follower.state.jobs.get(key[0])
+            job = self.follower.state.work.get(key[0])
             base = tr.checkpoint_step if tr.checkpoint_step >= 0 else step_of(job.resume_from if job else None)
             failed, lost = checkpoint_failure(saved_since_signal=tr.checkpoint_step > tr.step_at_signal,
                                               exit_code=info.exit_code, signal=info.signal, log_tail=info.log_tail,
@@ -642,8 +653,8 @@ class Agent:
         state = self.follower.state
         restart = restarts_rank(ending=tr.ending, exit_reason=info.reason, restart_policy=tr.restart_policy,
                                 restarts=tr.spec.restarts, max_restarts=tr.max_restarts,
-                                intent=rank_intent(state, self.node_id, key),
-                                faulty_gpu=on_faulty_gpu(state.nodes.get(self.node_id), tr.spec.gpus))
+                                intent=rank_intent(state, key),
+                                faulty_gpu=on_faulty_gpu(state.node, tr.spec.gpus))
         if restart:
             self._restarting.add(key)
         try:
@@ -672,7 +683,7 @@ class Agent:
     async def _restart_later(self, key: WorkerKey, restarts: int) -> None:
         try:
             await asyncio.sleep(self.config.backoff.delay_for(restarts))
-            if rank_intent(self.follower.state, self.node_id, key) == "run" and key not in self.workers:
+            if rank_intent(self.follower.state, key) == "run" and key not in self.workers:
                 await self._start(key, restarts)
         finally:
             self._restarting.discard(key)
@@ -730,7 +741,7 @@ class Agent:
 
     async def _health_poll(self, watch: GpuHealthWatch, wait_ms: int) -> None:
         async with self._health_lock:
-            me = self.follower.state.nodes.get(self.node_id)
+            me = self.follower.state.node
             faulted = me.unhealthy_gpus if me is not None else frozenset()
             for index in self._faulted - faulted:  # undrained (an operator, a reset): watch it afresh
                 watch.clear(index)
@@ -741,7 +752,7 @@ class Agent:
 
     async def _report_health(self, f: Finding) -> None:
         state = self.follower.state
-        me = state.nodes.get(self.node_id)
+        me = state.node
         fault = next((x for x in me.gpu_faults if x.index == f.index), None) if me is not None else None
         self._health_n += 1
         n = f"{self.incarnation}:{self._health_n}"
@@ -757,8 +768,7 @@ class Agent:
         if f.severity == GPU_FATAL and fault is not None:
             log.info("gpu_fault_again", node_id=self.node_id, gpu=f.index, reason=f.reason)
             return  # already out of service
-        owners = state.owners.get(self.node_id, ())
-        job = owners[f.index] if f.index < len(owners) else ""
+        job = next((j.job_id for j in state.work.values() for p in j.ranks if f.index in p.gpus), "")
         (log.error if f.severity == GPU_FATAL else log.warning)(
             "gpu_unhealthy", node_id=self.node_id, gpu=f.index, uuid=f.uuid, reason=f.reason, severity=f.severity,
             job_id=job or None)
@@ -775,7 +785,7 @@ class Agent:
         while True:
             stop_if_cancelled()
             ok, code, output = await run_health_check(command, self.config.health_check_timeout_s)
-            me = self.follower.state.nodes.get(self.node_id)
+            me = self.follower.state.node
             failing = me is not None and bool(me.health_check)
             if me is not None and ok == failing:
                 n += 1

@@ -31,6 +31,7 @@ import os
 import pwd
 import sys
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from schemas.events import RankPlacement
 from schemas.jobspec import JobSpec
@@ -121,6 +122,32 @@ def ranks_on_node(ranks: Sequence[RankPlacement], node_id: str) -> tuple[RankPla
     return tuple(sorted((p for p in ranks if p.node_id == node_id), key=lambda p: p.rank))
 
 
+class GangPart(NamedTuple):
+    """What one node needs of its gang for its ranks' environment (a WorkAssigned carries it, issue #40)."""
+
+    #: This node's ranks, ascending (LOCAL_RANK order).
+    local: tuple[RankPlacement, ...]
+    world_size: int
+    #: This node's index among the gang's nodes (`node_order`).
+    node_rank: int
+    #: Rank 0's node address.
+    master_addr: str
+
+
+def gang_part(ranks: Sequence[RankPlacement], node_id: str, node_addresses: Mapping[str, str],
+              job_id: str = "") -> GangPart:
+    """`node_id`'s part of the gang placed as `ranks`; ValueError for a placement no environment can come from."""
+    by_rank = {p.rank: p for p in ranks}
+    if 0 not in by_rank:
+        raise ValueError(f"reservation of {job_id} has no rank 0")
+    master_node = by_rank[0].node_id
+    if master_node not in node_addresses:
+        raise ValueError(f"no address for node {master_node!r} (rank 0 of {job_id})")
+    order = node_order(ranks)
+    return GangPart(ranks_on_node(ranks, node_id), len(ranks), order.index(node_id) if node_id in order else -1,
+                    node_addresses[master_node])
+
+
 def rank_env(
     ranks: Sequence[RankPlacement],
     rank: int,
@@ -143,16 +170,32 @@ def rank_env(
     path on this host). CORRAL_RESUME_FROM is absent when there is nothing to
     resume from, so `os.environ.get` and `"X" in os.environ` agree.
     """
-    by_rank = {p.rank: p for p in ranks}
-    if rank not in by_rank:
+    me = next((p for p in ranks if p.rank == rank), None)
+    if me is None:
         raise ValueError(f"rank {rank} is not in the reservation of {job_id}")
-    if 0 not in by_rank:
-        raise ValueError(f"reservation of {job_id} has no rank 0")
-    me = by_rank[rank]
-    master_node = by_rank[0].node_id
-    if master_node not in node_addresses:
-        raise ValueError(f"no address for node {master_node!r} (rank 0 of {job_id})")
-    local = ranks_on_node(ranks, me.node_id)
+    return part_env(gang_part(ranks, me.node_id, node_addresses, job_id), rank, job_id=job_id, attempt=attempt,
+                    master_port=master_port, spec=spec, resume_from=resume_from, checkpoint_dir=checkpoint_dir,
+                    gpu_uuids=gpu_uuids, isolated_gpus=isolated_gpus)
+
+
+def part_env(
+    part: GangPart,
+    rank: int,
+    *,
+    job_id: str,
+    attempt: int,
+    master_port: int,
+    spec: JobSpec,
+    resume_from: str | None = None,
+    checkpoint_dir: str | None = None,
+    gpu_uuids: Mapping[int, str] | None = None,
+    isolated_gpus: bool = False,
+) -> dict[str, str]:
+    """`rank_env` from the node's part of the gang alone (what an agent of a node's slice knows)."""
+    local = part.local
+    me = next((p for p in local if p.rank == rank), None)
+    if me is None:
+        raise ValueError(f"rank {rank} is not on this node in the reservation of {job_id}")
 
     if isolated_gpus:
         cuda = ",".join(str(i) for i in range(len(me.gpus)))
@@ -165,12 +208,12 @@ def rank_env(
     env = {k: v for k, v in spec.env.items() if not is_reserved(k)}
     env.update(
         {
-            "WORLD_SIZE": str(len(ranks)),
+            "WORLD_SIZE": str(part.world_size),
             "RANK": str(rank),
             "LOCAL_RANK": str(local.index(me)),
             "LOCAL_WORLD_SIZE": str(len(local)),
-            "NODE_RANK": str(node_order(ranks).index(me.node_id)),
-            "MASTER_ADDR": node_addresses[master_node],
+            "NODE_RANK": str(part.node_rank),
+            "MASTER_ADDR": part.master_addr,
             "MASTER_PORT": str(master_port),
             "CUDA_VISIBLE_DEVICES": cuda,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",

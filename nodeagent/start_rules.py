@@ -20,7 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from orchestrator.core.model.state import ClusterState, Job, Node
+from orchestrator.core.model.slices import NodeJob
+from orchestrator.core.model.state import Node
+from orchestrator.core.node_view import NodeView
 from orchestrator.core.node_work import Intent, WorkerKey
 
 
@@ -40,8 +42,8 @@ class Holder(Protocol):
     def gpus(self) -> tuple[int, ...]: ...
 
 
-def backoff_left(job: Job | None, attempt: int, log_now: float | None, tick_s: float) -> float | None:
-    """Seconds left of the gang restart backoff that began `attempt` (Job.not_before); None when none is running.
+def backoff_left(job: NodeJob | None, attempt: int, log_now: float | None, tick_s: float) -> float | None:
+    """Seconds left of the gang restart backoff that began `attempt` (`not_before`); None when none is running.
 
     Judged on the log's clock (the one the fold put `not_before` on), never this node's wall clock,
     which may be minutes off the scheduler's and the server's. Without a log clock yet the backoff
@@ -54,13 +56,14 @@ def backoff_left(job: Job | None, attempt: int, log_now: float | None, tick_s: f
     return job.not_before - log_now if log_now is not None else tick_s
 
 
-def next_generation(state: ClusterState, key: WorkerKey) -> int:
+def next_generation(view: NodeView, key: WorkerKey) -> int:
     """The generation to start: 0, or the one after a "restarting" rank's in the log.
 
     From the log, not memory: this process may not be the one that decided the restart, and a
     reused generation's events would dedupe away (their ids carry it).
     """
-    rank = state.ranks.get(key[0], {}).get(key[2])
+    job = view.work.get(key[0])
+    rank = job.report(key[2]) if job is not None and job.attempt == key[1] else None
     return rank.restarts + 1 if rank is not None and rank.status == "restarting" else 0
 
 

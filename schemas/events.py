@@ -135,6 +135,8 @@ class Checkpointed(Event, tag="Checkpointed", frozen=True):
     rank: int
     step: int
     path: str
+    #: The reporting agent's node ("" in logs written before #40): its subject names it (events/subjects.py).
+    node_id: str = ""
 
 
 class Preempted(Event, tag="Preempted", frozen=True):
@@ -299,6 +301,65 @@ class NodeHealthChecked(Event, tag="NodeHealthChecked", frozen=True):
     output: str = ""
 
 
+# --- a node's orders (issue #40) ----------------------------------------------
+# Each agent reads only its node's subjects (corral.node.<node>.>, its own reports, corral.sched.>), so the
+# scheduler tells each node, on the node's own subject, what the decisions above mean for it: the node's
+# slice of a gang, and later what to do with it. They are follow-ups of decisions the fold took (never sent
+# before the GangReserved is folded), fenced by epoch like every decision, and derived: the fold knows what
+# each node was told (`ClusterState.slices`), so any leader sends exactly what is missing.
+
+#: WorkAssigned/WorkChanged.intent: keep the ranks running (start them once `staged`), checkpoint them and
+#: exit within `grace_s` (a preemption), stop them (a cancel, a time limit), or (WorkChanged only) forget the
+#: attempt here: its ranks are unwanted (the attempt ended or moved).
+INTENT_RUN = "run"
+INTENT_CHECKPOINT = "checkpoint"
+INTENT_STOP = "stop"
+INTENT_RELEASE = "release"
+
+
+class WorkAssigned(Event, tag="WorkAssigned", frozen=True):
+    """One node's part of an attempt: its ranks, and what each rank's environment needs from the whole gang.
+
+    Replaces whatever the node was told about an earlier attempt of the job. The node leaves the job by
+    itself once every one of `ranks` exited for good, or when told WorkChanged(release).
+    """
+
+    node_id: str
+    job_id: str
+    attempt: int
+    epoch: int
+    spec: JobSpec
+    #: This node's ranks, ascending (their GPUs are the node-local indexes).
+    ranks: tuple[RankPlacement, ...]
+    world_size: int
+    #: This node's index among the gang's nodes in the order of their first rank (NODE_RANK).
+    node_rank: int = 0
+    #: Rank 0's node address (MASTER_ADDR) and the gang's port.
+    master_addr: str = ""
+    master_port: int = 29500
+    resume_from: str | None = None
+    #: Stream time before which no rank starts (a gang restart's backoff, on the fold's clock); 0: none.
+    not_before: float = 0.0
+    #: Every node of the gang holds every dataset of the attempt: the ranks may start.
+    staged: bool = True
+    intent: str = INTENT_RUN
+    #: Grace before the kill, with intent checkpoint (the preemption's) or stop.
+    grace_s: float = 0.0
+
+
+class WorkChanged(Event, tag="WorkChanged", frozen=True):
+    """What a node is to do with the ranks it was assigned for `attempt` changed (see INTENT_*)."""
+
+    node_id: str
+    job_id: str
+    attempt: int
+    epoch: int
+    intent: str
+    staged: bool = True
+    grace_s: float = 0.0
+    reason: str = ""
+
+
 # --- datasets (issue #33) -----------------------------------------------------
 # Agents stage a job's datasets (JobSpec.datasets) into a node-local cache before its ranks start.
 # `dataset` is the spec's name for it, `key` its cache key (schemas/datasets.py: the same on every node).
@@ -460,6 +521,8 @@ AnyEvent = (
     | DatasetFailed
     | DatasetEvicted
     | NodeDatasets
+    | WorkAssigned
+    | WorkChanged
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
@@ -491,8 +554,14 @@ def tag_of(event: Event | Unknown) -> str:
     return event.__struct_config__.tag  # type: ignore[return-value]
 
 
+#: Events about one node's work: on the node's subject, though they name a job.
+NODE_ORDERS: tuple[type[Event], ...] = (WorkAssigned, WorkChanged)
+
+
 def entity_of(event: Event) -> tuple[Entity, str]:
     """Which entity an event is about: the middle of its subject."""
+    if isinstance(event, NODE_ORDERS):
+        return "node", event.node_id  # type: ignore[attr-defined]
     job_id = getattr(event, "job_id", None)
     if job_id is not None:
         return "job", job_id

@@ -5,8 +5,9 @@ request: a cache hit is told at once (DatasetReady, cached, 0 bytes staged);
 otherwise it waits on the one staging of that cache key (shared by every job
 and attempt that names it), telling its progress (DatasetStaging, at most one
 every `progress_s`) and then DatasetReady or DatasetFailed. The gang's ranks
-start once the fold says every node told DatasetReady for every dataset
-(orchestrator/core/staging.py `staged`); a DatasetFailed ends the attempt.
+start once the scheduler's fold says every node told DatasetReady for every
+dataset (orchestrator/core/staging.py `staged`), which it tells this node
+(WorkChanged, `staged`); a DatasetFailed ends the attempt.
 
 Room: before a staging, and again with its real size before its entry is
 renamed into place, the least recently used entries no job on this node uses
@@ -31,7 +32,8 @@ import structlog
 
 from nodeagent.datasets.cache import CacheFull, DatasetCache, Entry, tree_bytes
 from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, DiskFull, StagingError, Stopped, stage
-from orchestrator.core.model.state import HOLDING, ClusterState, Job
+from orchestrator.core.model.slices import NodeJob
+from orchestrator.core.node_view import NodeView
 from schemas import Event, Mount
 from schemas.datasets import Dataset, source_scheme
 from schemas.events import (
@@ -55,7 +57,7 @@ RequestKey = tuple[str, int, str]
 
 class Stager:
     def __init__(self, node_id: str, incarnation: str, cache: DatasetCache, *,
-                 append: Callable[[Event], Awaitable[int]], state: Callable[[], ClusterState],
+                 append: Callable[[Event], Awaitable[int]], state: Callable[[], NodeView],
                  spawn: Callable[[Awaitable[object]], asyncio.Task[object]], progress_s: float = PROGRESS_S,
                  s3_endpoint_url: str | None = None) -> None:
         self.node_id = node_id
@@ -86,7 +88,7 @@ class Stager:
     async def announce(self) -> None:
         """Tell the log what the cache holds when the fold's view of this node differs (a restart, a wipe)."""
         entries = await asyncio.to_thread(self.cache.entries)
-        me = self._state().nodes.get(self.node_id)
+        me = self._state().node
         if me is None or set(me.datasets) == {e.key for e in entries}:
             return
         await self._append(NodeDatasets(
@@ -101,7 +103,7 @@ class Stager:
 
     # --- what the agent asks ---------------------------------------------------------
 
-    def ensure(self, job: Job, *, again: bool = False) -> None:
+    def ensure(self, job: NodeJob, *, again: bool = False) -> None:
         """Stage every dataset of `job`'s current attempt here, once (reconcile calls it every pass); `again`:
         also those whose request ended but whose entry is not here (the log says ready, the disk disagrees)."""
         for ds in job.spec.dataset_list:
@@ -113,35 +115,32 @@ class Stager:
             if task.done() and not self._current(rk[0], rk[1]):
                 del self._requests[rk]
 
-    def holds(self, job: Job) -> bool:
+    def holds(self, job: NodeJob) -> bool:
         """Whether this node's cache has every dataset of `job` (a rank never starts on a path that is not there)."""
         return all((self.cache.root / ds.key / "entry.json").is_file() for ds in job.spec.dataset_list)
 
-    def env(self, job: Job, *, on_host: bool) -> dict[str, str]:
+    def env(self, job: NodeJob, *, on_host: bool) -> dict[str, str]:
         """CORRAL_DATASET_<NAME> of each dataset: its cache path on the host, or its mount in a container."""
         return {ds.env_name: str(self.cache.root / ds.key / "data") if on_host else ds.mount
                 for ds in job.spec.dataset_list}
 
-    def mounts(self, job: Job) -> tuple[Mount, ...]:
+    def mounts(self, job: NodeJob) -> tuple[Mount, ...]:
         """Read-only bind mounts of the datasets at their `mount` (container runtimes)."""
         return tuple(Mount(source=str(self.cache.root / ds.key / "data"), target=ds.mount, read_only=True)
                      for ds in job.spec.dataset_list)
 
     def in_use(self) -> set[str]:
         """Cache keys no eviction may take: datasets of gangs placed here, and stagings in progress."""
-        state = self._state()
         keys = set(self._keys)
-        for job_id in state.active:
-            job = state.jobs.get(job_id)
-            if job is not None and job.status in HOLDING and any(p.node_id == self.node_id for p in job.placement):
-                keys.update(ds.key for ds in job.spec.dataset_list)
+        for job in self._state().work.values():
+            keys.update(ds.key for ds in job.spec.dataset_list)
         return keys
 
     # --- one dataset of one attempt ---------------------------------------------------------
 
     def _current(self, job_id: str, attempt: int) -> bool:
-        job = self._state().jobs.get(job_id)
-        return job is not None and job.attempt == attempt and job.status in HOLDING
+        job = self._state().work.get(job_id)
+        return job is not None and job.attempt == attempt
 
     async def _request(self, job_id: str, attempt: int, ds: Dataset) -> None:
         key = ds.key

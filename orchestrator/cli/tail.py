@@ -28,7 +28,7 @@ import msgspec
 from events.bus import Bus, Envelope, LogGap
 from events.follow import Rereads
 from events.history import History
-from events.subjects import ALL, ROOT, normalize_filters, type_filters
+from events.subjects import ALL, ROOT, normalize_filters, tag_patterns, type_filters
 from orchestrator.cli.archive import ARCHIVE_HINT, require_from, with_archive
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
@@ -94,7 +94,9 @@ class TailFilter:
 
         def under(kind: str, ident: str, only: list[str] | None = None) -> list[str]:
             wanted = tags if only is None else only
-            return [f"{ROOT}.{kind}.{ident}.{t}" for t in wanted] if wanted else [f"{ROOT}.{kind}.{ident}.>"]
+            if not wanted:
+                return [f"{ROOT}.{kind}.{ident}.>"]
+            return [p for t in wanted for p in tag_patterns(f"{ROOT}.{kind}.{ident}", t)]
 
         entity: list[str] = []
         job: list[str] = []
@@ -102,7 +104,7 @@ class TailFilter:
             job += under("job", j)
         for n in sorted(self.nodes):
             entity += under("node", n)
-            job += [f"{ROOT}.job.*.{t}" for t in NODE_JOB_TAGS if not tags or t in tags]
+            job += [p for t in NODE_JOB_TAGS if not tags or t in tags for p in tag_patterns(f"{ROOT}.job.*", t)]
         for q in sorted(self.queues):
             entity += under("queue", q)
             job += [*under("job", "*"), f"{ROOT}.job.*.JobSubmitted"]

@@ -55,6 +55,7 @@ from orchestrator.core.evolve_cluster import (
 )
 from orchestrator.core.evolve_fencing import scheduler_elected
 from orchestrator.core.evolve_health import gpu_healthy, gpu_unhealthy, node_health_checked
+from orchestrator.core.evolve_nodework import track_due, work_assigned, work_changed, worker_reported
 from orchestrator.core.evolve_jobs import (
     cancel_requested,
     gang_reserved,
@@ -109,6 +110,8 @@ from schemas.events import (
     QueueDeleted,
     SchedulerElected,
     Unknown,
+    WorkAssigned,
+    WorkChanged,
     WorkerExited,
     WorkerStarted,
 )
@@ -118,8 +121,12 @@ from schemas.events import (
 #: trust. tests/core/test_memos.py checks both lists against every event of simulated logs.
 _ALLOCATION_UNTOUCHED = (
     WorkerStarted, WorkerExited, JobSubmitted, JobRunning, JobWaiting, Checkpointed,
-    QueueDefined, SchedulerElected, ClusterConfigured, Unknown,
+    QueueDefined, SchedulerElected, ClusterConfigured, Unknown, WorkAssigned, WorkChanged,
 )
+#: Events about a job that never change what its nodes should be told (core/orders.py: `wanted`): the fold
+#: does not look at `orders_due` for them. (A start moves no rank out of "exited" in the orders' sense.)
+_WANT_UNTOUCHED = (JobSubmitted, JobWaiting, WorkerStarted, Checkpointed, DatasetStaging, JobHeld, JobReleased,
+                   JobRunning)
 _NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUncordoned, GpuUnhealthy, GpuHealthy,
                 NodeHealthChecked, DatasetReady, DatasetEvicted, NodeDatasets)
 
@@ -141,8 +148,10 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
     match event:
         case WorkerStarted():
             worker_started(state, event, t)
+            worker_reported(state, event, t)
         case WorkerExited():
             worker_exited(state, event, t)
+            worker_reported(state, event, t)
         case GangReserved():
             gang_reserved(state, event, t)
         case JobSubmitted():
@@ -212,6 +221,10 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
         case NodeDatasets():
             node_datasets(state, event)
             cache_listed(state, event)
+        case WorkAssigned():
+            work_assigned(state, event, state.seq)
+        case WorkChanged():
+            work_changed(state, event)
         case Unknown():
             state.unknown_events += 1
         case _:
@@ -223,6 +236,8 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
     jid = getattr(event, "job_id", None)
     if jid is not None:
         _track(state, jid)
+        if not isinstance(event, _WANT_UNTOUCHED):
+            track_due(state, jid)
     return state
 
 

@@ -30,7 +30,7 @@ def node_work(state: ClusterState, node_id: str) -> dict[WorkerKey, Intent]:
     for job_id in state.active:
         job = state.jobs[job_id]
         ranks = state.ranks.get(job_id, {})
-        intent = _intent(job)
+        intent = intent_of(job)
         for p in job.placement:
             if p.node_id != node_id:
                 continue
@@ -57,8 +57,9 @@ def rank_intent(state: ClusterState, node_id: str, key: WorkerKey) -> Intent | N
     done = state.ranks.get(job_id, {}).get(rank)
     if done is not None and done.status == "exited":
         return None
-    return _intent(job)
+    return intent_of(job)
 
 
-def _intent(job: Job) -> Intent:
+def intent_of(job: Job) -> Intent:
+    """What the nodes of a gang holding GPUs do with its ranks."""
     return "checkpoint" if job.status == "preempting" else "stop" if job.stop is not None else "run"

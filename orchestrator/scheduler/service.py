@@ -42,12 +42,15 @@ import structlog
 from events import telemetry
 from events.bus import Bus, BusError, append_reclaiming
 from events.follow import Follower
+from events.nodeviews import NodeViewStore
 from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
 from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.model.memo import Memo
 from orchestrator.core.model.state import ClusterState
+from orchestrator.core.node_view import node_view_of, view_facts
+from orchestrator.core.orders import node_orders
 from orchestrator.scheduler import metrics
 from orchestrator.scheduler.health import HeartbeatMonitor
 from orchestrator.scheduler.leader import LEASE_BUCKET, Elections, Lease
@@ -86,6 +89,10 @@ class Scheduler:
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded
         self._snapshot_at = time.monotonic()  # when it was saved or loaded
         self._snapshots = SnapshotStore(bus.js, replicas=bus.replicas)
+        #: Where agents start (events/nodeviews.py), written before each snapshot: the nodes whose view changed
+        #: since this process last wrote it (`_views_written`: every node after a start).
+        self._views = NodeViewStore(bus.js, replicas=bus.replicas)
+        self._views_written: dict[str, tuple[object, ...]] = {}
         self._monitor: HeartbeatMonitor | None = None
         #: A stall was seen (or, leading, the lease could not be shown current) and no recovery
         #: followed yet: no judgement of time until `_recover` (module docstring).
@@ -179,6 +186,7 @@ class Scheduler:
             seq = self.state.seq
             if self._snapshot_due():
                 try:
+                    await self._save_views()
                     size = await self._snapshots.save(self.state, self.follower.skipped)
                 except (BusError, nats.errors.Error, OSError, TimeoutError) as e:
                     # The server is away (restart, partition): a snapshot only shortens the next
@@ -187,6 +195,23 @@ class Scheduler:
                     continue
                 self._snapshot_seq, self._snapshot_at = seq, time.monotonic()
                 log.info("snapshot_saved", seq=seq, bytes=size)
+
+    async def _save_views(self) -> None:
+        """Store the view of every node whose view changed since we last stored it, then the base record
+        (events/nodeviews.py): all at one position, before the snapshot that lets retention cut behind it."""
+        state = self.state
+        seq = state.seq
+        changed = []
+        for node_id in dict.fromkeys([*state.nodes, *state.slices]):
+            facts = view_facts(state, node_id)
+            if self._views_written.get(node_id) != facts:
+                changed.append((node_id, node_view_of(state, node_id), facts))
+        base = node_view_of(state, "")
+        written = await self._views.save(((n, v) for n, v, _ in changed), seq, base)
+        for node_id, _, facts in changed:
+            self._views_written[node_id] = facts
+        if written:
+            log.info("node_views_saved", seq=seq, views=written)
 
     def _may_judge(self) -> bool:
         """Whether we may decide now: we lead in the log, our lease is provably current, no stall is pending."""
@@ -204,6 +229,9 @@ class Scheduler:
                 continue
             t0 = time.perf_counter()
             events = decide(self.state, now, epoch=self.epoch, memo=self.memo)
+            # What the decisions already folded mean for each node (core/orders.py): its part of a gang, a
+            # stop, a release. Never this cycle's own decisions: those are not in the fold yet.
+            events += node_orders(self.state, now=now, epoch=self.epoch)
             elapsed = time.perf_counter() - t0
             self.decide_seconds.append(elapsed)
             metrics.DECIDE_SECONDS.observe(elapsed)
@@ -308,6 +336,7 @@ class Scheduler:
         start replays less) and frees the lease at once instead of after its TTL."""
         if self.state.seq > self._snapshot_seq:
             try:
+                await self._save_views()
                 size = await self._snapshots.save(self.state, self.follower.skipped)
             except Exception as e:  # only the next start's replay is longer
                 log.warning("snapshot_failed", seq=self.state.seq, error=repr(e))

@@ -18,7 +18,9 @@ from nodeagent.agent import Agent, AgentConfig
 from nodeagent.checkpoint import Manifest, write_manifest
 from nodeagent.runtime.base import WorkerHandle, WorkerSpec
 from nodeagent.runtime.simulated import SimulatedRuntime
+from orchestrator.core.node_view import NodeView
 from schemas import Checkpointed, GangRestarted, JobFailed, NodeFailed, NodeRecovered, WorkerExited, WorkerStarted
+from tests.agent.relay import relay
 from tests.agent.test_reconcile import placed, running
 from tests.core.harness import inventory
 from tests.integration.harness import wait_until
@@ -55,8 +57,10 @@ async def test_a_worker_whose_attempt_failed_while_it_started_is_not_told_and_is
     try:
         starting = asyncio.create_task(agent.reconcile())
         await asyncio.wait_for(runtime.at_gate.wait(), 10)
-        await bus.append(JobFailed(event_id="failed:A", occurred_at=sim.now, job_id="A", attempt=1, reason="test"))
-        await wait_until(agent.follower, lambda s: s.jobs["A"].status == "failed", 10, "A's failure folded")
+        async with relay(bus):  # the scheduler's part: the node is told to let A go
+            await bus.append(JobFailed(event_id="failed:A", occurred_at=sim.now, job_id="A", attempt=1,
+                                       reason="test"))
+            await wait_until(agent.follower, lambda v: "A" not in v.work, 10, "A's release folded")
         runtime.gate.set_result(None)
         await asyncio.wait_for(starting, 10)
         await asyncio.wait_for(_until(lambda: not agent.workers), 10)
@@ -73,15 +77,15 @@ async def test_only_the_current_attempts_own_checkpoints_are_reported(bus: Bus, 
     """Each attempt checkpoints in its own directory; a manifest naming another attempt is not this one's."""
     await placed(bus, "C")
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), SimulatedRuntime())
-    async with running(agent):
-        await wait_until(agent.follower, lambda s: s.ranks["C"][0].status == "started", 10, "C's worker")
+    async with running(agent), relay(bus) as scheduler:
+        await wait_until(agent.follower, lambda v: _status(v, "C") == "started", 10, "C's worker")
         mine = Path(agent.workers[("C", 1, 0)].spec.checkpoint_dir or "")
         assert mine == tmp_path / "checkpoints" / "C" / "attempt-1" / "rank-0"
         mine.mkdir(parents=True)  # (the process and Docker runtimes make it; the simulated one writes nothing)
         write_manifest(mine, Manifest(step=900, path="/not-this-attempts", attempt=7))  # not this attempt's
         await asyncio.sleep(2.5)  # two checkpoint scans
         write_manifest(mine, Manifest(step=100, path="/mine", attempt=1))
-        await wait_until(agent.follower, lambda s: s.jobs["C"].checkpoint is not None, 10, "C's checkpoint")
+        await wait_until(scheduler.follower, lambda s: s.jobs["C"].checkpoint is not None, 10, "C's checkpoint")
     steps = [(e.attempt, e.step, e.path) for e in await log_of(bus, "C") if isinstance(e, Checkpointed)]
     assert steps == [(1, 100, "/mine")], steps
 
@@ -91,12 +95,13 @@ async def test_a_node_recovers_from_every_failure(bus: Bus, tmp_path: Path) -> N
     await placed(bus, "J")
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path, tick_s=0.1), inventory(), SimulatedRuntime())
     async with running(agent):
-        await wait_until(agent.follower, lambda s: s.nodes["n0"].incarnation == agent.incarnation, 10, "registered")
+        await wait_until(agent.follower, lambda v: v.node is not None and v.node.incarnation == agent.incarnation,
+                         10, "registered")
         for i in range(3):
             await bus.append(NodeFailed(event_id=f"failed-{i}", occurred_at=time.time(), node_id="n0",
                                         incarnation=agent.incarnation, reason="test"))
-            await wait_until(agent.follower, lambda s: s.nodes["n0"].failed, 10, f"failure {i}")
-            await wait_until(agent.follower, lambda s: not s.nodes["n0"].failed, 10, f"recovery {i}")
+            await wait_until(agent.follower, lambda v: v.node.failed, 10, f"failure {i}")
+            await wait_until(agent.follower, lambda v: not v.node.failed, 10, f"recovery {i}")
     events = [env.event async for batch in bus.replay() for env in batch]
     recovered = [e.event_id for e in events if isinstance(e, NodeRecovered)]
     assert len(recovered) == 3 == len(set(recovered)), recovered
@@ -107,17 +112,24 @@ async def test_a_gang_restart_waits_for_its_not_before(bus: Bus, tmp_path: Path)
     await placed(bus, "G", restart_policy="gang", max_restarts=2)
     runtime = SimulatedRuntime()
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path, tick_s=0.1), inventory(), runtime)
-    async with running(agent):
-        await wait_until(agent.follower, lambda s: s.ranks["G"][0].status == "started", 10, "G's worker")
+    async with running(agent), relay(bus):
+        await wait_until(agent.follower, lambda v: _status(v, "G") == "started", 10, "G's worker")
         now = time.time()  # a scheduler stamps both with one clock: the backoff is their difference (#30)
         not_before = now + 1.5
         await bus.append(GangRestarted(event_id="restart-G", occurred_at=now, job_id="G", attempt=2, epoch=1,
                                        not_before=not_before))
-        await wait_until(agent.follower, lambda s: s.jobs["G"].attempt == 2 and 0 in s.ranks["G"], 10,
+        await wait_until(agent.follower, lambda v: v.work["G"].attempt == 2 and _status(v, "G") == "started", 10,
                          "attempt 2's worker")
     started = [e for e in await log_of(bus, "G") if isinstance(e, WorkerStarted) and e.attempt == 2]
     assert len(started) == 1 and started[0].occurred_at >= not_before, (
         f"started {started[0].occurred_at - not_before:+.2f}s after its not_before")
+
+
+def _status(view: NodeView, job_id: str, rank: int = 0) -> str | None:
+    """Rank `rank` of `job_id` as the node's view has it reported (None: not reported, or not held)."""
+    job = view.work.get(job_id)
+    st = job.report(rank) if job is not None else None
+    return st.status if st is not None else None
 
 
 async def _until(predicate, interval: float = 0.05) -> None:  # type: ignore[no-untyped-def]

@@ -26,15 +26,16 @@ from structlog.testing import LogCapture
 import nodeagent.agent
 from events.bus import Bus
 from events.follow import Follower
+from events.nodeviews import NodeViewStore
 from events.server import NatsServer
-from events.snapshots import SnapshotStore
-from events.telemetry import digest
 from nodeagent.agent import Agent, AgentConfig
 from nodeagent.runtime.base import ExitInfo, FoundWorker, WorkerHandle, WorkerSpec, WorkerStartError
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.core.evolve import evolve
-from orchestrator.core.model.state import ClusterState, snapshot
+from orchestrator.core.model.state import ClusterState
+from orchestrator.core.node_view import NodeView, node_view_of
 from schemas import GangRestarted, JobRequeued, JobRunning, WorkerExited, WorkerStarted
+from tests.agent.relay import relay
 from tests.core.harness import Sim, inventory
 from tests.integration.harness import wait_until
 
@@ -86,6 +87,13 @@ async def placed(bus: Bus, job_id: str, **spec: Any) -> Sim:
     return sim
 
 
+def status(view: NodeView, job_id: str, rank: int = 0) -> str | None:
+    """Rank `rank` of `job_id` as the node's view has it reported (None: not reported, or the node let it go)."""
+    job = view.work.get(job_id)
+    st = job.report(rank) if job is not None else None
+    return st.status if st is not None else None
+
+
 @contextlib.asynccontextmanager
 async def running(agent: Agent) -> AsyncIterator[None]:
     """The agent's whole service (adoption, registration, the reconcile loop) while the block runs."""
@@ -113,24 +121,28 @@ async def test_a_worker_that_ends_while_a_pass_awaits_another_start_is_not_start
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
     await agent.follower.catch_up()
     following = asyncio.create_task(agent.follower.follow())
+    scheduler = relay(bus)
+    cluster = await scheduler.__aenter__()
     try:
         await agent.reconcile()  # A fails to start (reported as a crash), B starts
-        await wait_until(agent.follower, lambda s: s.jobs["A"].failure and s.ranks["B"][0].status == "started", 10,
+        await wait_until(cluster.follower, lambda s: s.jobs["A"].failure and s.ranks["B"][0].status == "started", 10,
                          "A's crash and B's start in the log")
         await bus.append(GangRestarted(event_id="restart-A", occurred_at=sim.now, job_id="A", attempt=2, epoch=1))
-        await wait_until(agent.follower, lambda s: s.jobs["A"].attempt == 2, 10, "the gang restart folded")
+        await wait_until(agent.follower, lambda v: "A" in v.work and v.work["A"].attempt == 2, 10,
+                         "the gang restart told")
 
         second = asyncio.create_task(agent.reconcile())  # waits in A's start at attempt 2
         await asyncio.wait_for(runtime.at_gate.wait(), 10)
         runtime.finish("B")
 
-        def b_done(s: ClusterState) -> bool:
-            return s.ranks["B"][0].status == "exited" and ("B", 1, 0) not in agent.workers
+        def b_done(v: NodeView) -> bool:
+            return "B" not in v.work and ("B", 1, 0) not in agent.workers
 
         await wait_until(agent.follower, b_done, 10, "B's exit folded and its worker forgotten")
         runtime.gate.set_result(None)
         await asyncio.wait_for(second, 10)
     finally:
+        await scheduler.__aexit__(None, None, None)
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
         await agent.stop_workers(0.1)
@@ -152,7 +164,7 @@ async def test_a_rank_whose_start_failed_is_not_started_again_before_its_report_
         await agent.reconcile()  # a second pass on that state, as the next tick or another agent's event starts one
         assert runtime.starts == {"A": 1}, f"starts per job: {dict(runtime.starts)}"
         await agent.follower.catch_up()
-        assert agent.follower.state.ranks["A"][0].status == "exited"
+        assert "A" not in agent.follower.state.work, "its only rank exited: the node is through with it"
         await agent.reconcile()
     finally:
         await agent.stop_workers(0.1)
@@ -175,12 +187,12 @@ async def test_a_new_agent_process_restarts_a_restarting_rank_as_its_next_genera
     runtime = GatedRuntime()  # the agent that reported will_restart died; this is its successor
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
     await agent.follower.catch_up()
-    assert agent.follower.state.ranks["R"][0].status == "restarting"
+    assert status(agent.follower.state, "R") == "restarting"
     try:
         await agent.reconcile()
         await agent.follower.catch_up()
         assert [w.spec.restarts for w in runtime._workers.values()] == [1]
-        assert agent.follower.state.ranks["R"][0].status == "started", "its WorkerStarted was dropped as a duplicate"
+        assert status(agent.follower.state, "R") == "started", "its WorkerStarted was dropped as a duplicate"
     finally:
         await agent.stop_workers(0.1)
 
@@ -195,13 +207,14 @@ async def test_a_rank_whose_worker_vanished_while_the_agent_was_down_is_reported
 
     runtime = GatedRuntime()  # adopt() finds nothing: the worker left no trace
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
-    async with running(agent):
-        await wait_until(agent.follower, lambda s: s.ranks["V"][0].status == "exited", 10, "the lost rank's report")
+    async with running(agent), relay(bus) as scheduler:
+        await wait_until(scheduler.follower, lambda s: s.ranks["V"][0].status == "exited", 10,
+                         "the lost rank's report")
         await asyncio.sleep(0.6)  # a reconcile tick on that state
-    rank, job = agent.follower.state.ranks["V"][0], agent.follower.state.jobs["V"]
+    rank, job = scheduler.state.ranks["V"][0], scheduler.state.jobs["V"]
     assert (rank.reason, job.lost) == ("lost", 1)
     assert runtime.starts == {}, f"starts per job: {dict(runtime.starts)}"
-    sim.state = agent.follower.state  # the scheduler's answer to that log
+    sim.state = scheduler.state.copy()  # the scheduler's answer to that log
     assert [(e.job_id, e.attempt, e.reason) for e in sim.decide() if isinstance(e, JobRequeued)] == [
         ("V", 2, "1 rank(s) lost")]
 
@@ -214,8 +227,8 @@ async def test_a_worker_of_an_attempt_requeued_while_the_agent_was_down_is_repor
     worker died with it. The fold ignores attempt 1's exit, but without it the log showed attempt 1's worker on
     its GPUs forever, beside every later worker there (found by tests/faults/chaos_check.py).
 
-    From a snapshot taken after all that, the agent never reads the WorkerStarted: the fold's
-    `unended` must tell it (#28)."""
+    From a node view stored after all that, the agent never reads the WorkerStarted: the view's
+    `unended` must tell it (#28, #40)."""
     sim = await placed(bus, "Q")
     sent = len(sim.log)
     sim.start("Q")
@@ -223,19 +236,20 @@ async def test_a_worker_of_an_attempt_requeued_while_the_agent_was_down_is_repor
     assert [(e.job_id, e.attempt) for e in sim.decide() if isinstance(e, JobRequeued)] == [("Q", 2)]
     await bus.append_many(sim.log[sent:])
     if from_snapshot:
-        await SnapshotStore(bus.js).save(sim.state)
+        await NodeViewStore(bus.js).save([("n0", node_view_of(sim.state, "n0"))], sim.state.seq,
+                                         node_view_of(sim.state, ""))
     logged = captured_agent_log(monkeypatch)
 
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), GatedRuntime())
     async with running(agent):
-        await wait_until(agent.follower, lambda s: "n0" in s.nodes and not s.nodes["n0"].failed, 10,
+        await wait_until(agent.follower, lambda v: v.node is not None and not v.node.failed, 10,
                          "the agent's registration")
         # The registration may be folded while the catch-up still runs: its log line comes after.
         for _ in range(100):
             if any(e["event"] == "caught_up" for e in logged.entries):
                 break
             await asyncio.sleep(0.1)
-    assert [e["from_snapshot"] for e in logged.entries if e["event"] == "caught_up"] == [
+    assert [e["from_view"] for e in logged.entries if e["event"] == "caught_up"] == [
         len(sim.log) if from_snapshot else 0]
     ended = [(env.event.attempt, env.event.reason) async for batch in bus.replay() for env in batch
              if isinstance(env.event, WorkerExited) and env.event.job_id == "Q"]
@@ -260,10 +274,11 @@ async def test_a_worker_started_by_an_agent_that_died_before_telling_the_log_is_
     await runtime.start(WorkerSpec(job_id="W", attempt=1, rank=0, node_id="n0", command=("sleep", "3600")))
 
     agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
-    async with running(agent):
-        await wait_until(agent.follower, lambda s: s.ranks["W"][0].status == "started", 10, "the adopted worker's start")
+    async with running(agent), relay(bus) as scheduler:
+        await wait_until(scheduler.follower, lambda s: s.ranks["W"][0].status == "started", 10,
+                         "the adopted worker's start")
     assert runtime.starts == {"W": 1}, f"starts per job: {dict(runtime.starts)}"
-    sim.state = agent.follower.state
+    sim.state = scheduler.state.copy()
     assert [e.job_id for e in sim.decide() if isinstance(e, JobRunning)] == ["W"]
 
 
@@ -288,18 +303,20 @@ async def test_an_exit_told_before_the_agent_died_is_not_told_again_when_its_wor
         await asyncio.sleep(1.5)  # past the duplicate window
 
         agent = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
-        async with running(agent):
-            await wait_until(agent.follower, lambda s: s.ranks["R"][0].status == "started", 10, "the next generation")
-        assert (agent.follower.state.ranks["R"][0].restarts, agent.follower.state.jobs["R"].failure) == (1, "")
+        async with running(agent), relay(bus) as scheduler:
+            await wait_until(agent.follower, lambda v: status(v, "R") == "started", 10, "the next generation")
+            await wait_until(scheduler.follower, lambda s: s.ranks["R"][0].status == "started", 10, "its start folded")
+        report = agent.follower.state.work["R"].report(0)
+        assert report is not None and (report.restarts, scheduler.state.jobs["R"].failure) == (1, "")
     finally:
         await bus.close()
 
 
-async def test_an_agent_restarted_from_a_snapshot_holds_a_full_folds_state_and_adopts_its_workers(
+async def test_an_agent_restarted_from_its_stored_view_holds_what_its_slice_folds_to_and_adopts_its_workers(
     bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Acceptance 4 of #28 in small: the restarted agent starts from the snapshot, its state digest
-    (`corral_state_digest`) equals a fresh full fold's at the same position, and the worker that
+    """Acceptance 4 of #28 in small, with #40's node views: the restarted agent starts from the view the scheduler
+    stored, holds what the scheduler's state says of its node at the same position, and the worker that
     outlived the first agent is adopted, not started twice."""
     await placed(bus, "S")
     runtime = SurvivingRuntime()
@@ -307,24 +324,25 @@ async def test_an_agent_restarted_from_a_snapshot_holds_a_full_folds_state_and_a
     first = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
     task = asyncio.create_task(first.run())
     try:
-        await wait_until(first.follower, lambda s: s.ranks.get("S", {}).get(0) is not None, 10, "S's worker started")
+        await wait_until(first.follower, lambda v: status(v, "S") == "started", 10, "S's worker started")
     finally:
         task.cancel()  # its process dies, the worker does not (no stop_workers)
         await asyncio.gather(task, return_exceptions=True)
-    # The first agent process is gone, its worker runs on; the scheduler snapshots the log as it is.
+    # The first agent process is gone, its worker runs on; the scheduler stores the node's view as it is.
     full = Follower(bus, evolve, ClusterState())
     await full.catch_up()
-    await SnapshotStore(bus.js).save(full.state)
+    await NodeViewStore(bus.js).save([("n0", node_view_of(full.state, "n0"))], full.state.seq,
+                                     node_view_of(full.state, ""))
 
     second = Agent(bus, AgentConfig(node_id="n0", data_dir=tmp_path), inventory(), runtime)
     async with running(second):
-        await wait_until(second.follower, lambda s: s.nodes["n0"].incarnation == second.incarnation, 10,
-                         "the second agent's registration")
-        seq, held = second.follower.state.seq, snapshot(second.follower.state)
+        await wait_until(second.follower, lambda v: v.node is not None and v.node.incarnation == second.incarnation,
+                         10, "the second agent's registration")
+        held = second.follower.state
         adopted = second.workers.get(("S", 1, 0))
     fresh = Follower(bus, evolve, ClusterState())
-    await fresh.catch_up(to_seq=seq)
-    assert digest(held) == digest(snapshot(fresh.state)) and held == snapshot(fresh.state)
-    assert [e["from_snapshot"] for e in logged.entries if e["event"] == "caught_up"] == [0, full.state.seq]
+    await fresh.catch_up(to_seq=held.seq)
+    assert held.facts() == node_view_of(fresh.state, "n0").facts()
+    assert [e["from_view"] for e in logged.entries if e["event"] == "caught_up"] == [0, full.state.seq]
     assert adopted is not None and adopted.gpus_unknown, [(e["event"], e.get("reason")) for e in logged.entries]
     assert runtime.starts == {"S": 1}, f"starts per job: {dict(runtime.starts)}"

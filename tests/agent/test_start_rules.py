@@ -9,6 +9,7 @@ import pytest
 from msgspec.structs import replace
 
 from nodeagent.start_rules import backoff_left, blocked, held_gpus, next_generation, on_faulty_gpu, restarts_rank
+from orchestrator.core.node_view import node_view_of
 from orchestrator.core.node_work import Intent, WorkerKey, rank_intent
 from schemas.events import GpuUnhealthy
 from tests.core.harness import Sim
@@ -48,12 +49,14 @@ def test_a_gang_restart_backoff_runs_until_not_before_on_the_log_clock() -> None
 def test_the_generation_after_a_restarting_rank_comes_from_the_log() -> None:
     sim = _running()
     attempt = sim.job("j1").attempt
-    assert next_generation(sim.state, ("j1", attempt, 1)) == 0
+    node = sim.job("j1").placement[1].node_id
+    assert next_generation(node_view_of(sim.state, node), ("j1", attempt, 1)) == 0
     sim.exit("j1", rank=1, code=1, reason="crashed", will_restart=True)
     assert sim.state.ranks["j1"][1].status == "restarting"
-    assert next_generation(sim.state, ("j1", attempt, 1)) == 1
-    assert next_generation(sim.state, ("j1", attempt, 0)) == 0, "the other rank runs on"
-    assert next_generation(sim.state, ("nope", 1, 0)) == 0
+    view = node_view_of(sim.state, node)
+    assert next_generation(view, ("j1", attempt, 1)) == 1
+    assert next_generation(view, ("j1", attempt, 0)) == 0, "the other rank runs on"
+    assert next_generation(view, ("nope", 1, 0)) == 0
 
 
 def test_gpus_held_by_workers_on_their_way_out() -> None:

@@ -14,6 +14,7 @@ from orchestrator.core.decide import decide
 from orchestrator.core.evolve import evolve
 from orchestrator.core.model.memo import Memo
 from orchestrator.core.model.state import ClusterState, Job
+from orchestrator.core.orders import node_orders
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import (
     AnyEvent,
@@ -96,13 +97,24 @@ class Sim:
         self.now += seconds
 
     def decide(self) -> list[Event]:
-        """Run decide and fold its events; no decision may be void."""
+        """Run decide and fold its events, then the orders they imply for the nodes (as the scheduler's next
+        cycle appends them: core/orders.py); no decision may be void. Returns decide's events."""
         events = decide(self.state, self.now, epoch=self.epoch, policies=self.policies, memo=self.memo)
         for e in events:
             before = self.state.voids
             self.emit(e)  # type: ignore[arg-type]
             assert self.state.voids == before, f"decide emitted a void decision: {self.state.last_void}"
+        self.orders()
         return events
+
+    def orders(self) -> list[Event]:
+        """The orders every node lacks, folded (all of them: no cap)."""
+        out = node_orders(self.state, now=self.now, epoch=self.epoch, cap=1_000_000)
+        for e in out:
+            before = self.state.voids
+            self.emit(e)  # type: ignore[arg-type]
+            assert self.state.voids == before, f"an order was void: {self.state.last_void}"
+        return out
 
     # --- cluster ----------------------------------------------------------------
 

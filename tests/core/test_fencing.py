@@ -38,6 +38,8 @@ from schemas.events import (
     PreemptionRequested,
     RankPlacement,
     SchedulerElected,
+    WorkAssigned,
+    WorkChanged,
 )
 from tests.core.harness import Sim
 
@@ -172,8 +174,30 @@ def _cluster_configured() -> tuple[Sim, Make]:
     return s, lambda ep: ClusterConfigured(event_id=s.eid(), occurred_at=s.now, min_runtime_s=123.0, epoch=ep)
 
 
-#: Types that carried an epoch from v1: the scheduler always stamped them, so 0 is simply old.
-STAMPED_SINCE_V1 = {GangReserved, JobWaiting, PreemptionRequested, GangRestarted, JobRequeued}
+def _assignment(s: Sim, ep: int) -> WorkAssigned:
+    job = s.job("a")
+    return WorkAssigned(event_id=s.eid(), occurred_at=s.now, node_id="n0", job_id="a", attempt=1, epoch=ep,
+                        spec=job.spec, ranks=job.placement, world_size=len(job.placement))
+
+
+@case(WorkAssigned)
+def _work_assigned() -> tuple[Sim, Make]:
+    s = _reserved()
+    return s, lambda ep: _assignment(s, ep)
+
+
+@case(WorkChanged)
+def _work_changed() -> tuple[Sim, Make]:
+    s = _reserved()
+    s.emit(_assignment(s, 1))
+    return s, lambda ep: WorkChanged(event_id=s.eid(), occurred_at=s.now, node_id="n0", job_id="a", attempt=1,
+                                     epoch=ep, intent="stop", grace_s=5.0)
+
+
+#: Types that carried an epoch from v1 (or from their first version): the scheduler always stamped them, so
+#: 0 is simply old.
+STAMPED_SINCE_V1 = {GangReserved, JobWaiting, PreemptionRequested, GangRestarted, JobRequeued, WorkAssigned,
+                    WorkChanged}
 
 
 def _normalized(s: Sim) -> bytes:

@@ -58,6 +58,8 @@ from schemas import (
     SchedulerElected,
     Topology,
     WorkerExited,
+    WorkAssigned,
+    WorkChanged,
     WorkerStarted,
     encode,
     tag_of,
@@ -172,6 +174,13 @@ def samples() -> list[Event]:
                       reason="digest mismatch: sha256 of https://data.example/tok.tar is 9f86d0...; spec says e3b0c4..."),
         DatasetEvicted(event_id=f"evicted:dgx-h100-07:{PILE_KEY}:1", occurred_at=T + 9990, node_id="dgx-h100-07",
                        key=PILE_KEY, size_bytes=52_428_800, reason="least recently used; cache over 500 GB"),
+        WorkAssigned(event_id=f"assign:dgx-h100-08:{J}:3", occurred_at=T + 9991, node_id="dgx-h100-08", job_id=J,
+                     attempt=3, epoch=1, spec=SPEC, ranks=PLACEMENT[1:], world_size=2, node_rank=1,
+                     master_addr="10.12.0.7", master_port=29500, resume_from=f"/checkpoints/{J}/step-2210",
+                     not_before=0.0, staged=False),
+        WorkChanged(event_id=f"work:dgx-h100-08:{J}:3:checkpoint", occurred_at=T + 9995, node_id="dgx-h100-08",
+                    job_id=J, attempt=3, epoch=1, intent="checkpoint", staged=True, grace_s=120.0,
+                    reason="preempted by j-00ab77e1c4"),
     ]
 
 

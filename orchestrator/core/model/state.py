@@ -23,10 +23,12 @@ import msgspec
 
 from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS, CachedDataset, RankPlacement
 from schemas.inventory import Inventory
+from orchestrator.core.model.slices import NodeSlice, RankState, RankStatus, WorkerId
 from schemas.jobspec import JobSpec
 
+__all__ = ["NodeSlice", "RankState", "RankStatus", "WorkerId"]  # (defined in slices.py, named here too)
+
 JobStatus = Literal["pending", "reserved", "running", "preempting", "completed", "failed", "cancelled", "rejected"]
-RankStatus = Literal["started", "restarting", "exited"]
 
 #: Statuses in which a job holds GPUs (its gang is placed).
 HOLDING: frozenset[str] = frozenset({"reserved", "running", "preempting"})
@@ -65,9 +67,6 @@ LineKey = tuple[int, float, float, str]
 
 #: An active gang's place in `ClusterState.ends`: (reserved_at + time limit, or inf; reserved_at; job id).
 EndKey = tuple[float, float, str]
-
-#: A worker's identity on its node: (job id, attempt, rank).
-WorkerId = tuple[str, int, int]
 
 #: JobWaiting code of the pending gang that holds the backfill reservation (see `ClusterState.holders`).
 RESERVING = "backfill_head"
@@ -147,20 +146,6 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     tree_gpus: int = 0
     decayed: float = 0.0
     at: float = 0.0
-
-
-class RankState(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    node_id: str
-    status: RankStatus
-    exit_code: int | None = None
-    reason: str = ""
-    #: The worker generation last reported (WorkerStarted/WorkerExited `restarts`): an agent that
-    #: restarts a "restarting" rank after its own restart goes on from here.
-    restarts: int = 0
-    #: When its newest worker started and when it last exited (0.0: not reported; a time is told
-    #: apart from "not reported" by the status, as a simulated clock starts at 0).
-    started_at: float = 0.0
-    exited_at: float = 0.0
 
 
 class Checkpoint(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -427,6 +412,14 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: node -> its dataset cache's entries with size and last use, sorted by key (core/caches.py: the
     #: operator views'; placement reads `Node.datasets`).
     dataset_cache: dict[str, tuple[CachedDataset, ...]] = msgspec.field(default_factory=dict)
+    #: node -> what the node was told (WorkAssigned, WorkChanged) and reported of its work (issue #40,
+    #: core/evolve_slices.py): exactly what its agent's fold of its slice holds (core/node_view.py).
+    slices: dict[str, NodeSlice] = msgspec.field(default_factory=dict)
+    #: job -> the nodes whose slice holds it (an index of `slices`).
+    slice_jobs: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    #: Jobs some node lacks an order about (core/orders.py: `due`), in the order they became due (value: the
+    #: position they did): the scheduler's orders stage visits these, not every gang.
+    orders_due: dict[str, int] = msgspec.field(default_factory=dict)
     #: Decisions recorded as void (stale epoch, GPUs taken, ...), for observability.
     voids: int = 0
     last_void: str = ""
@@ -440,6 +433,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
         in_lines = sum(len(line) for line in self.lines.values())
         if len(self.pending) != in_lines + len(self.gated) or len(self.ends) != len(self.active):
             self._rebuild_indexes()
+        if self.active and not self.slices and not self.orders_due:
+            # A snapshot from before nodes were told their work (#40): every gang's nodes may lack their orders.
+            self.orders_due = dict(self.active)
 
     def _rebuild_indexes(self) -> None:
         self.lines = {}
@@ -499,6 +495,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
             unended={k: dict(v) for k, v in self.unended.items()},
             checkpoint_votes={k: dict(v) for k, v in self.checkpoint_votes.items()},
             dataset_cache=dict(self.dataset_cache),
+            slices={k: NodeSlice(work=dict(v.work), unended=dict(v.unended)) for k, v in self.slices.items()},
+            slice_jobs=dict(self.slice_jobs),
+            orders_due=dict(self.orders_due),
             voids=self.voids,
             last_void=self.last_void,
             unknown_events=self.unknown_events,
