@@ -44,6 +44,8 @@ from schemas import (
     RankPlacement,
     SchedulerElected,
     Unknown,
+    WorkAssigned,
+    WorkChanged,
     WorkerExited,
     WorkerStarted,
     tag_of,
@@ -159,6 +161,12 @@ def essentials(event: AnyEvent | Unknown) -> str:
             cap = f" of {mb(event.capacity_bytes)}" if event.capacity_bytes else ""
             used = sum(d.size_bytes for d in event.datasets)
             return f"{len(event.datasets)} cached dataset(s), {mb(used)}{cap}"
+        case WorkAssigned():
+            ranks = ",".join(str(r.rank) for r in event.ranks)
+            return (f"attempt={event.attempt} epoch={event.epoch} {event.job_id} ranks {ranks} on {event.node_id} "
+                    f"intent={event.intent}")
+        case WorkChanged():
+            return f"attempt={event.attempt} epoch={event.epoch} {event.job_id} intent={event.intent} {event.reason}".rstrip()
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:
