@@ -189,6 +189,10 @@ def gates_text(spec: JobSpec) -> str:
         parts.append("after-ok=" + ",".join(g.after_ok))
     if g.after_any:
         parts.append("after-any=" + ",".join(g.after_any))
+    if g.after_ok_arrays:
+        parts.append("after-ok=array:" + ",array:".join(g.after_ok_arrays))
+    if g.after_any_arrays:
+        parts.append("after-any=array:" + ",array:".join(g.after_any_arrays))
     if g.hold:
         parts.append("held")
     return "".join(f" {p}" for p in parts)

@@ -50,7 +50,7 @@ from typing import NamedTuple
 
 from orchestrator.core.backoff import restart_delay
 from orchestrator.core.cycle import Cycle
-from orchestrator.core.gating import NEVER_SATISFIED
+from orchestrator.core.gating import INVALID_SPEC, NEVER_SATISFIED, invalid_reasons
 from orchestrator.core.model.state import FREE, SCHEDULER, UNSTARTABLE, ClusterState, Job
 from schemas.events import (
     CancelRequested,
@@ -59,6 +59,7 @@ from schemas.events import (
     JobCancelled,
     JobCompleted,
     JobFailed,
+    JobRejected,
     JobRequeued,
     JobRunning,
     Preempted,
@@ -207,7 +208,11 @@ def _ran_at(state: ClusterState, job: Job) -> float | None:
 
 
 def _never_satisfied(c: Cycle, job: Job) -> Event:
-    """The end of a job whose dependency can never be met (gating.py): cancelled, saying which."""
+    """The end of a job whose dependency can never be met (gating.py): cancelled, saying which; or of one whose
+    spec is invalid, found when it was submitted (gating.invalid_gates): rejected, as stage 3 rejects."""
+    if job.doomed.startswith(INVALID_SPEC):
+        return JobRejected(event_id=c.event_id("rejected", job), occurred_at=c.now, job_id=job.job_id,
+                           reasons=invalid_reasons(job) or (job.doomed,), epoch=c.epoch)
     return JobCancelled(event_id=c.event_id("never", job), occurred_at=c.now, job_id=job.job_id,
                         reason=f"{NEVER_SATISFIED}: {job.doomed}", epoch=c.epoch)
 
