@@ -21,9 +21,9 @@ from typing import Literal
 
 import msgspec
 
+from orchestrator.core.model.slices import NodeSlice, RankState, RankStatus, WorkerId
 from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS, CachedDataset, RankPlacement
 from schemas.inventory import Inventory
-from orchestrator.core.model.slices import NodeSlice, RankState, RankStatus, WorkerId
 from schemas.jobspec import JobSpec
 
 __all__ = ["NodeSlice", "RankState", "RankStatus", "WorkerId"]  # (defined in slices.py, named here too)
@@ -424,6 +424,11 @@ class ClusterState(msgspec.Struct, kw_only=True):
     voids: int = 0
     last_void: str = ""
     unknown_events: int = 0
+    #: Events refused as read (events/authorship.py): their subject, type and entity disagree. Folded as no change.
+    refused_events: int = 0
+    #: job -> (position, why): submissions no one can read on corral.job.<job>.JobSubmitted (`Unknown.submitted_as`)
+    #: of jobs the log does not know, until the scheduler's JobRejected for them (core/reject.py) is folded.
+    unreadable_submissions: dict[str, tuple[int, str]] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded.
@@ -501,6 +506,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             voids=self.voids,
             last_void=self.last_void,
             unknown_events=self.unknown_events,
+            refused_events=self.refused_events,
+            unreadable_submissions=dict(self.unreadable_submissions),
         )
 
 
