@@ -50,6 +50,7 @@ from schemas import (
     WorkerStarted,
     tag_of,
 )
+from schemas.events import REFUSED
 
 
 def placement_summary(ranks: tuple[RankPlacement, ...]) -> str:
@@ -216,7 +217,10 @@ def printable(text: str, limit: int | None = None) -> str:
 
 
 def unreadable(seq: int, event: Unknown) -> str:
-    """What `tail`, `replay` and `explain` say about a message no reader can decode: where and why, one line."""
+    """What `tail`, `replay` and `explain` say about a message no reader can decode, or one every reader refused
+    (events/authorship.py): where and why, one line."""
+    if event.reason == REFUSED:
+        return f"refused at position {seq}: {printable(event.error.removeprefix('refused: '), WHY_CHARS)}"
     return f"unreadable at position {seq}: {printable(event.error, WHY_CHARS)}"
 
 
@@ -225,5 +229,6 @@ def line(env: Envelope) -> str:
     ev = env.event
     entity = env.subject.split(".")[2] if env.subject.count(".") >= 3 else "-"
     if isinstance(ev, Unknown):
-        return printable(f"{ts} #{env.seq:<6} {'Unreadable':<20} {entity:<16} {unreadable(env.seq, ev)}")
+        what = "Refused" if ev.reason == REFUSED else "Unreadable"
+        return printable(f"{ts} #{env.seq:<6} {what:<20} {entity:<16} {unreadable(env.seq, ev)}")
     return printable(f"{ts} #{env.seq:<6} {tag_of(ev):<20} {entity:<16} {essentials(ev)}".rstrip())

@@ -21,7 +21,7 @@ from orchestrator.core.model.plan import Plan
 from orchestrator.core.model.state import ClusterState
 from orchestrator.core.model.topology import topology_of
 from orchestrator.core.react import react
-from orchestrator.core.reject import Rejecter
+from orchestrator.core.reject import Rejecter, reject_unreadable
 from orchestrator.core.tentative import tentative_plan
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event, JobRunning
@@ -70,8 +70,10 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     followups = reaction.events
     if reaction.capped:
         return Decision(followups, False, True)
+    #    ... and the answer to each submission no one can read: a rejection with why.
+    unreadable = reject_unreadable(c) if c.state.unreadable_submissions else []
     if after_complete and not backlog.fresh and all(isinstance(e, JobRunning) for e in followups):
-        return Decision(followups, True)  # stages 2-6 would decide nothing more (completeness.complete)
+        return Decision([*followups, *unreadable], True)  # stages 2-6 would decide nothing more (completeness.complete)
     # 2. Tentative plan: free GPUs per node and domain, queue usage -- with the GPUs
     #    the follow-ups release already free.
     plan: Plan = tentative_plan(c, followups)
@@ -90,4 +92,5 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     #    checks passed (reject.py), so the next calls do not pay them again.)
     waiting = explain(c, plan, [] if admitted.capped else backlog.fresh, admitted.outcomes)
     more = backlog.more or admitted.capped
-    return Decision([*followups, *rejecter.events, *admitted.events, *waiting], admitted.complete and not more, more)
+    events = [*followups, *unreadable, *rejecter.events, *admitted.events, *waiting]
+    return Decision(events, admitted.complete and not more, more)

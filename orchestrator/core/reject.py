@@ -87,6 +87,19 @@ def _passed(c: Cycle) -> dict[str, JobSpec]:
     return memo.passed
 
 
+def reject_unreadable(c: Cycle) -> list[JobRejected]:
+    """JobRejected for each job whose only submission no one can read (events/authorship.py: bad JSON, bad
+    fields, another type or entity on corral.job.<id>.JobSubmitted), with why: the submitter learns it from
+    `corral explain`, as from any rejection. Where auth is on, this is how a client's malformed payload is
+    refused (README, "Who may write to the log"); the fold drops the entry when the rejection is folded."""
+    jobs = c.state.jobs
+    return [
+        JobRejected(event_id=f"rejected:{job_id}:unreadable:{seq}", occurred_at=c.now, job_id=job_id,
+                    reasons=(f"unreadable submission at #{seq}: {why}",), epoch=c.epoch)
+        for job_id, (seq, why) in c.state.unreadable_submissions.items() if job_id not in jobs
+    ]
+
+
 def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:
     """JobRejected for the jobs of `pending` owed a check that they fail (marked busy in `plan`)."""
     return Rejecter(c, plan, pending).events

@@ -431,6 +431,11 @@ class ClusterState(msgspec.Struct, kw_only=True):
     voids: int = 0
     last_void: str = ""
     unknown_events: int = 0
+    #: Events refused as read (events/authorship.py): their subject, type and entity disagree. Folded as no change.
+    refused_events: int = 0
+    #: job -> (position, why): submissions no one can read on corral.job.<job>.JobSubmitted (`Unknown.submitted_as`)
+    #: of jobs the log does not know, until the scheduler's JobRejected for them (core/reject.py) is folded.
+    unreadable_submissions: dict[str, tuple[int, str]] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded.
@@ -527,6 +532,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             voids=self.voids,
             last_void=self.last_void,
             unknown_events=self.unknown_events,
+            refused_events=self.refused_events,
+            unreadable_submissions=dict(self.unreadable_submissions),
         )
 
 
