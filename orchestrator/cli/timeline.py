@@ -55,6 +55,8 @@ from schemas import (
     QueueDeleted,
     SchedulerElected,
     Unknown,
+    WorkAssigned,
+    WorkChanged,
     WorkerExited,
     WorkerStarted,
     tag_of,
@@ -182,6 +184,8 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
                     or before.staging.attempt != ev.attempt):
                 line += f"; all datasets ready on every node after {stg.ready_at - stg.started_at:.1f}s of staging"
             return line
+        case WorkAssigned() | WorkChanged():
+            return None  # a node's copy of the scheduler's decision, already told by the decision itself
         case DatasetFailed():
             return f"dataset {ev.dataset} failed on {ev.node_id} (attempt {ev.attempt}): {printable(ev.reason, 300)}"
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
