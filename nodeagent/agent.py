@@ -37,6 +37,7 @@ from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, checkpoint_failure, newest_manifest, step_of
 from nodeagent.datasets.cache import DatasetCache
+from nodeagent.datasets.limits import Limits
 from nodeagent.datasets.stager import Stager
 from nodeagent.gpu_health import Finding, GpuHealthWatch
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
@@ -125,6 +126,8 @@ class AgentConfig:
     dataset_cache_bytes: int = 0
     #: Where s3:// dataset sources are (MinIO, Ceph); None: the AWS chain's own (AWS_ENDPOINT_URL, the profile).
     s3_endpoint_url: str | None = None
+    #: What one staging may take: bytes, members, ratio, time, stall, the staging child's memory (#39).
+    dataset_limits: Limits = field(default_factory=Limits)
 
 
 class Agent:
@@ -165,7 +168,7 @@ class Agent:
                              DatasetCache(config.dataset_cache or config.data_dir / "datasets",
                                           config.dataset_cache_bytes),
                              append=self._append, state=lambda: self.follower.state, spawn=self._spawn,
-                             s3_endpoint_url=config.s3_endpoint_url)
+                             s3_endpoint_url=config.s3_endpoint_url, limits=config.dataset_limits)
 
     @property
     def node_id(self) -> str:

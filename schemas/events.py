@@ -403,8 +403,8 @@ class DatasetFailed(Event, tag="DatasetFailed", frozen=True):
     dataset: str
     reason: str
     key: str = ""
-    #: The same source fails the same way anywhere (a hostile or oversized archive, a limit passed, a digest
-    #: mismatch): the job fails at once with the reason, never restarted onto another node (#39).
+    #: The same source fails the same way anywhere (a hostile or oversized archive, a limit passed): the job
+    #: fails at once with the reason, never restarted onto another node (#39).
     permanent: bool = False
 
 

@@ -43,13 +43,14 @@ ZIP_MAGIC = b"PK\x03\x04"
 class StagingError(Exception):
     """Why a dataset could not be staged (shown in the job's failure): the source, the digest, the disk."""
 
-    #: The same source would fail the same way on any node (a hostile archive, a limit, a digest mismatch):
+    #: The same source would fail the same way on any node (a hostile archive, a limit passed):
     #: the job fails at once, never restarted elsewhere (DatasetFailed.permanent).
     permanent = False
 
 
 class Refused(StagingError):
-    """The source's content is refused: an unsafe archive, a limit passed, a digest mismatch (permanent)."""
+    """The source's content is refused: an unsafe archive, a limit passed (permanent). A digest mismatch is not:
+    a directory source differs per node, and a download may have been damaged on the way (#33 retries it)."""
 
     permanent = True
 
@@ -122,7 +123,7 @@ def check_manifest(dest: Path, sha256: str, source: object, what: str) -> None:
         return
     got = manifest_digest(dest)
     if got != sha256:
-        raise Refused(f"digest mismatch: the manifest of {source} hashes to sha256:{got}, the spec says "
+        raise StagingError(f"digest mismatch: the manifest of {source} hashes to sha256:{got}, the spec says "
                            f"sha256:{sha256} ({what} changed, or the digest is wrong)")
 
 
@@ -223,7 +224,7 @@ def unpack_archive(url: str, raw: BinaryIO | io.RawIOBase, total: int, dest: Pat
         raise StagingError(f"download of {url} ended after {body.done} of {total} bytes")
     got = body.sha.hexdigest() if body.sha is not None else ""
     if sha256 and got != sha256:
-        raise Refused(f"digest mismatch: {url} hashes to sha256:{got}, the spec says sha256:{sha256}")
+        raise StagingError(f"digest mismatch: {url} hashes to sha256:{got}, the spec says sha256:{sha256}")
     return body.done
 
 
@@ -238,9 +239,13 @@ def _unzip(stream: io.BufferedIOBase, body: _Hashing, dest: Path, meter: Meter) 
     body.progress(body.done, body.done)  # (fetched: what follows is no stall)
     try:
         with zipfile.ZipFile(archive) as z, SafeTree(dest) as tree:
+            declared = sum(info.file_size for info in z.infolist())
+            if declared > meter.limits.max_bytes:  # (refused before a byte is inflated; inflating counts anyway)
+                raise LimitExceeded(f"the zip's members declare {declared} bytes, more than the {meter.limits.max_bytes}"
+                                    " a dataset may take here (--dataset-max-bytes, --dataset-cache-bytes)")
             for info in z.infolist():
                 meter.member()
-                parts = clean(info.filename)
+                parts = clean(info.filename, root_ok=info.is_dir())
                 kind = stat.S_IFMT(info.external_attr >> 16)
                 if info.is_dir():
                     tree.mkdir(parts)

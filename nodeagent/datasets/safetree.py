@@ -6,10 +6,12 @@ a link, whatever the chain of links the archive made before it (the `tarfile`
 realpath bypass of 2025 walked one past the path-length limit). Files are
 created with O_EXCL|O_NOFOLLOW (a member that names an existing one replaces
 it: the old one is unlinked first, never written through). Member paths are
-cleaned first: a leading `/` is dropped (as GNU tar does), `.` and empty
-components too; a `..` is refused. Symbolic links are kept only when their
-target is relative and descends (no `..`): from any directory inside the tree
-such a link resolves inside it. Hard links name a member already written.
+cleaned first: `.` and empty components are dropped; an absolute path and a
+`..` are refused (GNU tar drops a leading `/`; libarchive's secure mode
+refuses it, as this does: a dataset names nothing outside itself). Symbolic
+links are kept only when their target is relative and descends (no `..`):
+from any directory inside the tree such a link resolves inside it. Hard
+links name a member already written.
 Devices, fifos and anything else are the caller's to refuse.
 """
 
@@ -26,14 +28,18 @@ class UnsafeMember(Exception):
     """A member that would be written outside the directory, or could not be written safely (the reason says)."""
 
 
-def clean(name: str) -> tuple[str, ...]:
-    """The path components of member `name`, relative to the tree; UnsafeMember for a `..` or an empty path."""
+def clean(name: str, *, root_ok: bool = False) -> tuple[str, ...]:
+    """The path components of member `name`, relative to the tree; UnsafeMember for an absolute path, a `..`, or
+    an empty path (`root_ok`: `.` or `./`, the tree itself, is () -- a directory member naming the root)."""
     if "\0" in name:
         raise UnsafeMember(f"member {name!r} has a NUL in its name")
+    if name.startswith("/"):
+        raise UnsafeMember(f"member {name!r} is an absolute path (only paths inside the dataset's directory are "
+                           "kept)")
     parts = tuple(p for p in name.split("/") if p not in ("", "."))
     if ".." in parts:
         raise UnsafeMember(f"member {name!r} climbs out of the dataset's directory with '..'")
-    if not parts:
+    if not parts and not (root_ok and name.strip("/") in ("", ".")):
         raise UnsafeMember(f"member {name!r} names no path")
     return parts
 

@@ -76,7 +76,10 @@ async def stage_in_child(ds: Dataset, dest: Path, progress: Callable[[int, int],
             rc = proc.returncode or 0
             why = f"signal {-rc}" if rc < 0 else f"exit {rc}"
             last = bytes(tail).decode(errors="replace").strip().splitlines()[-1:] or [""]
-            raise StagingError(f"staging {ds.source} ended without a result ({why}) {last[0][:300]}".rstrip())
+            # Killed by a signal not ours (the OOM killer, a crash in a decompressor): what the data did to it,
+            # as it would anywhere; an exit without a result is the child's own trouble (a restart may mend it).
+            raise (Refused if rc < 0 else StagingError)(
+                f"staging {ds.source} ended without a result ({why}) {last[0][:300]}".rstrip())
         if "ok" in result:
             return int(result["ok"])
         reason = str(result.get("error", "no reason given"))
@@ -126,7 +129,7 @@ async def _watch(ds: Dataset, out: asyncio.StreamReader, progress: Callable[[int
         fetching = total == 0 or done < total
         if fetching and now - mark_t > limits.stall_s:
             raise Refused(f"the fetch of {ds.source} stalled: fewer than {limits.stall_bytes} bytes in "
-                          f"{limits.stall_s:g}s (--dataset-stall), {done} bytes fetched"
+                          f"{limits.stall_s:g}s (--dataset-stall-timeout), {done} bytes fetched"
                           + (f" of {total}" if total else ""))
 
 

@@ -290,9 +290,10 @@ def _member(stream: Stream, tree: SafeTree, meter: Meter, typ: bytes, name: str,
             mode: int) -> None:
     if typ in _REFUSED:
         raise UnsafeMember(f"member {name!r} is {_REFUSED[typ]} (only files, directories and links are kept)")
-    parts = clean(name)
+    parts = clean(name, root_ok=typ == b"5")
     if typ == b"5":
-        tree.mkdir(parts)
+        if parts:  # (`./`, the directory itself, as `tar -C dir .` writes first: nothing to make)
+            tree.mkdir(parts)
         stream.skip(size + _padded(size), f"member {name!r}")
         return
     if typ == b"2":

@@ -17,6 +17,7 @@ from events.bus import Bus, LogGap
 from events.server import NatsServer, NatsServerError
 from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.agent import Agent, AgentConfig
+from nodeagent.datasets.limits import Limits
 from nodeagent.discovery import NoGpuError, node_inventory
 from nodeagent.gpu_health import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, GpuHealthWatch, HealthPolicy, parse_xids
 from nodeagent.runtime.base import Runtime
@@ -222,6 +223,21 @@ def add_worker_env_arg(p: argparse.ArgumentParser) -> None:
                         "worker gets from its node (README: What a worker gets); repeatable")
 
 
+def dataset_limits(args: argparse.Namespace) -> Limits:
+    """The agent's `--dataset-*` limits as one staging's Limits (checked now: a bad value exits 2 at once)."""
+    positive = {"--dataset-max-bytes": args.dataset_max_bytes, "--dataset-max-members": args.dataset_max_members,
+                "--dataset-max-ratio": args.dataset_max_ratio, "--dataset-timeout": args.dataset_timeout,
+                "--dataset-stall-timeout": args.dataset_stall_timeout}
+    for flag, value in positive.items():
+        if not value > 0:
+            raise CliError(f"{flag} is more than 0, got {value}", USAGE)
+    if args.dataset_memory_bytes < 0:
+        raise CliError(f"--dataset-memory-bytes is 0 (no limit) or more, got {args.dataset_memory_bytes}", USAGE)
+    return Limits(max_bytes=args.dataset_max_bytes, max_members=args.dataset_max_members,
+                  max_ratio=args.dataset_max_ratio, timeout_s=args.dataset_timeout,
+                  stall_s=args.dataset_stall_timeout, memory_bytes=args.dataset_memory_bytes)
+
+
 def worker_env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     """`--worker-env` as AgentConfig.worker_env (checked now: a bad name exits 2 before anything starts)."""
     from orchestrator.cli.submitter import named_variables
@@ -244,7 +260,8 @@ async def run_agent(args: argparse.Namespace) -> int:
                          health_check_timeout_s=args.health_check_timeout,
                          worker_env=extra_env,
                          dataset_cache=Path(args.dataset_cache).resolve() if args.dataset_cache else None,
-                         dataset_cache_bytes=args.dataset_cache_bytes, s3_endpoint_url=args.s3_endpoint_url)
+                         dataset_cache_bytes=args.dataset_cache_bytes, s3_endpoint_url=args.s3_endpoint_url,
+                         dataset_limits=dataset_limits(args))
     if args.dataset_cache_bytes < 0:
         raise CliError(f"--dataset-cache-bytes is 0 (no limit) or more, got {args.dataset_cache_bytes}", USAGE)
     if args.s3_endpoint_url is not None and not args.s3_endpoint_url.startswith(("http://", "https://")):
@@ -556,6 +573,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ds.add_argument("--dataset-cache-bytes", type=int, default=0, metavar="N",
                     help="size limit: least recently used datasets no job here uses are evicted to stay under it "
                          "(default 0: no limit)")
+    lim = Limits()
+    ds.add_argument("--dataset-max-bytes", type=int, default=lim.max_bytes, metavar="N",
+                    help="most bytes one dataset may unpack to, checked as it streams (never more than "
+                         "--dataset-cache-bytes; default %(default)s)")
+    ds.add_argument("--dataset-max-members", type=int, default=lim.max_members, metavar="N",
+                    help="most files, directories and links one archive may hold (default %(default)s)")
+    ds.add_argument("--dataset-max-ratio", type=float, default=lim.max_ratio, metavar="R",
+                    help=f"most unpacked bytes per downloaded byte once past the first {lim.ratio_floor >> 30} GiB "
+                         "unpacked: a decompression bomb (default %(default)s)")
+    ds.add_argument("--dataset-timeout", type=float, default=lim.timeout_s, metavar="S",
+                    help="most seconds one staging may take, fetch and unpack (default %(default)s)")
+    ds.add_argument("--dataset-stall-timeout", type=float, default=lim.stall_s, metavar="S",
+                    help=f"a fetch receiving fewer than {lim.stall_bytes} bytes in S seconds has stalled (a dead or "
+                         "trickling server) and fails (default %(default)s)")
+    ds.add_argument("--dataset-memory-bytes", type=int, default=lim.memory_bytes, metavar="N",
+                    help="address-space limit of the process each staging runs in, so no data can exhaust the "
+                         "agent's memory (default %(default)s; 0: none)")
     ds.add_argument("--s3-endpoint-url", metavar="URL", help="where s3:// sources are, for an on-prem S3 (MinIO, "
                     "Ceph), e.g. http://minio:9000 (default: the AWS chain's, AWS_ENDPOINT_URL or AWS itself); "
                     "credentials come from the AWS chain (needs corral[s3])")

@@ -12,7 +12,7 @@ caches' contents with NodeDatasets and DatasetEvicted. The fold keeps
 - a DatasetFailed as the attempt's `failure`, so react ends the attempt the
   way it ends one whose rank crashed: restarted with backoff while restarts
   remain, else failed, with the agent's reason in `corral job`; a permanent
-  one (the archive is hostile or too large, a limit, a digest mismatch: the
+  one (the archive is hostile or too large, a limit passed: the
   same anywhere) fails the job at once, never restarted onto another node.
 
 Reports about an attempt that is not the job's current one holding GPUs, a
@@ -110,7 +110,7 @@ def dataset_failed(state: ClusterState, e: DatasetFailed, at: float) -> None:
 
 def failed_for_good(job: Job) -> bool:
     """Whether the current attempt's staging failed in a way no restart mends (DatasetFailed.permanent: a hostile
-    or oversized archive, a limit, a digest mismatch): the job fails once with the reason (#39)."""
+    or oversized archive, a limit passed): the job fails once with the reason (#39)."""
     s = job.staging
     return s is not None and s.attempt == job.attempt and s.permanent and job.failure == s.failed
 

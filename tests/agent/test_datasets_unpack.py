@@ -134,11 +134,11 @@ def test_hard_links_out_or_to_nothing_are_refused(tmp_path: Path, target: str) -
     assert os.stat(where / "sentinel").st_nlink == 1
 
 
-def test_an_absolute_member_lands_inside_and_dotdot_is_refused(tmp_path: Path) -> None:
+def test_an_absolute_member_and_dotdot_are_refused(tmp_path: Path) -> None:
     where = tmp_path / "w"
     where.mkdir()
-    dest = _unpack(_tar([(_info("/abs/file"), b"hello")], fmt=tarfile.GNU_FORMAT), where)
-    assert (dest / "abs" / "file").read_bytes() == b"hello"
+    with pytest.raises(Refused, match="is an absolute path"):
+        _unpack(_tar([(_info(str(where / "sentinel")), b"x")], fmt=tarfile.GNU_FORMAT), where)
     _outside_untouched(where)
     where2 = tmp_path / "w2"
     where2.mkdir()
@@ -253,3 +253,12 @@ def test_a_hostile_zip_is_refused_like_a_tar(tmp_path: Path) -> None:
     where.mkdir()
     with pytest.raises(Refused, match="decompression bomb"):
         _unpack(buf.getvalue(), where, Limits(ratio_floor=2 * MB, max_ratio=10))
+
+
+def test_the_root_directory_member_of_tar_c_dot_is_the_tree_itself(tmp_path: Path) -> None:
+    """`tar -C dir -czf x.tgz .` writes `./` first: the directory itself, nothing to refuse."""
+    where = tmp_path / "w"
+    where.mkdir()
+    dest = _unpack(_tar([(_info("./", tarfile.DIRTYPE), None), (_info("./a/f"), b"hi")]), where)
+    assert (dest / "a" / "f").read_bytes() == b"hi"
+    _outside_untouched(where)
