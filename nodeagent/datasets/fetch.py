@@ -161,7 +161,15 @@ class _Hashing(io.RawIOBase):
 
     def readinto(self, b: memoryview) -> int:  # type: ignore[override]
         _check(self.stop)
-        n = self.inner.readinto(b)  # type: ignore[attr-defined]
+        read1 = getattr(self.inner, "read1", None)
+        if read1 is not None:
+            # What has come, not a full chunk: an HTTP body's readinto waits until `b` is full, so a slow but
+            # steady download would tell no progress for a chunk's time and look stalled to the supervisor.
+            data = read1(len(b))
+            n = len(data)
+            b[:n] = data
+        else:
+            n = self.inner.readinto(b)  # type: ignore[attr-defined]
         if n:
             if self.sha is not None:
                 self.sha.update(b[:n])

@@ -213,6 +213,10 @@ def _prefix(client: Any, loc: Location, dest: Path, sha256: str, progress: Progr
     return done
 
 
+#: Most bytes one read of an object's body asks for.
+READ_STEP = 1 << 16
+
+
 class _Body(io.RawIOBase):
     """A botocore StreamingBody as a raw stream; a broken read is a ConnectionError, as a broken HTTP one is."""
 
@@ -226,7 +230,9 @@ class _Body(io.RawIOBase):
         from botocore.exceptions import BotoCoreError
 
         try:
-            data = self.body.read(len(b))
+            # (a read returns once it has all it asked for: a small step keeps the progress, and a slow body
+            # does not look stalled to the supervisor)
+            data = self.body.read(min(len(b), READ_STEP))
         except BotoCoreError as e:
             raise ConnectionError(str(e)) from None
         n = len(data)

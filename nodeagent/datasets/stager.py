@@ -32,7 +32,7 @@ from pathlib import Path
 import structlog
 
 from nodeagent.datasets.cache import CacheFull, DatasetCache, Entry, tree_bytes
-from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, DiskFull, StagingError, Stopped
+from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, DiskFull, Refused, StagingError, Stopped
 from nodeagent.datasets.limits import Limits
 from nodeagent.datasets.supervise import size_in_child, stage_in_child
 from orchestrator.core.model.slices import NodeJob
@@ -223,8 +223,11 @@ class Stager:
         """Stage `ds` into the cache under its key: room, fetch into `.tmp/`, room again, rename into place."""
         key = ds.key
         t0 = time.monotonic()
-        await self._make_room(await size_in_child(ds, self._stop, limits=self.limits,
-                                                  s3_endpoint_url=self.s3_endpoint_url), key)
+        need = await size_in_child(ds, self._stop, limits=self.limits, s3_endpoint_url=self.s3_endpoint_url)
+        if need > self.limits.fetch_limit():  # (never fits here, whatever is evicted: a limit, not a full cache)
+            raise Refused(f"{ds.source} is {need} bytes, more than the {self.limits.fetch_limit()} a staging may "
+                          "fetch here (--dataset-cache-bytes, --dataset-max-bytes)")
+        await self._make_room(need, key)
         tmp = await asyncio.to_thread(self.cache.temp_dir, key)
         try:
             log.info("dataset_staging", node_id=self.node_id, key=key, source=ds.source)
