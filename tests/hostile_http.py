@@ -38,13 +38,13 @@ class Handler(BaseHTTPRequestHandler):
     events: Path
     lock = threading.Lock()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
-    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+    def do_HEAD(self) -> None:
         self._answer(body=False)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._answer(body=True)
 
     def _tell(self, line: str) -> None:
