@@ -41,8 +41,8 @@ MAX_BYTES = 12 * MiB
 MAX_MEMBERS = 1000
 STALL_S = 3
 TIMEOUT_S = 12
-#: What the agent may grow to while children unpack bombs (its own peak RSS, VmHWM); it idles near 100 MiB.
-AGENT_PEAK = 400 * MiB
+#: What the agent may grow to while children unpack bombs (its own peak RSS, VmHWM); it peaks near 40 MiB here.
+AGENT_PEAK = 200 * MiB
 PAYLOAD = b"pwned\n"
 VICTIM = b"the victim's own bytes\n"
 
@@ -311,6 +311,18 @@ async def test_hostile_datasets_fail_their_job_once_and_the_node_runs_on(
     assert sorted(p.name for p in outside.iterdir()) == ["victim"] and (outside / "victim").read_bytes() == VICTIM
     assert not escaped(tmp_path), escaped(tmp_path)
     assert sum(isinstance(e, NodeRegistered) for e in log) == 1, "the agent registered more than once"
+    print(f"the agent's own memory peaked at {peak >> 20} MiB")
     assert peak < AGENT_PEAK, f"the agent's own memory peaked at {peak >> 20} MiB"
     assert sorted(p.name for p in cache.iterdir()) == [".tmp", Dataset(name="set", source=good, mount="/").key]
     assert not list((cache / ".tmp").iterdir())
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--dataset-stall-timeout", "0"), ("--dataset-max-bytes", "-1"),
+                                             ("--dataset-memory-bytes", "-5")])
+def test_a_bad_limit_stops_the_agent_before_it_starts(tmp_path: Path, flag: str, value: str) -> None:
+    from tests.integration.harness import CORRAL
+
+    out = subprocess.run([CORRAL, "--nats", "nats://127.0.0.1:1", "agent", "--node-id", "n0", "--fake-gpus", "8",
+                          "--runtime", "process", "--data-dir", str(tmp_path / "agent"), flag, value],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and flag in out.stderr and value in out.stderr, out.stderr
