@@ -2,7 +2,8 @@
 
 It reads its request (the dataset, the directory, the limits) as JSON on
 stdin, stages with fetch.py, and writes JSON lines on stdout: progress
-({"p": done, "t": total}, a few a second at most), then its result
+({"started": 1} once it is about to fetch, then {"p": done, "t": total}, a few a
+second at most), then its result
 ({"ok": bytes read} or {"error": reason, "kind": ..., "permanent": ...}).
 Its memory is limited (RLIMIT_AS), and it dies with the agent
 (PR_SET_PDEATHSIG): whatever the data does, only this process suffers it.
@@ -11,6 +12,7 @@ Time, stalls and cancels are its supervisor's (supervise.py), which kills it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -24,7 +26,7 @@ from pathlib import Path
 import msgspec
 
 from nodeagent.datasets.limits import Limits
-from schemas.datasets import Dataset
+from schemas.datasets import Dataset, source_scheme
 
 PR_SET_PDEATHSIG = 1
 #: Most characters of a reason sent back (a member's name may be long).
@@ -86,6 +88,11 @@ def main() -> int:
         _say({"ok": expected_bytes(req.dataset, req.s3_endpoint_url)})
         return 0
 
+    if source_scheme(req.dataset.source) == "s3":
+        with contextlib.suppress(ImportError):  # (without the extra, staging says so)
+            import boto3  # noqa: F401 - a second or more on a busy node: not the fetch's time
+    # The fetch begins: the supervisor's stall clock starts now, not while this interpreter was starting.
+    _say({"started": 1})
     last = [0.0]
 
     def progress(done: int, total: int) -> None:

@@ -110,7 +110,7 @@ def _copy_dir(src: Path, dest: Path, sha256: str, progress: Progress, stop: thre
             s = Path(d) / name
             if not s.is_file():
                 continue  # a socket, a fifo, a dangling link: not data
-            _copy_file(s, dest / rel / name)
+            _copy_file(s, dest / rel / name, lambda n, base=done: progress(base + n, total))
             done += s.stat().st_size
             progress(done, total)
     check_manifest(dest, sha256, src, "the directory")
@@ -127,23 +127,36 @@ def check_manifest(dest: Path, sha256: str, source: object, what: str) -> None:
                            f"sha256:{sha256} ({what} changed, or the digest is wrong)")
 
 
-def _copy_file(src: Path, dst: Path) -> None:
-    """Copy in the kernel with copy_file_range, as `cp` does (shutil.copyfile's sendfile where it cannot)."""
+#: Most bytes one copy_file_range moves: a progress report each (shared storage may be slow; a big file must
+#: not look like a stalled fetch to the supervisor).
+COPY_STEP = 64 << 20
+
+
+def _copy_file(src: Path, dst: Path, copied: Callable[[int], None]) -> None:
+    """Copy in the kernel with copy_file_range, as `cp` does (read and write where it cannot); `copied(n)`: the
+    bytes of this file copied so far."""
     with open(src, "rb") as fi, open(dst, "wb") as fo:
         left = os.fstat(fi.fileno()).st_size
+        got = 0
         try:
             while left > 0:
-                n = os.copy_file_range(fi.fileno(), fo.fileno(), min(left, 1 << 30))
+                n = os.copy_file_range(fi.fileno(), fo.fileno(), min(left, COPY_STEP))
                 if n == 0:
                     break
                 left -= n
+                got += n
+                copied(got)
         except OSError as e:
             if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
                 raise
             fi.seek(0)
             fo.seek(0)
             fo.truncate()
-            shutil.copyfileobj(fi, fo, CHUNK)
+            got = 0
+            while b := fi.read(CHUNK):
+                fo.write(b)
+                got += len(b)
+                copied(got)
 
 
 class _Hashing(io.RawIOBase):

@@ -98,6 +98,8 @@ async def _watch(ds: Dataset, out: asyncio.StreamReader, progress: Callable[[int
     """Follow the child's lines until its result (None: it ended without one); raise at a limit."""
     t0 = mark_t = time.monotonic()
     mark_b = done = total = 0
+    #: The child told it is about to fetch (before that: its interpreter starting, which only the timeout bounds).
+    started = False
     while True:
         try:
             line = await asyncio.wait_for(out.readline(), POLL_S)
@@ -119,6 +121,8 @@ async def _watch(ds: Dataset, out: asyncio.StreamReader, progress: Callable[[int
                     progress(done, total)
                     if done - mark_b >= limits.stall_bytes:
                         mark_t, mark_b = now, done
+                elif "started" in msg:
+                    started, mark_t = True, now  # (a busy node's interpreter start is not a stalled fetch)
                 elif "ok" in msg or "error" in msg:
                     return msg
         if stop.is_set():
@@ -126,7 +130,7 @@ async def _watch(ds: Dataset, out: asyncio.StreamReader, progress: Callable[[int
         if now - t0 > limits.timeout_s:
             raise Refused(f"staging {ds.source} took longer than {limits.timeout_s:g}s (--dataset-timeout), "
                           f"{done} bytes fetched")
-        fetching = total == 0 or done < total
+        fetching = started and (total == 0 or done < total)
         if fetching and now - mark_t > limits.stall_s:
             raise Refused(f"the fetch of {ds.source} stalled: fewer than {limits.stall_bytes} bytes in "
                           f"{limits.stall_s:g}s (--dataset-stall-timeout), {done} bytes fetched"
