@@ -225,9 +225,15 @@ class Follower(Generic[S]):
             await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=to_seq), self.apply_batch)
             return
         end = await self.bus.last_seq() if to_seq is None else to_seq
+        first = self.position + 1
         await self._check_start()
         await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=end, subjects=self.subjects),
                               self.apply_batch)
+        # A position deleted in between may have been this slice's: stop, naming it, as a whole-log reader does.
+        if (gone := await self.bus.deleted_in(first, end)) is not None:
+            why = f"seq {gone} was deleted from the stream"
+            log.error("log_gap", expected=gone, why=why, subjects=self.subjects)
+            raise LogGap(gone, gone + 1, why)
         self.read_through = max(self.read_through, end)
         self._wake()
 
