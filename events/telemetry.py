@@ -207,7 +207,7 @@ class ServiceRegistry(CollectorRegistry):
 
     def require_caught_up(self, service: str, follower: Follower[Any]) -> None:
         """Ready only once `follower` folded up to the log's end as of its start (`Follower.target`)."""
-        self.require_position(service, lambda: follower.state.seq, lambda: follower.target)
+        self.require_position(service, lambda: follower.position, lambda: follower.target)
 
     def require_position(self, service: str, seq: Callable[[], int], target: Callable[[], int | None]) -> None:
         """Ready only once `seq()` reached `target()` (None: not known yet); the gap is a gauge too.

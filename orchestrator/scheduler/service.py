@@ -315,6 +315,7 @@ class Scheduler:
     async def run(self) -> None:
         """Run until cancelled; the first fatal error propagates."""
         try:
+            await self.bus.setup.ensure_consumer_room()  # a consumer per agent (#40): a stream made before it had 1,000
             await self._restore()
             lease_kv = await self.bus.kv(LEASE_BUCKET, ttl=self.config.lease_ttl_s)
             hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from events.bus import Bus
+from events.nodeviews import NODEVIEW_BUCKET
 from events.sdk import Client
 from events.server import NatsServer
 from events.snapshots import SNAPSHOT_BUCKET, SnapshotStore
@@ -279,9 +280,9 @@ def test_after_the_head_left_the_stream_a_fresh_agent_works_and_the_index_rebuil
     # (a) A fresh agent on the purged stream, from the newest snapshot: no archive anywhere.
     agent_log = asyncio.run(_fresh_agent_works(url, tmp_path / "fresh"))
     caught_up = [json.loads(line) for line in agent_log.splitlines() if '"caught_up"' in line]
-    assert caught_up and caught_up[0]["from_snapshot"] >= first - 1, caught_up
+    assert caught_up and caught_up[0]["from_view"] >= first - 1, caught_up  # the node views' `_base` (#40)
 
-    # (c) No usable snapshot (the bucket removed) and no archive: a new agent stops, naming the range.
+    # (c) No usable snapshot nor node view (the buckets removed) and no archive: a new agent stops, naming the range.
     asyncio.run(_drop_snapshots(url))
     (tmp_path / "orphan").mkdir()
     proc = agent_proc(url, "orphan", tmp_path / "orphan", index=5)
@@ -293,5 +294,6 @@ async def _drop_snapshots(url: str) -> None:
     bus = await Bus.connect(url)
     try:
         await bus.js.delete_object_store(SNAPSHOT_BUCKET)
+        await bus.js.delete_key_value(NODEVIEW_BUCKET)
     finally:
         await bus.close()
