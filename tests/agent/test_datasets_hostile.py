@@ -19,6 +19,8 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -173,8 +175,17 @@ def hostile_server(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(Path(__file__).parents[1] / "hostile_http.py"), str(port), str(www),
                              str(events)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
     try:
-        yield f"http://127.0.0.1:{port}", www, events
+        deadline = time.monotonic() + 30
+        while True:  # answering before any job is submitted
+            try:
+                with urllib.request.urlopen(f"{base}/files/good.tar", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "tests/hostile_http.py did not come up"
+                time.sleep(0.05)
+        yield base, www, events
     finally:
         stop_http_server(proc)
 
@@ -302,8 +313,8 @@ async def test_hostile_datasets_fail_their_job_once_and_the_node_runs_on(
             problems.append(f"{case.name}: {j.status}, told {[(d.reason, d.permanent) for d in told]}")
     assert not problems, "\n".join(problems)
     for kind in (JobFailed, GangRestarted, WorkerStarted):
-        per_job = [e.job_id for e in log if isinstance(e, kind) and e.job_id in {c.name for c in cases}]
-        want = sorted(c.name for c in cases) if kind is JobFailed else []
+        per_job = [e.job_id for e in log if isinstance(e, kind) and e.job_id in {case.name for case in cases}]
+        want = sorted(case.name for case in cases) if kind is JobFailed else []
         assert sorted(per_job) == want, f"{kind.__name__}: {per_job}"
     assert state.jobs["cancelled"].status == "cancelled" and "cancelled" not in failed
     # Nothing outside the dataset's directory; the agent never restarted, and its memory stayed its own.
