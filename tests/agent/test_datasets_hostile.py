@@ -8,7 +8,8 @@ aim at a sentinel directory beside the agent's; what happened on the disk is jud
 download's end by the server's own record of its client going away.
 
 While the hostile jobs come and go, a "steady" job (one GPU, a good dataset) runs on the same node; once they
-are all over, a later job with the same good dataset completes and so does the steady one.
+are all over, a later job with the same good dataset completes, a staging child killed from outside (as the
+kernel's OOM killer would) fails its job once, and the steady job completes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -154,6 +156,8 @@ CASES = [
     Case("slow", "/slow/timeout", f"took longer than {TIMEOUT_S}s (--dataset-timeout)"),
     Case("garbage", "/garbage", "did not answer in HTTP", permanent=False),
 ]
+#: A staging child killed by the kernel (its OOM killer, say: the test plays it with SIGKILL) mid-fetch.
+KILLED = Case("killed", "/slow/killed", "ended without a result (signal 9)")
 S3_CASES = [
     Case("s3-chain", "s3://hostile/chain.tar", "which may lead outside the dataset's directory"),
     Case("s3-bomb", "s3://hostile/bomb.tar.gz", f"more than {MAX_BYTES} bytes"),
@@ -225,6 +229,20 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+def staging_children(agent: int) -> list[int]:
+    """The pids of the staging children (`python -m nodeagent.datasets.child`) of process `agent` now."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == agent and b"nodeagent.datasets.child" in cmd:
+            found.append(int(p.name))
+    return found
+
+
 def escaped(root: Path) -> list[str]:
     """Every path under `root` an archive named (escaped-*), wherever it is, links not followed."""
     found = []
@@ -285,6 +303,14 @@ async def test_hostile_datasets_fail_their_job_once_and_the_node_runs_on(
             await c.submit(job(good, "later", ("sh", "-c", 'test -s "$CORRAL_DATASET_SET/good/a"')), job_id="later")
             await until(obs, lambda s: ended(s, "later"), 60, "the later job to end", alive=[sched, ag])
             assert obs.state.jobs["later"].status == "completed", obs.state.jobs["later"].end_reason
+            # A staging child killed from outside (as the kernel's OOM killer would): its job fails once, saying so.
+            await c.submit(job(base + KILLED.path, KILLED.name), job_id=KILLED.name)
+            await until(obs, lambda s: fetched(s, KILLED.name) > 0, 60, "the killed job's download to bring bytes",
+                        alive=[sched, ag])
+            (child,) = staging_children(ag.pid)
+            os.kill(child, signal.SIGKILL)
+            await until(obs, lambda s: ended(s, KILLED.name), 60, "the killed job to end", alive=[sched, ag])
+            cases.append(KILLED)
             # The cancelled download stopped (the server saw its client go) and its temporary directory went.
             await until(obs, lambda s: "slow/cancel closed" in server_events.read_text(), 30,
                         "the server to see the cancelled download's client go", alive=[sched, ag])
