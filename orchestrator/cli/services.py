@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -20,6 +21,7 @@ from nodeagent.agent import Agent, AgentConfig
 from nodeagent.datasets.limits import Limits
 from nodeagent.discovery import NoGpuError, node_inventory
 from nodeagent.gpu_health import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, GpuHealthWatch, HealthPolicy, parse_xids
+from nodeagent.host import connect_agents, connection
 from nodeagent.runtime.base import Runtime
 from nodeagent.runtime.process import ProcessRuntime
 from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
@@ -404,21 +406,40 @@ async def run_up(args: argparse.Namespace) -> int:
         print("corral up: stopped", flush=True)
 
 
+def up_liveness(nodes: int, heartbeat_timeout: float) -> tuple[float, float]:
+    """`corral up`'s heartbeat interval and failure timeout: a second for a few nodes, as a laptop wants; a
+    cluster-sized `--nodes` beats every 5 s (one machine hosts them all), and the timeout is at least four
+    intervals whatever --heartbeat-timeout says."""
+    heartbeat_s = 1.0 if nodes <= 128 else 5.0
+    return heartbeat_s, max(heartbeat_timeout, 4 * heartbeat_s)
+
+
 async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str) -> int:
+    async with contextlib.AsyncExitStack() as stack:
+        return await _run_services(args, bus, data, url, stack)
+
+
+async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str,
+                        stack: contextlib.AsyncExitStack) -> int:
     from orchestrator.cli.demo import needs_small_workload, run_demo
 
-    sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=args.heartbeat_timeout,
+    heartbeat_s, heartbeat_timeout_s = up_liveness(args.nodes, args.heartbeat_timeout)
+    sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=heartbeat_timeout_s,
                                            lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)))
-    agents = []
-    for i in range(args.nodes):
+    extra_env = worker_env(args)
+
+    def make(agent_bus: Bus, i: int) -> Agent:
         node_id = f"node-{i}"
         node_dir = data / "agents" / node_id
         inventory = node_inventory(node_id, fake_gpus=args.gpus_per_node, labels=fake_node_labels(i),
                                    fake_model=args.gpu_model).inventory
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
-                             checkpoint_root=data / "checkpoints", heartbeat_s=1.0, worker_env=worker_env(args))
-        agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
-                                                                 inherit_env=False)))
+                             checkpoint_root=data / "checkpoints", heartbeat_s=heartbeat_s, worker_env=extra_env)
+        return Agent(agent_bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
+                                                                  inherit_env=False))
+
+    # The agents' own connections (PER_CONNECTION to one), closed after everything else stopped.
+    agents = await connect_agents(stack, lambda k: connection(url, f"corral-up-agents-{k}"), args.nodes, make)
     from events.archive import Archive
     from events.history import History
     from orchestrator.index.service import IndexService
@@ -610,6 +631,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="request the placement's GPUs by index from the NVIDIA runtime; auto: unless "
                         "--fake-gpus (default %(default)s)")
     p.set_defaults(handler=run_agent)
+
+    from orchestrator.cli.agent_host import add_agent_host_args
+
+    p = sub.add_parser("agent-host", help="run many simulated node agents in one process, for scale tests",
+                       description="N simulated nodes (fake GPUs, simulated runtime), each a real agent with its "
+                                   "own filtered subscription of its node's slice of the log.")
+    add_connection_args(p, service=True)
+    common(p)
+    add_agent_host_args(p)
 
     p = sub.add_parser(
         "admission", help="run the admission service: team accounts submit and cancel through it",
