@@ -107,7 +107,7 @@ class AgentConfig:
     data_dir: Path = Path(".corral/agent")
     #: Where ranks checkpoint (shared storage in a real cluster, so a requeued job resumes elsewhere).
     checkpoint_root: Path | None = None
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 10.0  # a Kubernetes node lease's renewal (README, "Liveness")
     tick_s: float = 0.5
     #: Docker renumbers the GPUs it exposes from 0 inside the container.
     isolated_gpus: bool = False

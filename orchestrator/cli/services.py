@@ -532,8 +532,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="a job younger than this is not preempted (default %(default)s)")
         p.add_argument("--half-life", type=float, default=0.0, metavar="S",
                        help="fair-share usage half-life; 0 = no decay (default)")
-        p.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
-                       help="declare a node failed after this long without a heartbeat (default %(default)s)")
+        p.add_argument("--heartbeat-timeout", type=float, default=40.0, metavar="S",
+                       help="declare a node failed after this long without a heartbeat (default %(default)s: four of "
+                            "the agents' default 10 s beats, as Kubernetes' node grace; README, Liveness)")
         p.add_argument("--drain-unhealthy-gpus", type=int, default=2, metavar="K",
                        help="a node with K GPUs out of service (GpuUnhealthy) takes no new work; 0: never by count "
                             "(default %(default)s)")
@@ -564,7 +565,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--labels", help="topology labels, e.g. block=b0,leaf=l1")
     p.add_argument("--data-dir", default=".corral/agent", help="worker state and logs (default %(default)s)")
     p.add_argument("--checkpoint-root", help="shared checkpoint storage (default DATA_DIR/checkpoints)")
-    p.add_argument("--heartbeat", type=float, default=1.0, metavar="S", help="heartbeat interval")
+    p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+                   help="heartbeat interval (default %(default)s, as a Kubernetes node lease; keep it a quarter of the "
+                        "scheduler's --heartbeat-timeout or less)")
     p.add_argument("--worker-log-max-mb", type=float, default=LOG_MAX_BYTES / 2**20, metavar="MB",
                    help="process runtime: rotate a worker's output log at this size (default %(default)g MiB)")
     p.add_argument("--worker-log-files", type=int, default=LOG_FILES, metavar="N",

@@ -73,7 +73,7 @@ class SchedulerConfig:
     snapshot_every: int = 10_000
     snapshot_interval_s: float = 60.0
     lease_ttl_s: float = 5.0
-    heartbeat_timeout_s: float = 10.0
+    heartbeat_timeout_s: float = 40.0  # four agent beats (README, "Liveness")
     #: Appended once when the log has no cluster settings yet, so every replay decides alike.
     cluster: ClusterConfigured | None = None
 
