@@ -44,6 +44,8 @@ from schemas import (
     RankPlacement,
     SchedulerElected,
     Unknown,
+    WorkAssigned,
+    WorkChanged,
     WorkerExited,
     WorkerStarted,
     tag_of,
@@ -159,6 +161,10 @@ def essentials(event: AnyEvent | Unknown) -> str:
             cap = f" of {mb(event.capacity_bytes)}" if event.capacity_bytes else ""
             used = sum(d.size_bytes for d in event.datasets)
             return f"{len(event.datasets)} cached dataset(s), {mb(used)}{cap}"
+        case WorkAssigned():
+            return f"{event.job_id} attempt={event.attempt} {len(event.ranks)} rank(s) of {event.world_size}"
+        case WorkChanged():
+            return f"{event.job_id} attempt={event.attempt} {event.intent} {event.reason}".rstrip()
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:

@@ -9,7 +9,7 @@ import signal
 import socket
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
@@ -32,6 +32,7 @@ from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from events.history import History
     from events.telemetry import MetricsServer
     from nodeagent.runtime.docker_options import DockerOptions
     from orchestrator.archiver import Archiver
@@ -103,13 +104,22 @@ async def run_scheduler(args: argparse.Namespace) -> int:
                              snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval,
                              cluster=cluster_config(args))
     async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
-        sched = Scheduler(bus, config)
+        sched = Scheduler(bus, config, history=_archived(args, bus))
         metrics_server = await start_metrics(args, scheduler=sched)
         try:
             return await until_signalled(sched.run())
         finally:
             if metrics_server is not None:
                 await metrics_server.close()
+
+
+def _archived(args: argparse.Namespace, bus: Bus) -> History | None:
+    """With the global `--archive PATH` (CORRAL_ARCHIVE), the archive and the stream as one log: a service that
+    finds no usable snapshot or node view reads what retention moved out of the stream there."""
+    from orchestrator.cli.archive import with_archive
+
+    source = with_archive(args, bus)
+    return None if source is bus else cast("History", source)
 
 
 async def serve_metrics(args: argparse.Namespace, registry: CollectorRegistry) -> MetricsServer:
@@ -261,7 +271,7 @@ async def run_agent(args: argparse.Namespace) -> int:
             raise
         raise CliError("the docker runtime needs the Docker SDK: pip install 'corral[docker]'", USAGE) from None
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True, wait_for_creator=True) as bus:
-        agent = Agent(bus, config, inventory, runtime, health=watch)
+        agent = Agent(bus, config, inventory, runtime, health=watch, history=_archived(args, bus))
         metrics_server = await start_metrics(args, agents=[agent])
         try:
             return await until_signalled(agent.run())
@@ -388,10 +398,17 @@ async def run_up(args: argparse.Namespace) -> int:
 
 
 async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str) -> int:
+    from events.archive import Archive
+    from events.history import History
     from orchestrator.cli.demo import needs_small_workload, run_demo
+    from orchestrator.index.service import IndexService
 
+    archiver = _up_archiver(args, bus, data)
+    # With retention, every service reads what the stream dropped from the archive (a damaged snapshot or view).
+    history = None if archiver is None else History(bus, Archive(archiver.config.path))
     sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=args.heartbeat_timeout,
-                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)))
+                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)),
+                      history=history)
     agents = []
     for i in range(args.nodes):
         node_id = f"node-{i}"
@@ -401,14 +418,8 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
                              checkpoint_root=data / "checkpoints", heartbeat_s=1.0, worker_env=worker_env(args))
         agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
-                                                                 inherit_env=False)))
-    from events.archive import Archive
-    from events.history import History
-    from orchestrator.index.service import IndexService
-
-    archiver = _up_archiver(args, bus, data)
-    index = IndexService(bus, data / "index", history=None if archiver is None else
-                         History(bus, Archive(archiver.config.path)))
+                                                                 inherit_env=False), history=history))
+    index = IndexService(bus, data / "index", history=history)
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"(process runtime) + the index; Ctrl-C stops", flush=True)
     result = OK

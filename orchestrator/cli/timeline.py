@@ -55,6 +55,8 @@ from schemas import (
     QueueDeleted,
     SchedulerElected,
     Unknown,
+    WorkAssigned,
+    WorkChanged,
     WorkerExited,
     WorkerStarted,
     tag_of,
@@ -186,8 +188,9 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
             return f"dataset {ev.dataset} failed on {ev.node_id} (attempt {ev.attempt}): {printable(ev.reason, 300)}"
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
               | QueueDeleted() | SchedulerElected() | ClusterConfigured() | GpuUnhealthy() | GpuHealthy()
-              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets()):
-            return None  # about no job: the job_id test above has already left
+              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets()
+              | WorkAssigned() | WorkChanged()):
+            return None  # about no job, or a node's copy of a decision told above: the job_id test above has already left
         case _:
             assert_never(ev)
 
