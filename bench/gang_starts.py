@@ -8,14 +8,12 @@ that just ended still held a moment ago. Per gang, reserved -> running =
 JobRunning's stream time - GangReserved's (both stamped by the server, one
 clock).
 
-The agents share one fold of the log, as in bench/load.py (`SharedView`): it
-folds what arrived in one batch before any agent runs, which is how a busy
-agent sees it too. A rank's exit, the gang's completion and the next gang's
-reservation on the same GPUs then arrive together: the agent reconciles while
-the exited worker is still tracked (it is dropped once the agent's own
-WorkerExited is folded) and defers the new rank (`worker_start_deferred`).
-Unless dropping the worker wakes the reconcile loop, the rank starts at the
-next tick: up to 0.5 s late. `--own-fold` gives each agent its own Follower.
+Each agent reads its own node's slice (#40). A rank's exit, the gang's
+completion and the next gang's orders for the same GPUs can arrive together:
+the agent reconciles while the exited worker is still tracked (it is dropped
+once the agent's own WorkerExited is folded) and defers the new rank
+(`worker_start_deferred`). Unless dropping the worker wakes the reconcile
+loop, the rank starts at the next tick: up to 0.5 s late.
 
 The window is the time between the agent's report of the exit and its drop of
 the worker, and a runtime's `remove` is in it: a simulated worker is removed
@@ -42,7 +40,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import share_one_fold  # noqa: E402
 from events.bus import Bus  # noqa: E402
 from events.server import NatsServer  # noqa: E402
 from nodeagent.agent import Agent, AgentConfig  # noqa: E402
@@ -74,7 +71,7 @@ def pct(xs: list[float], p: float) -> float:
 
 
 async def gang_starts(nodes: int, gangs: int, run_s: float, tick_s: float, *, remove_s: float = 0.15,
-                      own_fold: bool = False, timeout_s: float = 300.0) -> dict[str, object]:
+                      timeout_s: float = 300.0) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="corral-gang-starts-") as tmp:
         async with NatsServer(Path(tmp) / "nats") as server:
             bus = await Bus.connect(server.url)
@@ -88,11 +85,6 @@ async def gang_starts(nodes: int, gangs: int, run_s: float, tick_s: float, *, re
                 for i in range(nodes)
             ]
             tasks = [asyncio.create_task(sched.run())]
-            if not own_fold:
-                ready = asyncio.Event()
-                shared = share_one_fold(bus, agents, ready)
-                ready.set()
-                tasks.append(asyncio.create_task(shared.follow()))
             tasks += [asyncio.create_task(a.run()) for a in agents]
             try:
                 spec = JobSpec(name="g", ranks=2, gpus_per_rank=GPUS, command=("sleep", str(run_s)))
@@ -127,7 +119,6 @@ async def gang_starts(nodes: int, gangs: int, run_s: float, tick_s: float, *, re
         "gang_starts_gangs": gangs,
         "gang_starts_run_s": run_s,
         "gang_starts_agent_tick_s": tick_s,
-        "gang_starts_fold": "own" if own_fold else "shared",
         "gang_starts_remove_ms": round(remove_s * 1000),
         "reserved_to_running_p50_ms": round(statistics.median(waits), 1),
         "reserved_to_running_p99_ms": round(pct(waits, 99), 1),
@@ -144,9 +135,7 @@ if __name__ == "__main__":
     ap.add_argument("--run-s", type=float, default=0.2)
     ap.add_argument("--tick-s", type=float, default=0.5, help="agent reconcile tick (corral agent: 0.5)")
     ap.add_argument("--remove-ms", type=float, default=150.0, help="how long removing a worker takes")
-    ap.add_argument("--own-fold", action="store_true", help="each agent folds the log alone")
     ap.add_argument("--log-level", default="warning", help="services' structlog level (info: see worker_start_deferred)")
     a = ap.parse_args()
     configure_logging(a.log_level)
-    print(json.dumps(asyncio.run(gang_starts(a.nodes, a.gangs, a.run_s, a.tick_s, remove_s=a.remove_ms / 1000,
-                                             own_fold=a.own_fold))))
+    print(json.dumps(asyncio.run(gang_starts(a.nodes, a.gangs, a.run_s, a.tick_s, remove_s=a.remove_ms / 1000))))

@@ -82,9 +82,9 @@ from events.bus import Bus  # noqa: E402
 from events.follow import fold_batch  # noqa: E402
 from events.logfile import LogFile  # noqa: E402
 from events.server import NatsServer  # noqa: E402
+from events.subjects import slice_filters  # noqa: E402
 from events.telemetry import digest  # noqa: E402
-from orchestrator.core.evolve import evolve  # noqa: E402
-from orchestrator.core.model.state import ClusterState, snapshot  # noqa: E402
+from orchestrator.core.node_view import NodeView, evolve_node, view_bytes  # noqa: E402
 from schemas.events import Event, GangRestarted, JobSubmitted, JobWaiting, NodeRegistered, Unknown  # noqa: E402
 
 #: The issue's targets (acceptance 1), checked by --compare.
@@ -392,20 +392,15 @@ def scrape_fold(svc: Service) -> tuple[int, int] | None:
     return found["corral_log_position"], found["corral_state_digest"]
 
 
-async def full_fold_digest(url: str, upto: int) -> int:
-    """The digest of `evolve` over positions 1..upto read from the stream into a fresh state (no snapshot).
-
-    On the stream's times, as every service folds (`Follower(stream_times=True)`): the events'
-    own times give another state (a job's times, what ages out), so another digest.
-    """
+async def slice_fold_digest(url: str, node_id: str, upto: int) -> int:
+    """The digest of `evolve_node` over the node's slice (#40) up to `upto`, read from the stream into an
+    empty view: what the agent holds, whichever stored view it started from."""
     bus = await Bus.connect(url)
     try:
-        state = ClusterState()
-        async for batch in bus.replay(1, to_seq=upto, stall_timeout=120.0):
-            state = fold_batch(state, batch, evolve, stream_times=True)
-        if state.seq != upto:
-            raise RuntimeError(f"the full fold ended at {state.seq}, not {upto}")
-        return digest(snapshot(state))
+        view = NodeView(node_id=node_id)
+        async for batch in bus.replay(1, to_seq=upto, subjects=slice_filters(node_id), stall_timeout=120.0):
+            view = fold_batch(view, batch, evolve_node, contiguous=False, stream_times=True)
+        return digest(view_bytes(view))
     finally:
         await bus.close()
 
@@ -552,10 +547,10 @@ def measure(log: Path, tmp: Path, children: Children, a: argparse.Namespace, url
     readers["agent"] = {"s": round(s, 3), "cpu_s": cpu_round(svc.cpu_s), "signal": how,
                         "snapshot_log": svc.snapshot_events()}
     if agent_fold is not None and not a.skip_digest:
-        # #28 acceptance 4: the agent that started from a snapshot holds what a fold of every event holds.
+        # #28 acceptance 4: the agent that started from a stored view holds what a fold of its whole slice holds.
         seq, agent_digest = agent_fold
         t = time.perf_counter()
-        full = asyncio.run(full_fold_digest(url, seq))
+        full = asyncio.run(slice_fold_digest(url, node.node_id, seq))
         readers["agent"]["digest"] = {"seq": seq, "agent": agent_digest, "full_fold": full,
                                       "equal": full == agent_digest, "full_fold_s": round(time.perf_counter() - t, 1)}
         note(f"  agent digest at seq {seq:,}: {agent_digest} vs a full fold's {full}: "

@@ -48,11 +48,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from events.bus import Bus, Envelope  # noqa: E402
+from events.bus import Bus  # noqa: E402
 from events.follow import Follower  # noqa: E402
 from events.sdk import Client  # noqa: E402
 from events.server import NatsServer  # noqa: E402
-from events.streamclock import StreamClock  # noqa: E402
 from nodeagent.agent import Agent, AgentConfig  # noqa: E402
 from nodeagent.fake_gpus import fake_inventory  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
@@ -72,72 +71,7 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-# --- the agent host: many agents, one shared fold ---------------------------------------------------
-
-
-class SharedView:
-    """What an Agent uses of its Follower, backed by one fold shared by every agent of the process."""
-
-    def __init__(self, shared: Follower[ClusterState], ready: asyncio.Event) -> None:
-        self._shared = shared
-        self._ready = ready
-        self.changed = asyncio.Event()
-
-    @property
-    def state(self) -> ClusterState:
-        return self._shared.state
-
-    @property
-    def clock(self) -> StreamClock:
-        """The shared fold's proof of the server's time (what an agent judges backoffs by, #30)."""
-        return self._shared.clock
-
-    async def catch_up(self, to_seq: int | None = None) -> None:
-        await self._ready.wait()
-
-    async def follow(self) -> None:
-        await asyncio.Event().wait()  # the shared fold follows for everyone
-
-    async def wait_for_seq(self, seq: int) -> None:
-        await self._shared.wait_for_seq(seq)
-
-    async def wait_changed(self, timeout: float) -> None:
-        """Follower.wait_changed on this agent's own flag (the shared fold sets it: see `wake`)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self.changed.wait()
-
-
-def share_one_fold(bus: Bus, agents: list[Agent], ready: asyncio.Event) -> Follower[ClusterState]:
-    """Point every agent at one shared fold, which wakes an agent for events about its node or its jobs.
-
-    The agents' catch-up waits for `ready`: set it once the shared fold has caught up (or at once, when
-    the shared fold's own follow() catches up).
-    """
-    shared = Follower(bus, evolve, ClusterState(), stream_times=True)  # as an agent folds (#30)
-    views: dict[str, SharedView] = {}
-    job_nodes: dict[str, tuple[str, ...]] = {}
-
-    def wake(env: Envelope) -> None:
-        e = env.event
-        if isinstance(e, GangReserved):
-            targets: tuple[str, ...] = tuple({p.node_id for p in e.ranks})
-            job_nodes[e.job_id] = targets
-        elif (job_id := getattr(e, "job_id", None)) is not None:
-            targets = job_nodes.get(job_id, ())
-        elif (node_id := getattr(e, "node_id", None)) is not None:
-            targets = (node_id,)
-        else:
-            targets = tuple(views)
-        for n in targets:
-            if (view := views.get(n)) is not None:
-                view.changed.set()
-
-    shared.on_event(wake)
-    for agent in agents:
-        view = views[agent.node_id] = SharedView(shared, ready)
-        agent.follower = view  # type: ignore[assignment]
-    return shared
+# --- the agent host: many agents, each reading its own slice (#40) ----------------------------------
 
 
 async def host_agents(url: str, first: int, count: int, nodes_total: int, gpus: int) -> None:
@@ -150,12 +84,7 @@ async def host_agents(url: str, first: int, count: int, nodes_total: int, gpus: 
         config = AgentConfig(node_id=node_id, data_dir=Path(tempfile.gettempdir()) / "corral-load" / node_id,
                              heartbeat_s=HEARTBEAT_S, tick_s=AGENT_TICK_S)
         agents.append(Agent(bus, config, inventory, SimulatedRuntime()))
-    ready = asyncio.Event()
-    shared = share_one_fold(bus, agents, ready)
-    await shared.catch_up()
-    ready.set()
     async with asyncio.TaskGroup() as tg:
-        tg.create_task(shared.follow())
         for agent in agents:
             tg.create_task(agent.run())
 

@@ -45,7 +45,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from load import share_one_fold  # noqa: E402
 
 from events.bus import Bus  # noqa: E402
 from events.server import NatsServer  # noqa: E402
@@ -204,7 +203,7 @@ def run_agents(url: str, first: int, count: int, tmp: Path, profile: Path | None
 
 
 async def host_agents(url: str, first: int, count: int, tmp: Path) -> None:
-    """`count` agents in this process sharing one fold (bench/load.py), heartbeating at the default interval."""
+    """`count` agents in this process, each with its own filtered slice (#40), heartbeating at the default interval."""
     configure_logging("warning")
     bus = await Bus.connect(url, name=f"scale-agents-{first}")
     agents = []
@@ -213,12 +212,7 @@ async def host_agents(url: str, first: int, count: int, tmp: Path) -> None:
         inventory = fake_inventory(GPUS, node_id=node_id, labels=labels_of(i))
         config = AgentConfig(node_id=node_id, data_dir=tmp / "agents" / node_id, tick_s=AGENT_TICK_S)
         agents.append(Agent(bus, config, inventory, SimulatedRuntime()))
-    ready = asyncio.Event()
-    shared = share_one_fold(bus, agents, ready)
-    await shared.catch_up()
-    ready.set()
     async with asyncio.TaskGroup() as tg:
-        tg.create_task(shared.follow())
         for agent in agents:
             tg.create_task(agent.run())
 

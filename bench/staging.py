@@ -53,7 +53,7 @@ import structlog  # noqa: E402
 from nodeagent.datasets.cache import DatasetCache  # noqa: E402
 from nodeagent.datasets.stager import Stager  # noqa: E402
 from nodeagent.datasets.verify import manifest_digest  # noqa: E402
-from orchestrator.core.model.state import ClusterState  # noqa: E402
+from orchestrator.core.node_view import NodeView  # noqa: E402
 from schemas import Event  # noqa: E402
 from schemas.datasets import Dataset  # noqa: E402
 from tests.dataset_source import make_tar, make_tree, start_http_server, stop_http_server  # noqa: E402
@@ -74,7 +74,7 @@ async def _agent_stage(ds: Dataset, cache_dir: Path, s3_endpoint_url: str | None
     def spawn(coro: Any) -> asyncio.Task[object]:
         return asyncio.ensure_future(coro)
 
-    stager = Stager("bench", "b1", DatasetCache(cache_dir), append=append, state=ClusterState, spawn=spawn,
+    stager = Stager("bench", "b1", DatasetCache(cache_dir), append=append, state=lambda: NodeView(node_id="b1"), spawn=spawn,
                     s3_endpoint_url=s3_endpoint_url)
     await stager.start()
     await stager._stage_key(ds)

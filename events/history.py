@@ -30,9 +30,10 @@ import nats.errors
 import nats.js.errors
 
 from events.archive import Archive, Manifest, Record, SegmentRefused
+from events.authorship import read_event
 from events.bus import Bus, Envelope, LogGap, missing_range
 from events.subjects import matches, normalize_filters
-from schemas import Unknown, decode
+from schemas import Unknown
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class History:
                                  f"{self._holds(segs)}; the stream starts at seq {first})")
 
     def _envelope(self, r: Record) -> Envelope:
-        event = decode(r.data)
+        event = read_event(r.subject, r.data)
         if event.__class__ is Unknown:
             self.bus.readers.log_unknown(event, r.seq, r.subject)
         return Envelope(r.seq, r.subject, r.time_ns / 1e9, event)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import msgspec
 
+from events.authorship import judged, read_event
 from events.envelope import Envelope
 from events.subjects import ROOT, matches, normalize_filters, subject_for
 from schemas.codec import decode
@@ -63,7 +64,8 @@ def _tail_line(raw: bytes) -> Envelope | None:
         rec = _tail_record.decode(raw)
     except msgspec.DecodeError:
         return None
-    return Envelope(seq=rec.seq, subject=rec.subject, stream_time=rec.time, event=decode(bytes(rec.event)))
+    return Envelope(seq=rec.seq, subject=rec.subject, stream_time=rec.time,
+                    event=read_event(rec.subject, bytes(rec.event)))
 
 
 def _event_line(seq: int, raw: bytes, before: float) -> Envelope:
@@ -73,9 +75,9 @@ def _event_line(seq: int, raw: bytes, before: float) -> Envelope:
         return Envelope(seq=seq, subject=f"{ROOT}.unknown", stream_time=before, event=event)
     try:
         subject = subject_for(event)
-    except ValueError:  # an id no publisher could have used: readable, not matchable
+    except ValueError:  # an id no publisher could have used: not matchable, and refused like any event off its subject
         subject = f"{ROOT}.unknown"
-    return Envelope(seq=seq, subject=subject, stream_time=event.occurred_at, event=event)
+    return Envelope(seq=seq, subject=subject, stream_time=event.occurred_at, event=judged(subject, event, raw))
 
 
 class LogFile:

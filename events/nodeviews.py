@@ -126,8 +126,7 @@ class NodeViewStore:
             pending.add(asyncio.ensure_future(kv.put(node, encode(view, seq))))
             n += 1
         if pending:
-            for t in await asyncio.gather(*pending):
-                del t
+            await asyncio.gather(*pending)
         await kv.put(BASE, encode(base, seq))
         return n
 

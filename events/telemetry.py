@@ -32,7 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from events.bus import Envelope
 from events.follow import Follower, Positioned
 from schemas import Unknown, tag_of
-from schemas.events import UNREADABLE_REASONS
+from schemas.events import EVENT_TAGS, REFUSED, UNREADABLE_REASONS
 
 log = structlog.get_logger("corral.metrics")
 
@@ -49,9 +49,12 @@ EVENTS_READ = Counter("corral_events_read", "Events this process folded from the
 UNREADABLE_EVENTS = Counter("corral_unreadable_events", "Messages this process could not decode and folded as no "
                             "change, by why (schemas.events.UNREADABLE_REASONS)", ["service", "reason"],
                             registry=None)
+REFUSED_EVENTS = Counter("corral_refused_events", "Events this process refused as read and folded as no change: "
+                         "their subject, type and entity disagree, so their publisher had no right to write them "
+                         "(events/authorship.py), by the type they claimed", ["service", "type"], registry=None)
 
 #: What every reader counts; each service registers its own beside them.
-READER_METRICS = (EVENTS_APPENDED, EVENTS_READ, UNREADABLE_EVENTS)
+READER_METRICS = (EVENTS_APPENDED, EVENTS_READ, UNREADABLE_EVENTS, REFUSED_EVENTS)
 
 
 def build_info() -> Metric:
@@ -78,9 +81,12 @@ def count_folded(follower: Follower[Any], service: str) -> None:
     def on_event(env: Envelope) -> None:
         ev = env.event
         if isinstance(ev, Unknown):
-            # Labelled by the closed set of reasons, not by the tag it claimed: a publisher picks that.
-            reason = ev.reason if ev.reason in UNREADABLE_REASONS else "malformed"
-            UNREADABLE_EVENTS.labels(service, reason).inc()
+            if ev.reason == REFUSED:  # (a refused event decoded: its type is one of EVENT_TAGS, a closed set)
+                REFUSED_EVENTS.labels(service, ev.type if ev.type in EVENT_TAGS else "Unknown").inc()
+            else:
+                # Labelled by the closed set of reasons, not by the tag it claimed: a publisher picks that.
+                reason = ev.reason if ev.reason in UNREADABLE_REASONS else "malformed"
+                UNREADABLE_EVENTS.labels(service, reason).inc()
             tag = "Unknown"
         else:
             tag = tag_of(ev)

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from events.telemetry import ServiceRegistry, count_folded, fold_gauges, gauge
-from orchestrator.core.model.state import snapshot
+from orchestrator.core.node_view import view_bytes
 
 if TYPE_CHECKING:
     from nodeagent.agent import Agent
@@ -25,7 +25,7 @@ class AgentCollector:
         workers = gauge("corral_agent_workers", "Workers an agent runs now", ["node"])
         for agent in self._agents:
             workers.add_metric([agent.node_id], len(agent.workers))
-        return [workers, *fold_gauges(((a.node_id, a.follower.state) for a in self._agents), snapshot)]
+        return [workers, *fold_gauges(((a.node_id, a.follower.state) for a in self._agents), view_bytes)]
 
 
 def watch_agents(registry: CollectorRegistry, agents: Sequence[Agent]) -> None:

@@ -534,18 +534,27 @@ Entity = Literal["job", "node", "queue", "sched"]
 #: Why a message is unreadable (`Unknown.reason`): a closed set, so it can label a metric.
 UNREADABLE_REASONS = ("invalid_utf8", "malformed", "unknown_type", "invalid_fields", "upcast_failed")
 
+#: `Unknown.reason` of an event that decoded but does not count: its subject, its type and its entity
+#: disagree, so whoever published it had no right to author it (events/authorship.py). Not unreadable:
+#: counted apart (`ClusterState.refused_events`, corral_refused_events_total).
+REFUSED = "refused"
+
 
 class Unknown(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """What a reader got but could not decode; folds to "no change".
+    """What a reader got but could not decode, or decoded and refused (REFUSED); folds to "no change".
 
     `error` says why for a human (it may quote the payload, so display code
-    escapes it); `reason` is one of UNREADABLE_REASONS, for counting.
+    escapes it); `reason` is one of UNREADABLE_REASONS or REFUSED, for counting.
     """
 
     raw: bytes
     error: str
     type: str | None = None
     reason: str = "malformed"
+    #: The job id of the submission subject (corral.job.<id>.JobSubmitted) it was published on, when that
+    #: is where it came: a submission no one can read. The scheduler rejects that job with `error`
+    #: (orchestrator/core/reject.py), so a malformed submit is answered with a reason, not silence.
+    submitted_as: str = ""
 
 
 def tag_of(event: Event | Unknown) -> str:

@@ -53,6 +53,9 @@ class ArrayElement(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     limit: int = 0
     #: The indexes as asked ("0-99"), for `explain`.
     indexes: str = ""
+    #: How many elements the array has: what a dependency on the whole array waits for (core/array_deps.py).
+    #: UNSET (not written) in logs from before it existed: the elements submitted then count.
+    count: int | UnsetType = UNSET
 
 
 class Gates(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=True):
@@ -62,6 +65,11 @@ class Gates(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=T
     after_ok: tuple[str, ...] = ()
     #: Start only once each of these jobs ended, however it ended.
     after_any: tuple[str, ...] = ()
+    #: Job arrays (by array id), each one dependency however many elements it has: start only once every
+    #: element completed (a failed, cancelled or unknown one ends this job) ...
+    after_ok_arrays: tuple[str, ...] = ()
+    #: ... or once every element ended, however.
+    after_any_arrays: tuple[str, ...] = ()
     array: ArrayElement | None = None
     #: Submitted held (`corral submit --hold`): it waits for `corral release`.
     hold: bool = False
@@ -69,7 +77,7 @@ class Gates(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults=T
 
 #: A spec without gates (what `JobSpec.gating` returns for one that has none).
 NO_GATES = Gates()
-#: Most jobs one job may wait for.
+#: Most jobs (or job arrays, each one dependency) one job may name in each of its dependency lists.
 MAX_DEPENDENCIES = 1_000
 #: Largest index of a job array.
 MAX_ARRAY_INDEX = 1_000_000
@@ -286,21 +294,23 @@ def _mount_problems(mounts: Any, out: list[Problem]) -> None:
 
 
 def _id_list_problems(v: Any, path: str, out: list[Problem]) -> None:
+    what = "job array ids" if path.endswith("_arrays") else "job ids"
     if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) and 0 < len(x) <= MAX_NAME_LEN for x in v):
-        out.append(Problem(path, "must be a list of job ids"))
+        out.append(Problem(path, f"must be a list of {what}"))
     elif len(v) > MAX_DEPENDENCIES:
-        out.append(Problem(path, f"must name at most {MAX_DEPENDENCIES} jobs, got {len(v)}"))
+        out.append(Problem(path, f"must name at most {MAX_DEPENDENCIES} {what}, got {len(v)} (a job array counts as "
+                                 "one dependency: name the array's id, not its elements)"))
 
 
 def _gates_problems(g: Any, out: list[Problem]) -> None:
     if not isinstance(g, dict):
         out.append(Problem("gates", "must be a mapping like {after_ok: [j-1], after_any: [], hold: false}"))
         return
-    known = ("after_ok", "after_any", "array", "hold")
+    known = ("after_ok", "after_any", "after_ok_arrays", "after_any_arrays", "array", "hold")
     for k in g:
         if k not in known:
             out.append(Problem(f"gates.{_key(k)}", f"unknown field; expected {', '.join(known)}"))
-    for k in ("after_ok", "after_any"):
+    for k in ("after_ok", "after_any", "after_ok_arrays", "after_any_arrays"):
         if k in g:
             _id_list_problems(g[k], f"gates.{k}", out)
     if "hold" in g and not isinstance(g["hold"], bool):
@@ -309,11 +319,12 @@ def _gates_problems(g: Any, out: list[Problem]) -> None:
     if a is None:
         return
     if not isinstance(a, dict):
-        out.append(Problem("gates.array", "must be a mapping {array_id, index, limit, indexes}"))
+        out.append(Problem("gates.array", "must be a mapping {array_id, index, limit, indexes, count}"))
         return
     for k in a:
-        if k not in ("array_id", "index", "limit", "indexes"):
-            out.append(Problem(f"gates.array.{_key(k)}", "unknown field; expected array_id, index, limit, indexes"))
+        if k not in ("array_id", "index", "limit", "indexes", "count"):
+            out.append(Problem(f"gates.array.{_key(k)}",
+                               "unknown field; expected array_id, index, limit, indexes, count"))
     if not isinstance(a.get("array_id"), str) or not 0 < len(a["array_id"]) <= MAX_NAME_LEN:
         out.append(Problem("gates.array.array_id", "must be the array's job id"))
     inner: list[Problem] = []
@@ -321,6 +332,7 @@ def _gates_problems(g: Any, out: list[Problem]) -> None:
         inner.append(Problem("index", "is required"))
     _check_int(a, "index", 0, MAX_ARRAY_INDEX, inner)
     _check_int(a, "limit", 0, MAX_ARRAY_INDEX + 1, inner)
+    _check_int(a, "count", 1, MAX_ARRAY_INDEX + 1, inner)
     if "indexes" in a and not isinstance(a["indexes"], str):
         inner.append(Problem("indexes", "must be a string such as 0-99"))
     out.extend(Problem(f"gates.array.{p.path}", p.message) for p in inner)

@@ -24,6 +24,7 @@ TINY: dict[str, list[str] | None] = {
     "chaos.py": None,
     "cli_start.py": ["--runs", "1"],
     "coldread.py": ["--jobs", "30", "--events", "500", "--rounds", "1"],
+    "followups.py": ["--nodes", "16", "--fail", "16", "--jobs", "60"],
     "gang_starts.py": ["--nodes", "2", "--gangs", "3", "--run-s", "0.1"],
     # Fake GPUs (no driver here); on a GPU machine it runs on the real ones without --fake-gpus.
     "gpu_health_watch.py": ["--seconds", "1", "--poll", "0.2", "--fake-gpus", "8"],

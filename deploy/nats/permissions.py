@@ -7,9 +7,11 @@ object store; every corral user lives in it):
 - ``admin``     a client that also defines queues and cordons nodes (the
                 operator's CLI): queue weights and limits are not a team's own
                 business.
-- ``agent``     one user per node, ``agent-<node>``: registers its own node,
-                reports workers and checkpoints of any job (ranks of a gang live
-                on several nodes, and a job subject does not name the node),
+- ``agent``     one user per node, ``agent-<node>``: registers its own node and
+                reports its own node's facts (``corral.node.<node>.<Tag>``), and
+                the workers, checkpoints and datasets of any job on its own node
+                (``corral.job.<job>.<Tag>.<node>``: a gang's ranks live on several
+                nodes, so the report's subject names the node, issue #40),
                 writes its own heartbeat key only, and answers ``corral logs``
                 requests for its own node (``corral-logs.<node>``), which
                 ``client`` and ``admin`` may send.
@@ -37,6 +39,13 @@ side of JetStream from ``CORRAL``. A team user may publish nothing on
 ``corral.>``; its ``corral-submit.<job>`` requests reach the admission service
 with the server's ``Nats-Request-Info`` stamp saying which account sent them.
 
+What a role may append is a subject that names one type and one entity
+(AUTHORS, events/authorship.py), and every reader folds an event only where
+its subject is the one its type and entity give (`events.authorship.judged`):
+a client's GpuUnhealthy on its own ``corral.job.<id>.JobSubmitted``, or an
+agent's report about another node on its own subject, is refused by every
+fold (issue #39).
+
 Everyone reads: the log, the heartbeats, the lease and the snapshots are facts
 every service folds. What is guarded is *writing*, so a publish permission is
 the boundary, and so is the JetStream API, whose every write (create, update,
@@ -54,6 +63,9 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+from events.authorship import AUTHORS
+from events.subjects import NODE_REPORT_TAGS
 
 STREAM = "CORRAL"
 HEARTBEATS = "corral-heartbeats"
@@ -76,22 +88,10 @@ INDEX_REQUESTS = "corral-index.*"
 #: is a publish, so ops gets exactly these subjects and still writes nothing to the log).
 INDEX_ASKERS = ("client", "admin", "ops")
 
-#: Which role appends which event tag (DESIGN.md, "Lifecycle protocol"). The
-#: scheduler may publish any tag (new decisions need no config change); the
-#: others only theirs. A test checks that every tag in schemas has an owner.
-APPENDS: dict[str, tuple[str, ...]] = {
-    "client": ("JobSubmitted", "CancelRequested", "JobHeld", "JobReleased"),
-    # (admins also append GpuUnhealthy / GpuHealthy for any node: `corral gpu drain|undrain`)
-    "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned"),
-    "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed", "GpuUnhealthy",
-              "GpuHealthy", "NodeHealthChecked", "DatasetStaging", "DatasetReady", "DatasetFailed", "DatasetEvicted",
-              "NodeDatasets"),
-    "scheduler": (
-        "GangReserved", "PreemptionRequested", "Preempted", "JobRunning", "JobCompleted", "JobFailed",
-        "JobCancelled", "JobRejected", "JobWaiting", "JobRequeued", "GangRestarted", "NodeFailed",
-        "SchedulerElected", "ClusterConfigured",
-    ),
-}  # fmt: skip
+#: Which role appends which event tag: one table, shared with the readers' check (events/authorship.py).
+#: The scheduler may publish any tag (new decisions need no config change); the others only theirs.
+#: A test checks that every tag in schemas has an owner.
+APPENDS = AUTHORS
 
 #: What the admission service appends for the teams: submits and cancels (no holds: a team has no `hold`).
 ADMISSION_APPENDS = ("corral.job.*.JobSubmitted", "corral.job.*.CancelRequested")
@@ -153,20 +153,12 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
     if role == "agent":
         assert node is not None
         check_node_id(node)
+        # Its own node's facts, and its reports about jobs on its node (events.subjects.NODE_REPORT_TAGS:
+        # corral.job.<job>.<Tag>.<node>), by name: never `corral.node.<node>.>`, which would let it write
+        # the scheduler's orders to its node (WorkAssigned) or its own NodeFailed.
         writes = [
-            f"corral.node.{node}.NodeRegistered",
-            f"corral.node.{node}.NodeRecovered",
-            f"corral.node.{node}.GpuUnhealthy",
-            f"corral.node.{node}.GpuHealthy",
-            f"corral.node.{node}.NodeHealthChecked",
-            f"corral.node.{node}.DatasetEvicted",
-            f"corral.node.{node}.NodeDatasets",
-            "corral.job.*.DatasetStaging",
-            "corral.job.*.DatasetReady",
-            "corral.job.*.DatasetFailed",
-            "corral.job.*.WorkerStarted",
-            "corral.job.*.WorkerExited",
-            "corral.job.*.Checkpointed",
+            *(f"corral.node.{node}.{tag}" for tag in APPENDS["agent"] if tag not in NODE_REPORT_TAGS),
+            *(f"corral.job.*.{tag}.{node}" for tag in APPENDS["agent"] if tag in NODE_REPORT_TAGS),
             f"$KV.{HEARTBEATS}.{node}",
         ]
         # It answers `corral logs` for its own node only: allow_responses lets it reply to what it

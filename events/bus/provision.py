@@ -44,6 +44,15 @@ _SETUP_TIMEOUTS = (1.0, 2.0, 4.0, 5.0)
 
 _T = TypeVar("_T")
 
+#: Consumers the stream holds at once. Unset, nats-server caps a stream at 1,000 (error 10026), and every
+#: agent has its own filtered consumer of its node's slice (#40), every CLI reader one more: a cluster of
+#: thousands of nodes needs more. An operator's higher figure is kept.
+MAX_CONSUMERS = 100_000
+
+
+def _at_least(current: int | None, floor: int) -> int:
+    return current if current is not None and (current >= floor) else floor
+
 
 class Setup:
     """Creates or checks the stream and buckets of `link` at `replicas`, as `user` (for error messages)."""
@@ -68,6 +77,7 @@ class Setup:
             num_replicas=self.replicas,
             duplicate_window=duplicate_window,
             allow_direct=True,
+            max_consumers=MAX_CONSUMERS,
         )
 
         async def look(js: JetStreamContext) -> StreamConfig | None:
@@ -94,6 +104,7 @@ class Setup:
             subjects=sorted({*(current.subjects or []), ALL}),
             duplicate_window=duplicate_window,
             num_replicas=max(current.num_replicas or 1, self.replicas),
+            max_consumers=_at_least(current.max_consumers, MAX_CONSUMERS),
         )
         if wanted != current:
             await self._until_ready(f"update stream {stream}", f"$JS.API.STREAM.UPDATE.{stream}",

@@ -29,12 +29,13 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerInfo
 
+from events.authorship import read_event
 from events.bus.errors import BusError, ReadStalled
 from events.bus.frames import FrameReader, install_direct_dispatch
 from events.bus.link import Link
 from events.envelope import Envelope
 from events.swallowed_cancel import stop_if_cancelled
-from schemas import Unknown, decode
+from schemas import Unknown
 
 log = structlog.get_logger("corral.bus")
 
@@ -57,7 +58,7 @@ class Readers:
 
     def envelope(self, data: bytes, subject: str, seq: int, stream_time: float) -> Envelope:
         """One message read on its own (not by a `Reader`), decoded as a reader decodes it."""
-        event = decode(data)
+        event = read_event(subject, data)
         if event.__class__ is Unknown:
             self.log_unknown(event, seq, subject)
         return Envelope(seq, subject, stream_time, event)
@@ -336,8 +337,8 @@ class Reader:
             if end is not None and sseq > end:
                 self._end_seen = True
             else:
-                event = decode(data)
                 subj = subject.decode()
+                event = read_event(subj, data)
                 if event.__class__ is Unknown:
                     self.readers.log_unknown(event, sseq, subj)
                 self._buf.append(Envelope(sseq, subj, ts / 1e9, event))

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from events.authorship import read_event
 from events.bus import Bus, Envelope
 from events.subjects import job_filter
 from orchestrator.cli.connect import add_connection_args
@@ -37,7 +38,6 @@ from orchestrator.core.gating import gate_reason, has_gates
 from orchestrator.core.model.state import TERMINAL
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused
-from schemas.codec import decode
 
 # --- replay --at -------------------------------------------------------------------------
 
@@ -76,11 +76,16 @@ async def replay(args: argparse.Namespace) -> int:
     at_time = env.stream_time if env is not None else None  # 0.0 is a time: a simulated log starts there
     view = cluster_summary(state, at.time if at_time is None else at_time)
     if args.json:
-        print_json({"at": {"seq": state.seq, "time": at_time}, **view, "unreadable_events": state.unknown_events})
+        print_json({"at": {"seq": state.seq, "time": at_time}, **view, "unreadable_events": state.unknown_events,
+                    "refused_events": state.refused_events})
     else:
         print("\n".join(cluster_lines(view, at_time, clock)))
         if state.unknown_events:
             print(unreadable_summary(state.unknown_events, state.seq))
+        if state.refused_events:
+            print(f"refused: {state.refused_events} event(s) up to #{state.seq} whose subject, type and entity "
+                  "disagree, folded as no change (`corral tail --no-follow` shows each as 'refused at position N: "
+                  "why'; README, 'Who may write to the log')")
     return OK
 
 
@@ -133,7 +138,7 @@ async def _indexed_story(bus: Bus, job_id: str) -> Story | None:
         if reply is None:
             return None
         for ev in reply.events:
-            env = Envelope(ev.seq, ev.subject, ev.time, decode(ev.data))
+            env = Envelope(ev.seq, ev.subject, ev.time, read_event(ev.subject, ev.data))
             if ev.own and ev.void is not None:
                 story.add_void(env, ev.void)
                 continue

@@ -138,7 +138,7 @@ async def submit(args: argparse.Namespace) -> int:
                 gates = spec.gating
                 job_ids = await client.submit_many(
                     (f"{base}_{i}", replace(spec, gates=replace(gates, array=ArrayElement(
-                        array_id=base, index=i, limit=array.limit, indexes=array.text))))
+                        array_id=base, index=i, limit=array.limit, indexes=array.text, count=len(array.indexes)))))
                     for i in array.indexes)
         job_id = job_ids[0] if array is None else base
         if args.json and not args.wait:
@@ -176,30 +176,14 @@ def _id_list(values: list[str] | None) -> list[str]:
 
 
 async def _gated(bus: Bus, spec: JobSpec, ok_ids: list[str], any_ids: list[str], *, hold: bool) -> JobSpec:
-    """`spec` with the gates of the command line added (an array id named as a dependency means all its elements)."""
+    """`spec` with the gates of the command line added (an array id is one dependency on the whole array);
+    refused (exit 2) naming what to fix: a dependency the log does not know, a limit exceeded."""
+    from orchestrator.cli.dependencies import with_gates
+
     if not (ok_ids or any_ids or hold):
         return spec
-    g = spec.gating
-    after_ok: tuple[str, ...] = ()
-    after_any: tuple[str, ...] = ()
-    if ok_ids or any_ids:
-        state = await load_state(bus)
-        after_ok, after_any = _expanded(state, ok_ids), _expanded(state, any_ids)
-        for jid in (*after_ok, *after_any):
-            if jid not in state.jobs:
-                print(f"corral: warning: no job {jid} in the log: a job that depends on it is cancelled "
-                      "(dependency never satisfied)", file=sys.stderr)
-    gates = replace(g, after_ok=(*g.after_ok, *after_ok), after_any=(*g.after_any, *after_any), hold=g.hold or hold)
-    return replace(spec, gates=gates)
-
-
-def _expanded(state: ClusterState, ids: list[str]) -> tuple[str, ...]:
-    """Each id, or the elements of the job array it names (in index order)."""
-    elements = _array_elements(state)
-    out: dict[str, None] = {}
-    for jid in ids:
-        out.update(dict.fromkeys(elements.get(jid, [jid]) if jid not in state.jobs else [jid]))
-    return tuple(out)
+    state = await load_state(bus) if ok_ids or any_ids else None
+    return with_gates(state, spec, ok_ids, any_ids, hold=hold)
 
 
 def _array_elements(state: ClusterState) -> dict[str, list[str]]:
@@ -322,10 +306,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--array", metavar="INDEXES", help="a job array: one job per index, e.g. 0-99, 1,3,5-9, 0-20:5; "
                    "%%N runs at most N at once (0-99%%8). Each element is job ID_INDEX with CORRAL_ARRAY_INDEX set; "
                    "the array's id names them all (cancel, hold, release, --after-ok)")
-    p.add_argument("--after-ok", action="append", metavar="JOB[,JOB]", help="start only after these jobs completed; "
-                   "if one fails, is cancelled or does not exist, this job is cancelled (dependency never satisfied)")
+    p.add_argument("--after-ok", action="append", metavar="JOB[,JOB]", help="start only after these jobs completed "
+                   "(an array's id: all its elements, as one dependency); if one fails or is cancelled, this job is "
+                   "cancelled (dependency never satisfied); one the log does not know is refused (exit 2)")
     p.add_argument("--after-any", action="append", metavar="JOB[,JOB]",
-                   help="start only after these jobs ended, however they ended")
+                   help="start only after these jobs (or every element of these arrays) ended, however they ended")
     p.add_argument("--hold", action="store_true", help="submit held: it starts only after `corral release`")
     _via_admission(p)
     p.add_argument("--follow", "-f", action="store_true", help="wait, printing every rank's output as it is "

@@ -50,6 +50,7 @@ from schemas import (
     WorkerStarted,
     tag_of,
 )
+from schemas.events import REFUSED
 
 
 def placement_summary(ranks: tuple[RankPlacement, ...]) -> str:
@@ -162,9 +163,11 @@ def essentials(event: AnyEvent | Unknown) -> str:
             used = sum(d.size_bytes for d in event.datasets)
             return f"{len(event.datasets)} cached dataset(s), {mb(used)}{cap}"
         case WorkAssigned():
-            return f"{event.job_id} attempt={event.attempt} {len(event.ranks)} rank(s) of {event.world_size}"
+            ranks = ",".join(str(r.rank) for r in event.ranks)
+            return (f"attempt={event.attempt} epoch={event.epoch} {event.job_id} ranks {ranks} on {event.node_id} "
+                    f"intent={event.intent}")
         case WorkChanged():
-            return f"{event.job_id} attempt={event.attempt} {event.intent} {event.reason}".rstrip()
+            return f"attempt={event.attempt} epoch={event.epoch} {event.job_id} intent={event.intent} {event.reason}".rstrip()
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:
@@ -187,6 +190,10 @@ def gates_text(spec: JobSpec) -> str:
         parts.append("after-ok=" + ",".join(g.after_ok))
     if g.after_any:
         parts.append("after-any=" + ",".join(g.after_any))
+    if g.after_ok_arrays:
+        parts.append("after-ok=array:" + ",array:".join(g.after_ok_arrays))
+    if g.after_any_arrays:
+        parts.append("after-any=array:" + ",array:".join(g.after_any_arrays))
     if g.hold:
         parts.append("held")
     return "".join(f" {p}" for p in parts)
@@ -210,7 +217,10 @@ def printable(text: str, limit: int | None = None) -> str:
 
 
 def unreadable(seq: int, event: Unknown) -> str:
-    """What `tail`, `replay` and `explain` say about a message no reader can decode: where and why, one line."""
+    """What `tail`, `replay` and `explain` say about a message no reader can decode, or one every reader refused
+    (events/authorship.py): where and why, one line."""
+    if event.reason == REFUSED:
+        return f"refused at position {seq}: {printable(event.error.removeprefix('refused: '), WHY_CHARS)}"
     return f"unreadable at position {seq}: {printable(event.error, WHY_CHARS)}"
 
 
@@ -219,5 +229,6 @@ def line(env: Envelope) -> str:
     ev = env.event
     entity = env.subject.split(".")[2] if env.subject.count(".") >= 3 else "-"
     if isinstance(ev, Unknown):
-        return printable(f"{ts} #{env.seq:<6} {'Unreadable':<20} {entity:<16} {unreadable(env.seq, ev)}")
+        what = "Refused" if ev.reason == REFUSED else "Unreadable"
+        return printable(f"{ts} #{env.seq:<6} {what:<20} {entity:<16} {unreadable(env.seq, ev)}")
     return printable(f"{ts} #{env.seq:<6} {tag_of(ev):<20} {entity:<16} {essentials(ev)}".rstrip())

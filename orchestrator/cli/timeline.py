@@ -184,13 +184,14 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
                     or before.staging.attempt != ev.attempt):
                 line += f"; all datasets ready on every node after {stg.ready_at - stg.started_at:.1f}s of staging"
             return line
+        case WorkAssigned() | WorkChanged():
+            return None  # a node's copy of the scheduler's decision, already told by the decision itself
         case DatasetFailed():
             return f"dataset {ev.dataset} failed on {ev.node_id} (attempt {ev.attempt}): {printable(ev.reason, 300)}"
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
               | QueueDeleted() | SchedulerElected() | ClusterConfigured() | GpuUnhealthy() | GpuHealthy()
-              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets()
-              | WorkAssigned() | WorkChanged()):
-            return None  # about no job, or a node's copy of a decision told above: the job_id test above has already left
+              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets()):
+            return None  # about no job: the job_id test above has already left
         case _:
             assert_never(ev)
 

@@ -21,7 +21,7 @@ from orchestrator.core.model.plan import Plan
 from orchestrator.core.model.state import ClusterState
 from orchestrator.core.model.topology import topology_of
 from orchestrator.core.react import react
-from orchestrator.core.reject import Rejecter
+from orchestrator.core.reject import Rejecter, reject_unreadable
 from orchestrator.core.tentative import tentative_plan
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event, JobRunning
@@ -33,8 +33,9 @@ class Decision(NamedTuple):
     #: answers, a call at the same `now` may pass `after_complete` and skip it.
     complete: bool
     #: New jobs were left for the next calls to explain (core/backlog.py), or admission stopped at
-    #: its cap (`Policies.placements_per_cycle`): call again even if `events` changes nothing that
-    #: would wake a caller (a first JobWaiting changes nothing else).
+    #: its cap (`Policies.placements_per_cycle`), or follow-ups were left for the next calls
+    #: (`Policies.followups_per_cycle`, core/react.py): call again even if `events` changes nothing
+    #: that would wake a caller (a first JobWaiting or a JobRunning changes nothing else).
     more: bool = False
 
 
@@ -62,10 +63,17 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     c = Cycle(state=state, now=now, epoch=epoch, policies=policies, topo=topo, memo=memo)
     backlog = Backlog.of(state, now, policies.fresh_per_cycle)
     # 1. React: follow-ups the log already implies (running, completed, restarted,
-    #    requeued, preempted, stopped, cancelled).
-    followups = react(c, backlog.stopping)
+    #    requeued, preempted, stopped, cancelled). Past `followups_per_cycle` the rest wait for
+    #    the next cycles and this one decides nothing else: admission waits until its plan
+    #    knows every GPU the follow-ups free (a carried completion's GPUs look busy to it).
+    reaction = react(c, backlog.stopping)
+    followups = reaction.events
+    if reaction.capped:
+        return Decision(followups, False, True)
+    #    ... and the answer to each submission no one can read: a rejection with why.
+    unreadable = reject_unreadable(c) if c.state.unreadable_submissions else []
     if after_complete and not backlog.fresh and all(isinstance(e, JobRunning) for e in followups):
-        return Decision(followups, True)  # stages 2-6 would decide nothing more (completeness.complete)
+        return Decision([*followups, *unreadable], True)  # stages 2-6 would decide nothing more (completeness.complete)
     # 2. Tentative plan: free GPUs per node and domain, queue usage -- with the GPUs
     #    the follow-ups release already free.
     plan: Plan = tentative_plan(c, followups)
@@ -78,8 +86,11 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     #    backfill reservation for the first blocked gang, else wait (quota, backfill, capacity).
     admitted = admit(c, plan, lines)
     # 6. Explain: a JobWaiting for each job left pending whose reason changed.
-    #    (A cycle whose admission stopped at its cap tells the checked new jobs it did not judge
-    #    that they queue behind jobs that go first, which they do: the check is not paid again.)
-    waiting = explain(c, plan, backlog.fresh, admitted.outcomes)
+    #    (A cycle whose admission stopped at its cap tells the new jobs it did not judge nothing:
+    #    the next call goes on at once and may place them, and a burst would otherwise write a
+    #    JobWaiting for jobs placed in the same instant. They stay new; the memo keeps their
+    #    checks passed (reject.py), so the next calls do not pay them again.)
+    waiting = explain(c, plan, [] if admitted.capped else backlog.fresh, admitted.outcomes)
     more = backlog.more or admitted.capped
-    return Decision([*followups, *rejecter.events, *admitted.events, *waiting], admitted.complete and not more, more)
+    events = [*followups, *unreadable, *rejecter.events, *admitted.events, *waiting]
+    return Decision(events, admitted.complete and not more, more)

@@ -55,7 +55,6 @@ from orchestrator.core.evolve_cluster import (
 )
 from orchestrator.core.evolve_fencing import scheduler_elected
 from orchestrator.core.evolve_health import gpu_healthy, gpu_unhealthy, node_health_checked
-from orchestrator.core.evolve_nodework import track_due, work_assigned, work_changed, worker_reported
 from orchestrator.core.evolve_jobs import (
     cancel_requested,
     gang_reserved,
@@ -70,7 +69,9 @@ from orchestrator.core.evolve_jobs import (
     job_waiting,
     preempted,
     preemption_requested,
+    unreadable,
 )
+from orchestrator.core.evolve_nodework import track_due, work_assigned, work_changed, worker_reported
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
 from orchestrator.core.model.state import ClusterState, needs_look
 from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
@@ -226,7 +227,7 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
         case WorkChanged():
             work_changed(state, event)
         case Unknown():
-            state.unknown_events += 1
+            unreadable(state, event)
         case _:
             assert_never(event)
     if not isinstance(event, _ALLOCATION_UNTOUCHED) and state.voids == voids:  # (a void one changes nothing)

@@ -33,6 +33,7 @@ from orchestrator.core.model.state import (
 )
 from orchestrator.core.model.usage import charge, first_over_limit, resolve_queue, tree_gpus
 from schemas.events import (
+    REFUSED,
     CancelRequested,
     GangReserved,
     GangRestarted,
@@ -46,16 +47,34 @@ from schemas.events import (
     JobWaiting,
     Preempted,
     PreemptionRequested,
+    Unknown,
 )
 
 
 def job_submitted(state: ClusterState, e: JobSubmitted, at: float) -> None:
     if e.job_id in state.jobs:
         return  # a retried submit
+    state.unreadable_submissions.pop(e.job_id, None)  # (an unreadable one before it: the first readable one counts)
     job = Job(job_id=e.job_id, spec=e.spec, submitted_at=at, submit_seq=state.seq,
               submitted_by=e.submitted_by)
     job = state.jobs[e.job_id] = gating.submitted(state, job)
     enqueue(state, job)
+
+
+#: Most characters of why a submission is unreadable that the state keeps (the JobRejected says it).
+UNREADABLE_WHY_CHARS = 500
+
+
+def unreadable(state: ClusterState, e: Unknown) -> None:
+    """A message no one can read, or one refused as read (events/authorship.py): no change but the counts, and
+    a submission of an unknown job to be rejected with the reason (core/reject.py: `reject_unreadable`)."""
+    if e.reason == REFUSED:
+        state.refused_events += 1
+    else:
+        state.unknown_events += 1
+    job_id = e.submitted_as
+    if job_id and job_id not in state.jobs and job_id not in state.unreadable_submissions:
+        state.unreadable_submissions[job_id] = (state.seq, e.error[:UNREADABLE_WHY_CHARS])
 
 
 def enqueue(state: ClusterState, job: Job) -> None:
@@ -76,7 +95,10 @@ def job_rejected(state: ClusterState, e: JobRejected, at: float) -> None:
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return
     job = state.jobs.get(e.job_id)
-    if job is None or job.status != "pending":
+    if job is None:
+        state.unreadable_submissions.pop(e.job_id, None)  # answered (core/reject.py: `reject_unreadable`)
+        return
+    if job.status != "pending":
         return
     clear_earmark(state, job)
     dequeue(state, job)

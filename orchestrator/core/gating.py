@@ -28,24 +28,28 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+import msgspec
 from msgspec.structs import replace
 
+from orchestrator.core import array_deps
 from orchestrator.core.evolve_gpus import clear_earmark
 from orchestrator.core.model.state import BIG_GANG_GPUS, HOLDING, TERMINAL, ClusterState, Job
 from schemas.events import JobHeld, JobReleased
-from schemas.jobspec import Gates
+from schemas.jobspec import Gates, jobspec_problems
 
 #: Prefix of the reason a doomed job is cancelled with.
 NEVER_SATISFIED = "dependency never satisfied"
+#: Prefix of each reason a gated job is rejected with at once (as reject.py's stage words it).
+INVALID_SPEC = "invalid spec: "
 
 
 def has_gates(g: Gates) -> bool:
-    return bool(g.after_ok or g.after_any or g.hold or g.array is not None)
+    return bool(g.after_ok or g.after_any or g.after_ok_arrays or g.after_any_arrays or g.hold or g.array is not None)
 
 
 def is_blocked(job: Job) -> bool:
     """Gated whatever its array says: held, or a dependency not met (yet, or ever)."""
-    return job.held or bool(job.blocked_on) or bool(job.doomed)
+    return job.held or bool(job.blocked_on) or bool(job.blocked_on_arrays) or bool(job.doomed)
 
 
 # --- the line itself ---------------------------------------------------------
@@ -89,6 +93,10 @@ def submitted(state: ClusterState, job: Job) -> Job:
     g = job.spec.gating
     if not has_gates(g):
         return job
+    array_deps.counted_submit(state, job)
+    invalid = invalid_gates(job)
+    if invalid:  # (rejected by react: it waits for nothing)
+        return replace(job, held=g.hold, doomed=invalid)
     blocked: list[str] = []
     doomed = ""
     for target, ok in [*((t, True) for t in g.after_ok), *((t, False) for t in g.after_any)]:
@@ -102,7 +110,23 @@ def submitted(state: ClusterState, job: Job) -> Job:
             blocked.append(target)
     for target in blocked:
         state.dependents[target] = (*state.dependents.get(target, ()), job.job_id)
-    return replace(job, held=g.hold, blocked_on=tuple(blocked), doomed=doomed)
+    arrays, doomed_by = array_deps.blocking_arrays(state, job) if g.after_ok_arrays or g.after_any_arrays else ((), "")
+    return replace(job, held=g.hold, blocked_on=tuple(blocked), blocked_on_arrays=arrays, doomed=doomed or doomed_by)
+
+
+def invalid_gates(job: Job) -> str:
+    """Why the scheduler refuses `job` at once ("invalid spec: ..."), "" if it does not: a job that depends on
+    others or is held is validated when it is submitted, not when its gates open (which may be never, or after
+    the whole array it waits for ran). react rejects it with this reason."""
+    g = job.spec.gating
+    if not (g.after_ok or g.after_any or g.after_ok_arrays or g.after_any_arrays or g.hold):
+        return ""
+    return "; ".join(invalid_reasons(job))
+
+
+def invalid_reasons(job: Job) -> tuple[str, ...]:
+    """Every problem of `job`'s spec, as the reasons it is rejected with (empty: valid)."""
+    return tuple(f"{INVALID_SPEC}{p}" for p in jobspec_problems(msgspec.to_builtins(job.spec)))
 
 
 def enter(state: ClusterState, job: Job) -> None:
@@ -150,6 +174,11 @@ def ended(state: ClusterState, job: Job) -> None:
     arr = job.spec.gating.array
     if arr is not None and arr.limit > 0:
         _free_slot(state, arr.array_id, job.job_id, arr.limit)
+    for moved in array_deps.counted_end(state, job):
+        if moved.doomed:
+            state.doomed[moved.job_id] = moved.submit_seq
+        elif not is_blocked(moved):
+            enter(state, moved)
     dependents = state.dependents.pop(job.job_id, ())
     for dep in dependents:
         d = state.jobs.get(dep)
@@ -160,7 +189,7 @@ def ended(state: ClusterState, job: Job) -> None:
         d = state.jobs[dep] = replace(d, blocked_on=tuple(t for t in d.blocked_on if t != job.job_id), doomed=doomed)
         if d.doomed:
             state.doomed[dep] = d.submit_seq
-        elif not d.blocked_on:
+        elif not is_blocked(d):
             enter(state, d)
 
 
@@ -229,7 +258,7 @@ def end_ungates(state: ClusterState, job_id: str) -> bool:
         return True
     job = state.jobs.get(job_id)
     arr = job.spec.gating.array if job is not None else None
-    return arr is not None and arr.array_id in state.array_waiting
+    return arr is not None and (arr.array_id in state.array_waiting or arr.array_id in state.array_dependents)
 
 
 # --- what readers tell -------------------------------------------------------
@@ -240,6 +269,8 @@ def gate_reason(state: ClusterState, job: Job) -> str | None:
     None for a job in its line, or not pending."""
     if job.status != "pending" or job.job_id not in state.gated:
         return None
+    if job.doomed.startswith(INVALID_SPEC):
+        return f"to be rejected: {job.doomed}"
     if job.doomed:
         return f"{NEVER_SATISFIED}: {job.doomed}"
     parts: list[str] = []
@@ -248,6 +279,7 @@ def gate_reason(state: ClusterState, job: Job) -> str | None:
     ok = set(job.spec.gating.after_ok)
     for t in job.blocked_on:
         parts.append(f"waiting for {t} to complete ok" if t in ok else f"waiting for {t} to end")
+    parts.extend(array_deps.array_reasons(state, job))
     arr = job.spec.gating.array
     if not parts and arr is not None:
         slots = state.array_slots.get(arr.array_id, {})

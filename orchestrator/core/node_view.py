@@ -34,11 +34,9 @@ from schemas.events import (
     AnyEvent,
     Checkpointed,
     ClusterConfigured,
-    DatasetEvicted,
     DatasetFailed,
     DatasetReady,
     DatasetStaging,
-    NodeDatasets,
     SchedulerElected,
     Unknown,
     WorkAssigned,
@@ -73,6 +71,15 @@ class NodeView(msgspec.Struct, kw_only=True):
         c = self.cluster
         return (self.node, c.epoch, c.config, c.dataset_cache.get(self.node_id), self.slice.work,
                 self.slice.unended)
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def view_bytes(view: NodeView) -> bytes:
+    """The view's facts as msgpack bytes (corral_state_digest of an agent): equal for a view stored by the
+    scheduler and caught up, and for a fold of the whole slice, though their positions differ."""
+    return _ENCODER.encode(view.facts())
 
 
 #: Job events of the node's own reports that change nothing here (the scheduler's fold reads them).

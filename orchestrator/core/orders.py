@@ -109,10 +109,10 @@ def _orders_for(state: ClusterState, job_id: str, now: float, epoch: int, stops:
     seq = state.seq
     for node in state.slice_jobs.get(job_id, ()):
         if node not in want:
-            told = state.slices[node].work[job_id]
-            stops.append(WorkChanged(event_id=f"work:{node}:{job_id}:{told.attempt}:{INTENT_RELEASE}:{seq}",
-                                     occurred_at=now, node_id=node, job_id=job_id, attempt=told.attempt, epoch=epoch,
-                                     intent=INTENT_RELEASE, staged=told.staged, reason=_why_released(state, job_id)))
+            gone = state.slices[node].work[job_id]
+            stops.append(WorkChanged(event_id=f"work:{node}:{job_id}:{gone.attempt}:{INTENT_RELEASE}:{seq}",
+                                     occurred_at=now, node_id=node, job_id=job_id, attempt=gone.attempt, epoch=epoch,
+                                     intent=INTENT_RELEASE, staged=gone.staged, reason=_why_released(state, job_id)))
     job = state.jobs.get(job_id)
     for node, w in want.items():
         assert job is not None

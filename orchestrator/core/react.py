@@ -22,6 +22,20 @@ gang per cycle, the next one comes once the first is folded:
 And pending jobs end: those asked to stop, and those whose dependency can never
 be met (gating.py), as JobCancelled with the reason.
 
+A gang whose ranks all started and that ends (or is requeued, restarted,
+preempted) before a cycle saw it running -- a short job whose workers start and
+exit between two cycles -- gets its JobRunning first, in the same cycle, dated
+when its last rank started: every attempt that ran says so in the log.
+
+A cycle appends at most `Policies.followups_per_cycle` follow-up events (plus
+one: a JobRunning is never parted from the end it precedes). Past it the rest
+wait for the next cycles, in this order of classes: the ends and stops of
+gangs (completed, failed, cancelled, preempted, restarted, the scheduler's
+stops), then the requeues of gangs hit by a failure (node, lost rank, GPU),
+oldest gang first, then JobRunning, then the ends of pending jobs. A mass
+NodeFailed thus requeues its gangs over several cycles, oldest first
+(bench/followups.py), and a capped cycle decides nothing else (decide.py).
+
 The scheduler's stop is a CancelRequested with requested_by=SCHEDULER so the
 agents need one stop protocol only (signal, grace, kill); the fold marks the
 stop `fail`, and rule 2 turns it into JobFailed instead of JobCancelled.
@@ -32,9 +46,11 @@ since been deposed (it was paused, say) is void when it lands (evolve.py).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from orchestrator.core.backoff import restart_delay
 from orchestrator.core.cycle import Cycle
-from orchestrator.core.gating import NEVER_SATISFIED
+from orchestrator.core.gating import INVALID_SPEC, NEVER_SATISFIED, invalid_reasons
 from orchestrator.core.model.state import FREE, SCHEDULER, UNSTARTABLE, ClusterState, Job
 from schemas.events import (
     CancelRequested,
@@ -43,6 +59,7 @@ from schemas.events import (
     JobCancelled,
     JobCompleted,
     JobFailed,
+    JobRejected,
     JobRequeued,
     JobRunning,
     Preempted,
@@ -69,7 +86,17 @@ def lost_gangs(state: ClusterState, failed: tuple[str, ...]) -> dict[str, str]:
     return lost
 
 
-def react(c: Cycle, stopping: list[Job]) -> list[Event]:
+class Reaction(NamedTuple):
+    events: list[Event]
+    #: Follow-ups were left for the next cycles (`Policies.followups_per_cycle`).
+    capped: bool = False
+
+
+#: Follow-ups that end an attempt: a JobRunning owed to it goes first (`_follow_ups`).
+_ATTEMPT_ENDS = (JobCompleted, JobFailed, JobCancelled, Preempted, JobRequeued, GangRestarted)
+
+
+def react(c: Cycle, stopping: list[Job]) -> Reaction:
     """Follow-ups for gangs holding GPUs, and the end of pending jobs asked to stop.
 
     Only gangs that can need one are visited: those on failed nodes, those the
@@ -85,19 +112,107 @@ def react(c: Cycle, stopping: list[Job]) -> list[Event]:
         if end > now:
             break
         look[jid] = None
-    out: list[Event] = []
+    doomed = [jid for jid in state.doomed if jid not in state.stopping]
+    cap = c.policies.followups_per_cycle
     jobs = state.jobs
+    if len(look) + len(stopping) + len(doomed) <= cap:
+        # The usual cycle: every follow-up, in the order found.
+        out: list[Event] = []
+        for jid in look:
+            out.extend(_follow_ups(c, jobs[jid], lost.get(jid)))
+        out.extend(_end(c, job) for job in stopping)
+        out.extend(_never_satisfied(c, jobs[jid]) for jid in doomed)
+        if len(out) <= cap:
+            return Reaction(out)
+    return _capped(c, look, lost, stopping, doomed)
+
+
+def _capped(c: Cycle, look: dict[str, None], lost: dict[str, str], stopping: list[Job], doomed: list[str]) -> Reaction:
+    """More follow-ups than a cycle appends: the first `followups_per_cycle` events by class (module docstring).
+
+    Work stays bounded too: requeues are only sorted until their turn, and a class
+    that fills the cycle ends the visit.
+    """
+    cap = c.policies.followups_per_cycle
+    jobs = c.state.jobs
+    out: list[Event] = []
+    requeues: list[Job] = []
+    running: list[Event] = []
     for jid in look:
-        e = _follow_up(c, jobs[jid], lost.get(jid))
-        if e is not None:
-            out.append(e)
-    out.extend(_end(c, job) for job in stopping)
-    out.extend(_never_satisfied(c, jobs[jid]) for jid in state.doomed if jid not in state.stopping)
-    return out
+        job, failed = jobs[jid], lost.get(jid)
+        if _requeued(job, failed):
+            requeues.append(job)
+            continue
+        if len(out) >= cap:
+            return Reaction(out, True)
+        events = _follow_ups(c, job, failed)
+        if len(events) == 1 and isinstance(events[0], JobRunning):
+            running.append(events[0])
+        else:
+            out.extend(events)
+    requeues.sort(key=lambda j: (j.submit_seq, j.job_id))
+    for job in requeues:
+        if len(out) >= cap:
+            return Reaction(out, True)
+        out.extend(_follow_ups(c, job, lost.get(job.job_id)))
+    for e in running:
+        if len(out) >= cap:
+            return Reaction(out, True)
+        out.append(e)
+    ends = [*((job, True) for job in stopping), *((jobs[jid], False) for jid in doomed)]
+    for job, stopped in ends:
+        if len(out) >= cap:
+            return Reaction(out, True)
+        out.append(_end(c, job) if stopped else _never_satisfied(c, job))
+    return Reaction(out)
+
+
+def _requeued(job: Job, failed_node: str | None) -> bool:
+    """Whether `_follow_up` requeues it (its first rule, for a gang neither stopping nor preempting)."""
+    return (failed_node is not None or job.lost > 0 or bool(job.gpu_fault)) and job.stop is None \
+        and job.status != "preempting"
+
+
+def _follow_ups(c: Cycle, job: Job, failed_node: str | None) -> list[Event]:
+    """`_follow_up`, after the JobRunning the attempt is owed if it ends having run unseen."""
+    e = _follow_up(c, job, failed_node)
+    if e is None:
+        return []
+    if isinstance(e, _ATTEMPT_ENDS) and job.status == "reserved":
+        at = _ran_at(c.state, job)
+        if at is not None:
+            ran = JobRunning(event_id=c.event_id("running", job), occurred_at=min(at, c.now), job_id=job.job_id,
+                             attempt=job.attempt, epoch=c.epoch)
+            return [ran, e]
+    return [e]
+
+
+def _ran_at(state: ClusterState, job: Job) -> float | None:
+    """When the last rank of the attempt started, if every rank reported a start; else None.
+
+    A rank that exited without a start reported (it could not start, or its agent lost it
+    before it told) has `started_at` 0.0 (slices.RankState); one that completed ran whatever
+    its times say. A simulated rank that started at exactly 0.0 and then failed counts as
+    never started: the one case this reading gets wrong, and only in a simulation.
+    """
+    book = state.ranks.get(job.job_id)
+    if book is None or len(book) < job.spec.ranks:
+        return None
+    at = job.reserved_at
+    for rs in book.values():
+        if rs.status == "started" or rs.started_at != 0.0:
+            at = max(at, rs.started_at)
+        elif not (rs.status == "exited" and rs.reason == "completed"):
+            return None
+    return at
 
 
 def _never_satisfied(c: Cycle, job: Job) -> Event:
-    """The end of a job whose dependency can never be met (gating.py): cancelled, saying which."""
+    """The end of a job whose dependency can never be met (gating.py): cancelled, saying which; or of one whose
+    spec is invalid, found when it was submitted (gating.invalid_gates): rejected, as stage 3 rejects."""
+    if job.doomed.startswith(INVALID_SPEC):
+        return JobRejected(event_id=c.event_id("rejected", job), occurred_at=c.now, job_id=job.job_id,
+                           reasons=invalid_reasons(job) or (job.doomed,), epoch=c.epoch)
     return JobCancelled(event_id=c.event_id("never", job), occurred_at=c.now, job_id=job.job_id,
                         reason=f"{NEVER_SATISFIED}: {job.doomed}", epoch=c.epoch)
 

@@ -29,7 +29,7 @@ class Rejecter:
     so it neither starts nor is told a reason before the check, and keeps its place in line.
     """
 
-    __slots__ = ("_batch", "_c", "_facts", "_plan", "_settled_at", "events")
+    __slots__ = ("_batch", "_c", "_facts", "_passed", "_plan", "_settled_at", "events")
 
     def __init__(self, c: Cycle, plan: Plan, batch: list[Job]) -> None:
         self._c = c
@@ -39,6 +39,7 @@ class Rejecter:
         #: The batch checked up front: `admissible` passes these (their verdict is in `events`).
         self._batch = {j.job_id for j in batch}
         self.events: list[JobRejected] = []
+        self._passed = _passed(c)
         for job in batch:
             self._check(job)
 
@@ -52,9 +53,13 @@ class Rejecter:
         settled_at = self._settled_at
         if w is not None and (settled_at is None or self._c.now < settled_at or w.at >= settled_at):
             return True
+        if self._passed.get(job.job_id) is job.spec:
+            return True  # passed once the cluster had settled, in an earlier cycle that told it nothing
         c = self._c
         reasons = c.policies.reject(job, self._facts)
         if not reasons:
+            if settled_at is not None and settled_at <= c.now:
+                self._passed[job.job_id] = job.spec
             return True
         self._plan.busy.add(job.job_id)
         self.events.append(
@@ -70,6 +75,29 @@ class Rejecter:
             return True
         self._batch.add(jid)  # (checked once per cycle)
         return self._check(job)
+
+
+def _passed(c: Cycle) -> dict[str, JobSpec]:
+    """The memo's final passes (memo.Memo.passed) for this state, kept to the jobs still new."""
+    memo, state = c.memo, c.state
+    if memo.passed_for is not state:
+        memo.passed_for, memo.passed = state, {}
+    elif len(memo.passed) > 2 * c.policies.fresh_per_cycle + 1024:
+        memo.passed = {jid: spec for jid, spec in memo.passed.items() if jid in state.unexplained}
+    return memo.passed
+
+
+def reject_unreadable(c: Cycle) -> list[JobRejected]:
+    """JobRejected for each job whose only submission no one can read (events/authorship.py: bad JSON, bad
+    fields, another type or entity on corral.job.<id>.JobSubmitted), with why: the submitter learns it from
+    `corral explain`, as from any rejection. Where auth is on, this is how a client's malformed payload is
+    refused (README, "Who may write to the log"); the fold drops the entry when the rejection is folded."""
+    jobs = c.state.jobs
+    return [
+        JobRejected(event_id=f"rejected:{job_id}:unreadable:{seq}", occurred_at=c.now, job_id=job_id,
+                    reasons=(f"unreadable submission at #{seq}: {why}",), epoch=c.epoch)
+        for job_id, (seq, why) in c.state.unreadable_submissions.items() if job_id not in jobs
+    ]
 
 
 def reject_unfit(c: Cycle, plan: Plan, pending: list[Job]) -> list[JobRejected]:

@@ -125,6 +125,13 @@ class Policies:
     #: (core/admit.py). ~80-150 us each at 4,096 nodes (with the JobRunning that follows): an empty
     #: cluster is filled in cycles of ~20 ms of CPU instead of one of 0.5 s.
     placements_per_cycle: int = 128
+    #: Follow-up events one cycle appends (core/react.py, #40): completions, stops, restarts, requeues,
+    #: JobRunning, the ends of pending jobs. Past it the rest wait for the next cycles, in an order of
+    #: classes (the ends and stops of gangs first, then the requeues of gangs hit by failures, oldest
+    #: gang first, then JobRunning, then the ends of pending jobs), and a capped cycle decides nothing
+    #: else: admission waits until the plan knows every GPU the follow-ups free. A mass NodeFailed
+    #: (4,096 nodes, 4,239 gangs) otherwise made one call requeue them all (bench/followups.py).
+    followups_per_cycle: int = 512
     #: Victim searches per cycle (each costs O(running gangs)).
     preemption_searches: int = 8
     #: Extra wait after a grace period before a stopped or preempted gang is declared gone.
@@ -135,8 +142,8 @@ class Policies:
     prefer_warm: bool = True
 
     def __post_init__(self) -> None:
-        # A bound of 0 would leave every new job, or every placement, to a next cycle forever.
-        for name in ("fresh_per_cycle", "placements_per_cycle"):
+        # A bound of 0 would leave every new job, placement or follow-up to a next cycle forever.
+        for name in ("fresh_per_cycle", "placements_per_cycle", "followups_per_cycle"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Policies.{name} must be at least 1, got {getattr(self, name)}")
 

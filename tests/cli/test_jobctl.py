@@ -80,11 +80,28 @@ def test_dependencies_on_a_failed_and_a_completed_job(cluster: Up, tmp_path: Pat
     assert ("GangReserved", "dep-b") not in seq
     assert seq[("GangReserved", "dep-c")] > seq[("JobFailed", "dep-a")]
     assert seq[("GangReserved", "dep-d")] > max(seq[("JobCompleted", "dep-ok")], seq[("JobCompleted", "dep-c")])
-    # A dependency on a job the log does not know: warned at submit, cancelled saying so.
-    proc = corral("submit", _sh(tmp_path, "dep-x", "true"), "--id", "dep-x", "--after-ok", "no-such-job", url=url)
-    assert "no job no-such-job in the log" in proc.stderr
-    state = wait_state(url, lambda s: statuses(s, ["dep-x"]) == ["cancelled"], 30, "dep-x to end")
-    assert state.jobs["dep-x"].end_reason == "dependency never satisfied: job no-such-job does not exist"
+    # A dependency on a job the log does not know: refused at submit, saying what to fix; nothing written.
+    proc = corral("submit", _sh(tmp_path, "dep-x", "true"), "--id", "dep-x", "--after-ok", "no-such-job", url=url,
+                  check=2)
+    assert "--after-ok no-such-job: no such job or job array in the log (submit it first" in proc.stderr
+    assert not [e for e in log_of(url) if isinstance(e.event, JobSubmitted) and e.event.job_id == "dep-x"]
+
+
+def test_a_dependency_on_an_array_is_one_and_explain_says_how_far_it_is(cluster: Up, tmp_path: Path) -> None:
+    url = cluster.url
+    corral("submit", _sh(tmp_path, "arr-d", "sleep 1"), "--id", "arr-d", "--array", "0-2", url=url)
+    corral("submit", _sh(tmp_path, "arr-after", "true"), "--id", "arr-after", "--after-ok", "arr-d", url=url)
+    (sub,) = [e.event for e in log_of(url) if isinstance(e.event, JobSubmitted) and e.event.job_id == "arr-after"]
+    assert sub.spec.gating.after_ok_arrays == ("arr-d",) and not sub.spec.gating.after_ok  # one reference
+    story = corral("explain", "arr-after", url=url).stdout
+    assert "gated: waiting for array arr-d to complete ok: " in story and " of 3 tasks done" in story, story
+    ids = ["arr-d_0", "arr-d_1", "arr-d_2", "arr-after"]
+    wait_state(url, lambda s: statuses(s, ids) == ["completed"] * 4, 90, "the array and its dependent")
+    seq: dict[str, int] = {}
+    for env in log_of(url):
+        if isinstance(env.event, (GangReserved, JobCompleted)) and env.event.job_id in ids:
+            seq.setdefault(f"{type(env.event).__name__} {env.event.job_id}", env.seq)
+    assert seq["GangReserved arr-after"] > max(seq[f"JobCompleted arr-d_{i}"] for i in range(3))
 
 
 def test_hold_and_release(cluster: Up, tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def _submit(s: Sim, job_id: str, **gates: Any) -> None:
 def _array(s: Sim, array_id: str, n: int, limit: int) -> list[str]:
     ids = [f"{array_id}_{i}" for i in range(n)]
     for i, jid in enumerate(ids):
-        _submit(s, jid, array=ArrayElement(array_id=array_id, index=i, limit=limit, indexes=f"0-{n - 1}"))
+        _submit(s, jid, array=ArrayElement(array_id=array_id, index=i, limit=limit, indexes=f"0-{n - 1}", count=n))
     return ids
 
 
@@ -220,6 +220,7 @@ _OPS = st.lists(
     st.one_of(
         st.tuples(st.just("submit"), st.integers(1, 4), st.integers(0, 30), st.integers(0, 30), st.booleans()),
         st.tuples(st.just("array"), st.integers(2, 6), st.integers(0, 3)),
+        st.tuples(st.just("arraydep"), st.integers(0, 10), st.booleans(), st.booleans()),
         st.tuples(st.just("hold"), st.integers(0, 60)),
         st.tuples(st.just("release"), st.integers(0, 60)),
         st.tuples(st.just("cancel"), st.integers(0, 60)),
@@ -243,6 +244,9 @@ class Checker:
         self.held: set[str] = set()
         self.deps: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self.arrays: dict[str, tuple[int, list[str]]] = {}
+        #: Every array's elements, and the jobs that depend on whole arrays: (array, after-ok?).
+        self.members: dict[str, list[str]] = {}
+        self.array_deps: dict[str, tuple[str, bool]] = {}
 
     def before(self, s: Sim, e: AnyEvent) -> None:
         """Check a GangReserved against the log so far, before it is folded (a void one changes nothing)."""
@@ -256,11 +260,26 @@ class Checker:
             assert s.state.jobs[t].status == "completed", f"{e.job_id} placed before {t} completed"
         for t in any_:
             assert s.state.jobs[t].status in TERMINAL, f"{e.job_id} placed before {t} ended"
+        if e.job_id in self.array_deps:
+            arr, ok_ = self.array_deps[e.job_id]
+            done = {s.state.jobs[j].status for j in self.members[arr]}
+            assert done <= ({"completed"} if ok_ else TERMINAL), f"{e.job_id} placed before array {arr}: {done}"
 
     def after(self, s: Sim) -> None:
         for limit, members in self.arrays.values():
             holding = [j for j in members if s.state.jobs[j].status in HOLDING]
             assert len(holding) <= limit, f"array over its limit {limit}: {holding}"
+        # A job waiting for an array waits exactly while the array's verdict is not in, and is doomed once an
+        # element ended other than completed under after-ok (never only after the rest ran).
+        for jid, (arr, ok_) in self.array_deps.items():
+            job = s.state.jobs[jid]
+            if job.status != "pending":
+                continue
+            ends = [s.state.jobs[j].status for j in self.members[arr]]
+            failed = ok_ and any(x in TERMINAL and x != "completed" for x in ends)
+            assert bool(job.doomed) == failed, (jid, arr, ends, job.doomed)
+            assert (arr in job.blocked_on_arrays) == (not failed and not all(x in TERMINAL for x in ends)), (
+                jid, arr, ends)
 
 
 class GatedSim(Sim):
@@ -307,8 +326,17 @@ def test_gates_are_never_passed(policy: str, ops: list[tuple[Any, ...]]) -> None
         elif kind == "array":
             n += 1
             members = _array(s, f"a{n}", op[1], op[2])
+            chk.members[f"a{n}"] = members
             if op[2] > 0:
                 chk.arrays[f"a{n}"] = (op[2], members)
+        elif kind == "arraydep" and chk.members:
+            n += 1
+            arr = _pick(sorted(chk.members), op[1])
+            gates = Gates(after_ok_arrays=(arr,)) if op[2] else Gates(after_any_arrays=(arr,))
+            s.emit(JobSubmitted(event_id=s.eid(), occurred_at=s.now, job_id=f"d{n}",
+                                spec=JobSpec(name="d", gpus_per_rank=1 + op[3], restart_policy="never",
+                                             gates=gates)))
+            chk.array_deps[f"d{n}"] = (arr, op[2])
         elif kind == "hold":
             _hold(s, _pick(ids, op[1]))
         elif kind == "release":

@@ -206,9 +206,13 @@ ACTIONS: dict[str, Action] = {
     "gpu-fault-own-node": _append("corral.node.n1.GpuUnhealthy"),
     "gpu-fault-other-node": _append("corral.node.n2.GpuUnhealthy"),
     "health-check-other-node": _append("corral.node.n2.NodeHealthChecked"),
-    "report-worker-started": _append("corral.job.{t}.WorkerStarted"),
-    "report-worker-exited": _append("corral.job.{t}.WorkerExited"),
-    "report-checkpoint": _append("corral.job.{t}.Checkpointed"),
+    "report-worker-started": _append("corral.job.{t}.WorkerStarted.n1"),
+    "report-worker-exited": _append("corral.job.{t}.WorkerExited.n1"),
+    "report-checkpoint": _append("corral.job.{t}.Checkpointed.n1"),
+    # an agent reports about its own node only (#39), and on the subject that names it (#40)
+    "report-worker-started-as-other-node": _append("corral.job.{t}.WorkerStarted.n2"),
+    "report-worker-started-without-node": _append("corral.job.{t}.WorkerStarted"),
+    "order-own-node": _append("corral.node.n1.WorkAssigned"),
     # key-value and object store
     "heartbeat-own-node": Action(lambda c: _kv_put(c, permissions.HEARTBEATS, "n1")),
     "heartbeat-other-node": Action(lambda c: _kv_put(c, permissions.HEARTBEATS, "n2")),

@@ -30,10 +30,11 @@ if TYPE_CHECKING:
     from orchestrator.core.model.running import RunningGangs
     from orchestrator.core.model.state import ClusterState, Node
     from orchestrator.core.model.topology import Topology
+    from schemas.jobspec import JobSpec
 
 
 class Memo:
-    __slots__ = ("empty_indexes", "free", "free_for", "running", "topologies", "topology_for")
+    __slots__ = ("empty_indexes", "free", "free_for", "passed", "passed_for", "running", "topologies", "topology_for")
 
     def __init__(self) -> None:
         #: topology.build_topology: the last 4 (node records, levels, Topology) built. Node records
@@ -52,3 +53,9 @@ class Memo:
         #: facts.ClusterFacts.empty_index: the last 8 (topology, class, every-GPU-free index). The
         #: same Topology object means the same node records, and these read only their inventories.
         self.empty_indexes: list[tuple[Topology, GpuClass, FreeIndex]] = []
+        #: reject.Rejecter: new jobs of `passed_for` (one state object) that passed the reject check
+        #: once the cluster had settled, with the spec checked. Such a pass is final (the cluster
+        #: only grows), and a cycle whose admission stopped at its cap tells these jobs nothing
+        #: (they stay new: explain.py), so the next cycles need not check them again.
+        self.passed: dict[str, JobSpec] = {}
+        self.passed_for: ClusterState | None = None

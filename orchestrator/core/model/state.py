@@ -21,9 +21,10 @@ from typing import Literal
 
 import msgspec
 
+from orchestrator.core.model.arrays import ArrayTally
+from orchestrator.core.model.slices import NodeSlice, RankState, RankStatus, WorkerId
 from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS, CachedDataset, RankPlacement
 from schemas.inventory import Inventory
-from orchestrator.core.model.slices import NodeSlice, RankState, RankStatus, WorkerId
 from schemas.jobspec import JobSpec
 
 __all__ = ["NodeSlice", "RankState", "RankStatus", "WorkerId"]  # (defined in slices.py, named here too)
@@ -275,6 +276,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     held: bool = False
     blocked_on: tuple[str, ...] = ()
     doomed: str = ""
+    #: The job arrays it depends on (as a whole, core/array_deps.py) whose verdict is not in yet.
+    blocked_on_arrays: tuple[str, ...] = ()
     #: While pending: the GPU-seconds it still claims (its GPUs x time limit, else x the run time
     #: learned from the log, less what earlier attempts held), fixed when it joined the line, so
     #: its place in line does not move while it waits (estimates.claim_of).
@@ -362,6 +365,10 @@ class ClusterState(msgspec.Struct, kw_only=True):
     doomed: dict[str, int] = msgspec.field(default_factory=dict)
     #: Job -> the gated jobs that wait for it to end.
     dependents: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
+    #: Job array -> its elements counted (core/model/arrays.py); kept for every array the log has named.
+    arrays: dict[str, ArrayTally] = msgspec.field(default_factory=dict)
+    #: Job array -> the gated jobs that wait for the whole array, until every element ended.
+    array_dependents: dict[str, tuple[str, ...]] = msgspec.field(default_factory=dict)
     #: Job array (with a limit) -> its elements holding a slot: in line or holding GPUs.
     array_slots: dict[str, dict[str, None]] = msgspec.field(default_factory=dict)
     #: Job array -> (submit seq, job id) of its elements waiting for a slot, in submit order.
@@ -424,6 +431,11 @@ class ClusterState(msgspec.Struct, kw_only=True):
     voids: int = 0
     last_void: str = ""
     unknown_events: int = 0
+    #: Events refused as read (events/authorship.py): their subject, type and entity disagree. Folded as no change.
+    refused_events: int = 0
+    #: job -> (position, why): submissions no one can read on corral.job.<job>.JobSubmitted (`Unknown.submitted_as`)
+    #: of jobs the log does not know, until the scheduler's JobRejected for them (core/reject.py) is folded.
+    unreadable_submissions: dict[str, tuple[int, str]] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded.
@@ -433,9 +445,26 @@ class ClusterState(msgspec.Struct, kw_only=True):
         in_lines = sum(len(line) for line in self.lines.values())
         if len(self.pending) != in_lines + len(self.gated) or len(self.ends) != len(self.active):
             self._rebuild_indexes()
+        if not self.arrays and self.jobs:
+            self._count_arrays()
         if self.active and not self.slices and not self.orders_due:
             # A snapshot from before nodes were told their work (#40): every gang's nodes may lack their orders.
             self.orders_due = dict(self.active)
+
+    def _count_arrays(self) -> None:
+        """A snapshot from before arrays were counted: count the elements it still holds (finished ones past
+        FINISHED_KEPT are gone from `jobs`, so an old array's tally may fall short by those)."""
+        for job in self.jobs.values():
+            arr = job.spec.gating.array
+            if arr is None:
+                continue
+            t = self.arrays.get(arr.array_id, ArrayTally())
+            done = job.status in TERMINAL
+            ok = job.status == "completed"
+            self.arrays[arr.array_id] = msgspec.structs.replace(
+                t, declared=max(t.declared, arr.count if isinstance(arr.count, int) else 0),
+                submitted=t.submitted + 1, ended=t.ended + done, succeeded=t.succeeded + ok,
+                first_failure=t.first_failure or (f"{job.job_id} {job.status}" if done and not ok else ""))
 
     def _rebuild_indexes(self) -> None:
         self.lines = {}
@@ -477,6 +506,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             gated=dict(self.gated),
             doomed=dict(self.doomed),
             dependents=dict(self.dependents),
+            arrays=dict(self.arrays),
+            array_dependents=dict(self.array_dependents),
             array_slots={k: dict(v) for k, v in self.array_slots.items()},
             array_waiting={k: list(v) for k, v in self.array_waiting.items()},
             stopping=dict(self.stopping),
@@ -501,6 +532,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             voids=self.voids,
             last_void=self.last_void,
             unknown_events=self.unknown_events,
+            refused_events=self.refused_events,
+            unreadable_submissions=dict(self.unreadable_submissions),
         )
 
 
