@@ -164,7 +164,9 @@ class IndexService:
         nc = self.bus.nc
         for subject in api.SUBJECTS:
             subs.append(await nc.subscribe(subject, queue=self.queue_group, cb=self._on_request))
-        await nc.flush()
+        # Shielded: a flush cancelled mid-way (a stop right after catching up) leaves its PING's future
+        # cancelled in nats-py's list, and the PONG's set_result on it kills the connection's read loop.
+        await asyncio.shield(nc.flush())
         stop_if_cancelled()  # a SIGTERM the flush's wait swallowed
         self.serving.set()
         log.info("index_serving", path=str(self.path), seq=self.seq)
