@@ -165,17 +165,17 @@ class Scheduler:
         """The newest usable snapshot, then the log after it: `caught_up` says where and how long it took."""
         t0 = time.monotonic()
         loaded = await restore(self._snapshots, ClusterState, self.history, archive=self.history is not self.bus)
-        snap = None if loaded is None else loaded.state
+        start = 0  # (the fold goes on in the loaded state itself: its position now, not after the catch-up)
         if loaded is not None:
             self.follower.state = snap = loaded.state
             # What its fold skipped stays recorded in ours (None, not recorded, stays so: events/snapshots.py).
             skipped = loaded.header.skipped
             self.follower.skipped = None if skipped is None else set(skipped)
-            self._snapshot_seq = snap.seq
+            self._snapshot_seq = start = snap.seq
             self._snapshot_at = time.monotonic()
             log.info("snapshot_loaded", seq=snap.seq)
         await self.follower.catch_up()
-        log.info("caught_up", seq=self.state.seq, from_snapshot=snap.seq if snap is not None else 0,
+        log.info("caught_up", seq=self.state.seq, from_snapshot=start,
                  seconds=round(time.monotonic() - t0, 3), jobs=len(self.state.jobs), nodes=len(self.state.nodes))
 
     def _snapshot_due(self) -> bool:
