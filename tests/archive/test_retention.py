@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from events.bus import Bus
-from events.sdk import Client
 from events.nodeviews import NODEVIEW_BUCKET
+from events.sdk import Client
 from events.server import NatsServer
 from events.snapshots import SNAPSHOT_BUCKET, SnapshotStore
 from orchestrator.archiver import Archiver, ArchiverConfig
