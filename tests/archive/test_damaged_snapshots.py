@@ -322,3 +322,25 @@ async def test_damaged_snapshots_with_retention_on_do_not_stop_the_cluster(nats_
     assert reserved == completed == Counter(jobs), (reserved, completed)
     starts = logged_starts([c.node_dir / f"agent-{NODE}.log"])
     assert sorted(starts) == sorted((j, 1, 0) for j in jobs) and set(starts.values()) == {1}, starts
+
+
+async def test_retention_keeps_the_tail_of_the_oldest_kept_snapshot_and_of_the_views(bus: Bus) -> None:
+    """The archiver's bound (orchestrator/archiver.py: RestartPoints): the OLDEST kept snapshot's position, or
+    the node views' base where that is older; no snapshot: keep everything."""
+    from events.nodeviews import NodeViewStore
+    from events.snapshots import SnapshotStore
+    from orchestrator.archiver import RestartPoints
+    from orchestrator.core.node_view import NodeView
+
+    points = RestartPoints(bus.js)
+    assert await points() == 0
+    store = SnapshotStore(bus.js, keep=3)
+    for seq in (10, 20, 30, 40):
+        await store.save(ClusterState(seq=seq))
+    assert await store.seqs() == [40, 30, 20]
+    assert await points() == 20, "the oldest kept snapshot, not the newest"
+    views = NodeViewStore(bus.js)
+    await views.save([], 35, NodeView(node_id=""))
+    assert await points() == 20
+    await views.save([], 15, NodeView(node_id=""))
+    assert await points() == 15, "an agent starts from its view: the views' base bounds the cut too"
