@@ -149,9 +149,14 @@ class Follower(Generic[S]):
                 self.skipped.add(tag)
 
     @property
+    def position(self) -> int:
+        """The last log position read: a slice's fold (`subjects`) read past the positions it did not hold."""
+        return max(self.state.seq, self.read_through)
+
+    @property
     def caught_up(self) -> bool:
         """Whether the fold has reached `target` (the fold only moves forward: once true, it stays true)."""
-        return self.target is not None and max(self.state.seq, self.read_through) >= self.target
+        return self.target is not None and self.position >= self.target
 
     async def _take_target(self) -> None:
         if self.target is None:
@@ -184,7 +189,7 @@ class Follower(Generic[S]):
 
     def _wake(self) -> None:
         keep = []
-        through = max(self.state.seq, self.read_through)
+        through = self.position
         for seq, fut in self._seq_waiters:
             if through >= seq:
                 if not fut.done():
@@ -207,7 +212,7 @@ class Follower(Generic[S]):
 
     async def wait_for_seq(self, seq: int) -> None:
         """Until the fold has reached `seq` (e.g. our own append came back; in a slice, one of its own positions)."""
-        if max(self.state.seq, self.read_through) >= seq:
+        if self.position >= seq:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._seq_waiters.append((seq, fut))
@@ -220,15 +225,21 @@ class Follower(Generic[S]):
             await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=to_seq), self.apply_batch)
             return
         end = await self.bus.last_seq() if to_seq is None else to_seq
+        first = self.position + 1
         await self._check_start()
         await self._fold_from(lambda start: self.bus.replay(from_seq=start, to_seq=end, subjects=self.subjects),
                               self.apply_batch)
+        # A position deleted in between may have been this slice's: stop, naming it, as a whole-log reader does.
+        if (gone := await self.bus.deleted_in(first, end)) is not None:
+            why = f"seq {gone} was deleted from the stream"
+            log.error("log_gap", expected=gone, why=why, subjects=self.subjects)
+            raise LogGap(gone, gone + 1, why)
         self.read_through = max(self.read_through, end)
         self._wake()
 
     async def _check_start(self) -> None:
         """A slice starts after its state's position: the stream must still hold that position (or be before it)."""
-        start = max(self.state.seq, self.read_through) + 1
+        start = self.position + 1
         why = await self.bus.missing(start)
         if why is not None and "not in the stream" in why:
             log.error("log_gap", expected=start, why=why, subjects=self.subjects)
@@ -273,7 +284,7 @@ class Follower(Generic[S]):
         rereads = Rereads(self.bus)
         while True:
             try:
-                async with aclosing(read(max(self.state.seq, self.read_through) + 1)) as items:
+                async with aclosing(read(self.position + 1)) as items:
                     async for item in items:
                         fold(item)
                 return

@@ -203,6 +203,10 @@ class History:
             async for env in live:
                 yield env
 
+    async def deleted_in(self, lo: int, hi: int) -> int | None:
+        """The stream's: an archived segment is whole, and the stream's holes are its own."""
+        return await self.bus.deleted_in(lo, hi)
+
     async def missing(self, seq: int) -> str | None:
         """Why neither the archive nor the stream holds `seq`; None if one does (or the server cannot say now)."""
         for refused in self._refused.values():

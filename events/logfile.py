@@ -164,6 +164,10 @@ class LogFile:
                 for env in items:
                     yield env
 
+    async def deleted_in(self, lo: int, hi: int) -> int | None:
+        """None: an export may be filtered, so its holes are no gaps."""
+        return None
+
     async def missing(self, seq: int) -> str | None:
         """Why the file holds no event at `seq`; None if it holds one (an export may be filtered or start anywhere)."""
         last = await self.last_seq()

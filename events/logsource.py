@@ -36,6 +36,10 @@ class LogSource(Protocol):
         """Why the log holds no event at `seq`; None if it holds one (or cannot say now)."""
         ...
 
+    async def deleted_in(self, lo: int, hi: int) -> int | None:
+        """The first position in lo..hi deleted from the middle of the log (a slice's reader asks); None if none."""
+        ...
+
 
 if TYPE_CHECKING:
     from events.bus import Bus

@@ -206,9 +206,8 @@ class ServiceRegistry(CollectorRegistry):
         self._checks.append((service, check))
 
     def require_caught_up(self, service: str, follower: Follower[Any]) -> None:
-        """Ready only once `follower` folded up to the log's end as of its start (`Follower.target`). A slice's
-        fold (an agent's node, #40) lies behind where nothing of its slice is: it counts as far as it read."""
-        self.require_position(service, lambda: max(follower.state.seq, follower.read_through), lambda: follower.target)
+        """Ready only once `follower` folded up to the log's end as of its start (`Follower.target`)."""
+        self.require_position(service, lambda: follower.position, lambda: follower.target)
 
     def require_position(self, service: str, seq: Callable[[], int], target: Callable[[], int | None]) -> None:
         """Ready only once `seq()` reached `target()` (None: not known yet); the gap is a gauge too.

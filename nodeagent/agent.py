@@ -38,6 +38,7 @@ from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.backoff import Backoff
 from nodeagent.checkpoint import checkpoint_dir, checkpoint_failure, newest_manifest, step_of
 from nodeagent.datasets.cache import DatasetCache
+from nodeagent.datasets.limits import Limits
 from nodeagent.datasets.stager import Stager
 from nodeagent.gpu_health import Finding, GpuHealthWatch
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
@@ -107,7 +108,7 @@ class AgentConfig:
     data_dir: Path = Path(".corral/agent")
     #: Where ranks checkpoint (shared storage in a real cluster, so a requeued job resumes elsewhere).
     checkpoint_root: Path | None = None
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = 10.0  # a Kubernetes node lease's renewal (README, "Liveness")
     tick_s: float = 0.5
     #: Docker renumbers the GPUs it exposes from 0 inside the container.
     isolated_gpus: bool = False
@@ -126,6 +127,8 @@ class AgentConfig:
     dataset_cache_bytes: int = 0
     #: Where s3:// dataset sources are (MinIO, Ceph); None: the AWS chain's own (AWS_ENDPOINT_URL, the profile).
     s3_endpoint_url: str | None = None
+    #: What one staging may take: bytes, members, ratio, time, stall, the staging child's memory (#39).
+    dataset_limits: Limits = field(default_factory=Limits)
 
 
 class Agent:
@@ -169,7 +172,7 @@ class Agent:
                              DatasetCache(config.dataset_cache or config.data_dir / "datasets",
                                           config.dataset_cache_bytes),
                              append=self._append, state=lambda: self.follower.state, spawn=self._spawn,
-                             s3_endpoint_url=config.s3_endpoint_url)
+                             s3_endpoint_url=config.s3_endpoint_url, limits=config.dataset_limits)
 
     @property
     def node_id(self) -> str:

@@ -403,6 +403,9 @@ class DatasetFailed(Event, tag="DatasetFailed", frozen=True):
     dataset: str
     reason: str
     key: str = ""
+    #: The same source fails the same way anywhere (a hostile or oversized archive, a limit passed): the job
+    #: fails at once with the reason, never restarted onto another node (#39).
+    permanent: bool = False
 
 
 class DatasetEvicted(Event, tag="DatasetEvicted", frozen=True):

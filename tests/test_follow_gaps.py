@@ -145,22 +145,24 @@ async def test_tail_stops_at_a_deleted_event_unless_filtered(nats_server: NatsSe
     assert len(typed.stdout.splitlines()) == 4
 
 
-def _exit_of(proc: subprocess.Popen[bytes], log: Path) -> tuple[int, str]:
+@pytest.mark.parametrize("service", ["scheduler", "agent"])
+async def test_a_service_exits_naming_the_missing_position(nats_server: NatsServer, bus: Bus, tmp_path: Path,
+                                                          service: str) -> None:
+    await append(bus, 5)
+    await bus.js.delete_msg(bus.stream, 3)
+    if service == "scheduler":
+        proc = scheduler_proc(nats_server.url, "s1", tmp_path)
+        log = tmp_path / "s1.log"
+    else:
+        proc = agent_proc(nats_server.url, "n0", tmp_path)
+        log = tmp_path / "agent-n0.log"
     try:
-        rc = proc.wait(60)
+        rc = await asyncio.to_thread(proc.wait, 60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return rc, log.read_text(errors="replace")
-
-
-async def test_the_scheduler_exits_naming_the_missing_position(nats_server: NatsServer, bus: Bus,
-                                                               tmp_path: Path) -> None:
-    await append(bus, 5)
-    await bus.js.delete_msg(bus.stream, 3)
-    proc = scheduler_proc(nats_server.url, "s1", tmp_path)
-    rc, text = await asyncio.to_thread(_exit_of, proc, tmp_path / "s1.log")
+    text = log.read_text(errors="replace")
     assert rc == 1, text[-2000:]
     assert '"log_gap"' in text and '"expected": 3' in text, text[-2000:]
     assert "corral: error: log gap: the fold needs seq 3 next, the log gave seq 4: seq 3 was deleted" in text, \
@@ -169,12 +171,18 @@ async def test_the_scheduler_exits_naming_the_missing_position(nats_server: Nats
 
 async def test_an_agent_exits_naming_the_start_of_its_slice_the_stream_lost(nats_server: NatsServer, bus: Bus,
                                                                             tmp_path: Path) -> None:
-    """An agent reads its node's slice (#40), whose positions are not contiguous: what it can miss is its
-    start. With no node view stored it reads from position 1, which the stream no longer holds."""
+    """With no node view stored an agent reads its slice from position 1, which the stream no longer holds:
+    it stops naming the positions and the flag that reads them (README: Recovery)."""
     await append(bus, 5)
     await bus.js.purge_stream(bus.stream, seq=4)  # removes 1..3
     proc = agent_proc(nats_server.url, "n0", tmp_path)
-    rc, text = await asyncio.to_thread(_exit_of, proc, tmp_path / "agent-n0.log")
+    try:
+        rc = await asyncio.to_thread(proc.wait, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = (tmp_path / "agent-n0.log").read_text(errors="replace")
     assert rc == 1, text[-2000:]
     assert '"log_gap"' in text and '"expected": 1' in text, text[-2000:]
     assert "seq 1..3 are not in the stream: it now starts at seq 4" in text and "--archive PATH" in text, \

@@ -71,6 +71,8 @@ STREAM = "CORRAL"
 HEARTBEATS = "corral-heartbeats"
 LEADER = "corral-leader"
 SNAPSHOTS = "corral-snapshots"
+#: Each node's view as of a position (events/nodeviews.py): the scheduler writes, everyone reads.
+NODEVIEWS = "corral-nodeviews"
 
 ROLES = ("client", "admin", "agent", "scheduler", "ops", "admission", "index", "team", "archiver")
 
@@ -189,6 +191,7 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
             f"$KV.{HEARTBEATS}.>",  # removes the key of a node taken out of service
             f"$KV.{LEADER}.>",
             f"$O.{SNAPSHOTS}.>",
+            f"$KV.{NODEVIEWS}.>",
         ]
     elif role == "ops":
         writes = [INDEX_REQUESTS]

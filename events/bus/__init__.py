@@ -236,6 +236,10 @@ class Bus:
         """
         return await read.missing(self.link, seq)
 
+    async def deleted_in(self, lo: int, hi: int) -> int | None:
+        """The first position in lo..hi deleted from the middle of the stream (None: none, or no answer now)."""
+        return await read.deleted_in(self.link, lo, hi)
+
     async def message_at(self, seq: int) -> RawStreamMsg:
         """The stream's message at `seq` as stored (a direct get); nats-py's NotFoundError if there is none."""
         return await self.link.message_at(seq)

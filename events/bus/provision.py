@@ -104,8 +104,17 @@ class Setup:
             subjects=sorted({*(current.subjects or []), ALL}),
             duplicate_window=duplicate_window,
             num_replicas=max(current.num_replicas or 1, self.replicas),
-            max_consumers=_at_least(current.max_consumers, MAX_CONSUMERS),
         )
+        if wanted != current:
+            await self._until_ready(f"update stream {stream}", f"$JS.API.STREAM.UPDATE.{stream}",
+                                    lambda js: js.update_stream(wanted))
+
+    async def ensure_consumer_room(self) -> None:
+        """Raise the stream's consumer limit to MAX_CONSUMERS, for a stream created before it was set (the
+        scheduler calls it: other roles may not update the stream, and use it as it is)."""
+        stream = self.link.stream
+        current = (await self.link.js.stream_info(stream)).config
+        wanted = current.evolve(max_consumers=_at_least(current.max_consumers, MAX_CONSUMERS))
         if wanted != current:
             await self._until_ready(f"update stream {stream}", f"$JS.API.STREAM.UPDATE.{stream}",
                                     lambda js: js.update_stream(wanted))

@@ -119,6 +119,20 @@ async def missing(link: Link, seq: int) -> str | None:
     return None
 
 
+async def deleted_in(link: Link, lo: int, hi: int) -> int | None:
+    """The first position in lo..hi deleted from the middle of the stream; None if none (or the server cannot
+    say now). A reader of a slice (filtered subjects) never sees such a hole in its positions: it asks."""
+    try:
+        if not (await link.js.stream_info(link.stream)).state.num_deleted:
+            return None
+        msg = await link.nc.request(f"$JS.API.STREAM.INFO.{link.stream}", b'{"deleted_details": true}', timeout=5.0)
+        deleted = json.loads(msg.data).get("state", {}).get("deleted") or []
+    except (nats.errors.Error, TimeoutError, ValueError, AttributeError):
+        return None
+    hits = [s for s in deleted if isinstance(s, int) and lo <= s <= hi]
+    return min(hits) if hits else None
+
+
 async def last_on(readers: Readers, subject: str) -> Envelope | None:
     """The newest message on `subject`, decoded (stream time to the microsecond); None if there is none.
 

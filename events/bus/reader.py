@@ -159,6 +159,7 @@ class Reader:
                 try:
                     info = await self.consumers.create(self.resume_at)
                     name = info.name
+                    stop_if_cancelled()  # the create's request may have swallowed a cancel (3.11 wait_for)
                     if self.resume_at is None and info.delivered is not None:
                         # Where this consumer starts, in case it is lost before its first message.
                         self.resume_at = info.delivered.stream_seq + 1
@@ -238,6 +239,7 @@ class Reader:
         """
         watchdog = 3 * self._HEARTBEAT
         while True:
+            stop_if_cancelled()  # a nats wait (a request, a flush) that swallowed a cancel: stop now, not never
             if (not self._buf and not self._done and not self._end_seen and self._reset_reason is None
                     and self._error is None):
                 # Every message and every status (heartbeats included) wakes us: silence means loss.

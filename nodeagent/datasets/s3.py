@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from nodeagent.datasets.fetch import Progress, StagingError, Stopped, check_manifest, unpack_archive
+from nodeagent.datasets.fetch import Progress, Refused, StagingError, Stopped, check_manifest, unpack_archive
+from nodeagent.datasets.limits import Limits
 from nodeagent.datasets.verify import CHUNK
 
 #: Seconds to connect, and that one read may stall, before an S3 request gives up (and is retried).
@@ -63,18 +64,23 @@ def location(source: str) -> Location:
 
 
 def stage_s3(source: str, dest: Path, sha256: str, progress: Progress, stop: threading.Event,
-             endpoint_url: str | None) -> int:
+             endpoint_url: str | None, limits: Limits | None = None) -> int:
     """Stage `source` into the empty directory `dest`, verified; returns the bytes read from S3."""
     loc = location(source)
     session, client = _client(endpoint_url, ATTEMPTS)
     from botocore.exceptions import BotoCoreError, ClientError
 
+    lim = limits or Limits()
     try:
         if loc.is_prefix:
-            return _prefix(client, loc, dest, sha256, progress, stop)
+            return _prefix(client, loc, dest, sha256, progress, stop, lim)
         obj = client.get_object(Bucket=loc.bucket, Key=loc.key)
         total = int(obj.get("ContentLength") or 0)
-        return unpack_archive(str(loc), _Body(obj["Body"]), total, dest, sha256, progress, stop)
+        if total > lim.fetch_limit():
+            obj["Body"].close()
+            raise Refused(f"{loc} is {total} bytes, more than the {lim.fetch_limit()} a staging may fetch here "
+                          "(--dataset-cache-bytes, --dataset-max-bytes)")
+        return unpack_archive(str(loc), _Body(obj["Body"]), total, dest, sha256, progress, stop, lim)
     except (BotoCoreError, ClientError) as e:
         raise StagingError(why(e, loc, session, client)) from None
 
@@ -167,13 +173,18 @@ def _relative(key: str, loc: Location) -> PurePosixPath:
     return PurePosixPath(rel)
 
 
-def _prefix(client: Any, loc: Location, dest: Path, sha256: str, progress: Progress, stop: threading.Event) -> int:
+def _prefix(client: Any, loc: Location, dest: Path, sha256: str, progress: Progress, stop: threading.Event,
+            limits: Limits) -> int:
     objects = _listing(client, loc, stop)
     if not objects:
         raise StagingError(f"no objects under {loc} at {client.meta.endpoint_url}: an empty prefix is no dataset "
                            f"(a directory is s3://bucket/prefix/, an archive s3://bucket/key.tar)")
     files = [(key, _relative(key, loc), size) for key, size in objects]
     total = sum(size for _, _, size in files)
+    if total > limits.fetch_limit() or len(files) > limits.max_members:
+        raise Refused(f"{loc} holds {len(files)} objects of {total} bytes, more than a staging may take here "
+                      f"({limits.max_members} objects, {limits.fetch_limit()} bytes: --dataset-max-members, "
+                      "--dataset-max-bytes, --dataset-cache-bytes)")
     done = 0
     progress(0, total)
     for key, rel, size in files:
@@ -191,6 +202,8 @@ def _prefix(client: Any, loc: Location, dest: Path, sha256: str, progress: Progr
                     raise Stopped("the agent is stopping")
                 f.write(view[:n])
                 got += n
+                if got > size:
+                    break  # (it grew since it was listed: said below, never read past what the limits allowed)
                 progress(done + got, total)
         if got != size:
             raise StagingError(f"s3://{loc.bucket}/{key} changed while staging: listed with {size} bytes, "
@@ -198,6 +211,10 @@ def _prefix(client: Any, loc: Location, dest: Path, sha256: str, progress: Progr
         done += got
     check_manifest(dest, sha256, loc, "the objects")
     return done
+
+
+#: Most bytes one read of an object's body asks for.
+READ_STEP = 1 << 16
 
 
 class _Body(io.RawIOBase):
@@ -213,7 +230,9 @@ class _Body(io.RawIOBase):
         from botocore.exceptions import BotoCoreError
 
         try:
-            data = self.body.read(len(b))
+            # (a read returns once it has all it asked for: a small step keeps the progress, and a slow body
+            # does not look stalled to the supervisor)
+            data = self.body.read(min(len(b), READ_STEP))
         except BotoCoreError as e:
             raise ConnectionError(str(e)) from None
         n = len(data)

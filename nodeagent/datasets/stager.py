@@ -21,6 +21,7 @@ they differ from what the log holds.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import threading
 import time
 import urllib.error
@@ -31,7 +32,9 @@ from pathlib import Path
 import structlog
 
 from nodeagent.datasets.cache import CacheFull, DatasetCache, Entry, tree_bytes
-from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, DiskFull, StagingError, Stopped, stage
+from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, DiskFull, Refused, StagingError, Stopped
+from nodeagent.datasets.limits import Limits
+from nodeagent.datasets.supervise import size_in_child, stage_in_child
 from orchestrator.core.model.slices import NodeJob
 from orchestrator.core.node_view import NodeView
 from schemas import Event, Mount
@@ -59,7 +62,7 @@ class Stager:
     def __init__(self, node_id: str, incarnation: str, cache: DatasetCache, *,
                  append: Callable[[Event], Awaitable[int]], state: Callable[[], NodeView],
                  spawn: Callable[[Awaitable[object]], asyncio.Task[object]], progress_s: float = PROGRESS_S,
-                 s3_endpoint_url: str | None = None) -> None:
+                 s3_endpoint_url: str | None = None, limits: Limits | None = None) -> None:
         self.node_id = node_id
         self.incarnation = incarnation
         self.cache = cache
@@ -69,6 +72,8 @@ class Stager:
         self.progress_s = progress_s
         #: Where s3:// sources are (None: the AWS chain's own, e.g. AWS_ENDPOINT_URL).
         self.s3_endpoint_url = s3_endpoint_url
+        #: What one staging may take (limits.py), never more than the cache holds; each runs in a child (#39).
+        self.limits = (limits or Limits()).with_cache(cache.limit_bytes)
         #: cache key -> its one staging, and that staging's (bytes done, bytes total).
         self._keys: dict[str, asyncio.Task[object]] = {}
         self._progress: dict[str, tuple[int, int]] = {}
@@ -129,6 +134,10 @@ class Stager:
         return tuple(Mount(source=str(self.cache.root / ds.key / "data"), target=ds.mount, read_only=True)
                      for ds in job.spec.dataset_list)
 
+    def _wanted(self, key: str) -> bool:
+        """Whether a gang placed here still names the dataset `key`."""
+        return any(ds.key == key for job in self._state().work.values() for ds in job.spec.dataset_list)
+
     def in_use(self) -> set[str]:
         """Cache keys no eviction may take: datasets of gangs placed here, and stagings in progress."""
         keys = set(self._keys)
@@ -168,12 +177,18 @@ class Stager:
             await asyncio.wait({task}, timeout=self.progress_s)
             if task.done():
                 break
+            if not self._current(job_id, attempt):
+                if not self._wanted(key):
+                    task.cancel()  # (no job here wants it any more: its child is killed, its directory deleted)
+                    log.info("dataset_staging_cancelled", node_id=self.node_id, job_id=job_id, attempt=attempt,
+                             key=key)
+                return
         try:
             result = task.result()
-        except Stopped:
+        except (Stopped, asyncio.CancelledError):
             return
         except StagingError as e:
-            await self._failed(job_id, attempt, ds, str(e))
+            await self._failed(job_id, attempt, ds, str(e), permanent=e.permanent)
             return
         except Exception as e:  # a bug here must end the attempt with a reason, not hang the gang
             log.exception("dataset_staging_crashed", job_id=job_id, dataset=ds.name)
@@ -192,14 +207,15 @@ class Stager:
             job_id=job_id, attempt=attempt, node_id=self.node_id, dataset=ds.name, key=ds.key, size_bytes=size,
             cached=cached, staged_bytes=staged))
 
-    async def _failed(self, job_id: str, attempt: int, ds: Dataset, reason: str) -> None:
+    async def _failed(self, job_id: str, attempt: int, ds: Dataset, reason: str, *, permanent: bool = False) -> None:
         log.warning("dataset_failed", node_id=self.node_id, job_id=job_id, attempt=attempt, dataset=ds.name,
-                    reason=reason)
+                    reason=reason, permanent=permanent)
         if not self._current(job_id, attempt):
             return
         await self._append(DatasetFailed(
             event_id=f"dataset-failed:{job_id}:{attempt}:{self.node_id}:{ds.name}", occurred_at=time.time(),
-            job_id=job_id, attempt=attempt, node_id=self.node_id, dataset=ds.name, key=ds.key, reason=reason))
+            job_id=job_id, attempt=attempt, node_id=self.node_id, dataset=ds.name, key=ds.key, reason=reason,
+            permanent=permanent))
 
     # --- one cache key ------------------------------------------------------------------
 
@@ -207,13 +223,17 @@ class Stager:
         """Stage `ds` into the cache under its key: room, fetch into `.tmp/`, room again, rename into place."""
         key = ds.key
         t0 = time.monotonic()
-        await self._make_room(await asyncio.to_thread(expected_bytes, ds, self.s3_endpoint_url), key)
+        need = await size_in_child(ds, self._stop, limits=self.limits, s3_endpoint_url=self.s3_endpoint_url)
+        if need > self.limits.fetch_limit():  # (never fits here, whatever is evicted: a limit, not a full cache)
+            raise Refused(f"{ds.source} is {need} bytes, more than the {self.limits.fetch_limit()} a staging may "
+                          "fetch here (--dataset-cache-bytes, --dataset-max-bytes)")
+        await self._make_room(need, key)
         tmp = await asyncio.to_thread(self.cache.temp_dir, key)
         try:
             log.info("dataset_staging", node_id=self.node_id, key=key, source=ds.source)
             try:
-                read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop,
-                                              s3_endpoint_url=self.s3_endpoint_url)
+                read = await stage_in_child(ds, tmp / "data", self._progress_of(key), self._stop,
+                                            limits=self.limits, s3_endpoint_url=self.s3_endpoint_url)
             except DiskFull as e:
                 # More than foreseen (an archive that unpacks larger, a length not told): evict every entry no
                 # job here uses, then once more from the start; a second full disk fails the attempt.
@@ -225,8 +245,8 @@ class Stager:
                     await self._evict(unused, key, why="the disk filled up while staging")
                 await asyncio.to_thread(self.cache.discard, tmp)
                 tmp = await asyncio.to_thread(self.cache.temp_dir, key)
-                read = await asyncio.to_thread(stage, ds, tmp / "data", self._progress_of(key), self._stop,
-                                              s3_endpoint_url=self.s3_endpoint_url)
+                read = await stage_in_child(ds, tmp / "data", self._progress_of(key), self._stop,
+                                            limits=self.limits, s3_endpoint_url=self.s3_endpoint_url)
             size = await asyncio.to_thread(tree_bytes, tmp / "data")
             async with self._room:
                 await self._evict(self.cache.room_for(size, self.in_use() - {key}), key)
@@ -285,7 +305,7 @@ def expected_bytes(ds: Dataset, s3_endpoint_url: str | None = None) -> int:
             req = urllib.request.Request(ds.source, method="HEAD")
             with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
                 return int(resp.headers.get("Content-Length") or 0)
-        except (OSError, ValueError, urllib.error.URLError):
+        except (OSError, ValueError, urllib.error.URLError, http.client.HTTPException):
             return 0  # the download itself says what is wrong
     if scheme == "s3":
         from nodeagent.datasets import s3  # (boto3, the optional extra corral[s3], only when it is used)

@@ -20,6 +20,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "services": {
         "scheduler": "run the scheduler service (one leader, others stand by)",
         "agent": "run a node agent",
+        "agent-host": "run many simulated node agents in one process, for scale tests",
         "admission": "run the admission service: team accounts submit and cancel through it",
         "index": "run the accounting and forensics index: `usage`, `jobs --all`, `job`, `explain` answer from it",
         "demo": "submit the small demo workload to a running cluster and narrate it",

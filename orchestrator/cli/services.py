@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -17,8 +18,10 @@ from events.bus import Bus, LogGap
 from events.server import NatsServer, NatsServerError
 from events.swallowed_cancel import stop_if_cancelled
 from nodeagent.agent import Agent, AgentConfig
+from nodeagent.datasets.limits import Limits
 from nodeagent.discovery import NoGpuError, node_inventory
 from nodeagent.gpu_health import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, GpuHealthWatch, HealthPolicy, parse_xids
+from nodeagent.host import connect_agents, connection
 from nodeagent.runtime.base import Runtime
 from nodeagent.runtime.process import ProcessRuntime
 from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
@@ -104,7 +107,7 @@ async def run_scheduler(args: argparse.Namespace) -> int:
                              snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval,
                              cluster=cluster_config(args))
     async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
-        sched = Scheduler(bus, config, history=_archived(args, bus))
+        sched = Scheduler(bus, config, history=archived(args, bus))
         metrics_server = await start_metrics(args, scheduler=sched)
         try:
             return await until_signalled(sched.run())
@@ -113,7 +116,7 @@ async def run_scheduler(args: argparse.Namespace) -> int:
                 await metrics_server.close()
 
 
-def _archived(args: argparse.Namespace, bus: Bus) -> History | None:
+def archived(args: argparse.Namespace, bus: Bus) -> History | None:
     """With the global `--archive PATH` (CORRAL_ARCHIVE), the archive and the stream as one log: a service that
     finds no usable snapshot or node view reads what retention moved out of the stream there."""
     from orchestrator.cli.archive import with_archive
@@ -232,6 +235,21 @@ def add_worker_env_arg(p: argparse.ArgumentParser) -> None:
                         "worker gets from its node (README: What a worker gets); repeatable")
 
 
+def dataset_limits(args: argparse.Namespace) -> Limits:
+    """The agent's `--dataset-*` limits as one staging's Limits (checked now: a bad value exits 2 at once)."""
+    positive = {"--dataset-max-bytes": args.dataset_max_bytes, "--dataset-max-members": args.dataset_max_members,
+                "--dataset-max-ratio": args.dataset_max_ratio, "--dataset-timeout": args.dataset_timeout,
+                "--dataset-stall-timeout": args.dataset_stall_timeout}
+    for flag, value in positive.items():
+        if not value > 0:
+            raise CliError(f"{flag} is more than 0, got {value}", USAGE)
+    if args.dataset_memory_bytes < 0:
+        raise CliError(f"--dataset-memory-bytes is 0 (no limit) or more, got {args.dataset_memory_bytes}", USAGE)
+    return Limits(max_bytes=args.dataset_max_bytes, max_members=args.dataset_max_members,
+                  max_ratio=args.dataset_max_ratio, timeout_s=args.dataset_timeout,
+                  stall_s=args.dataset_stall_timeout, memory_bytes=args.dataset_memory_bytes)
+
+
 def worker_env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     """`--worker-env` as AgentConfig.worker_env (checked now: a bad name exits 2 before anything starts)."""
     from orchestrator.cli.submitter import named_variables
@@ -254,7 +272,8 @@ async def run_agent(args: argparse.Namespace) -> int:
                          health_check_timeout_s=args.health_check_timeout,
                          worker_env=extra_env,
                          dataset_cache=Path(args.dataset_cache).resolve() if args.dataset_cache else None,
-                         dataset_cache_bytes=args.dataset_cache_bytes, s3_endpoint_url=args.s3_endpoint_url)
+                         dataset_cache_bytes=args.dataset_cache_bytes, s3_endpoint_url=args.s3_endpoint_url,
+                         dataset_limits=dataset_limits(args))
     if args.dataset_cache_bytes < 0:
         raise CliError(f"--dataset-cache-bytes is 0 (no limit) or more, got {args.dataset_cache_bytes}", USAGE)
     if args.s3_endpoint_url is not None and not args.s3_endpoint_url.startswith(("http://", "https://")):
@@ -271,7 +290,7 @@ async def run_agent(args: argparse.Namespace) -> int:
             raise
         raise CliError("the docker runtime needs the Docker SDK: pip install 'corral[docker]'", USAGE) from None
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True, wait_for_creator=True) as bus:
-        agent = Agent(bus, config, inventory, runtime, health=watch, history=_archived(args, bus))
+        agent = Agent(bus, config, inventory, runtime, health=watch, history=archived(args, bus))
         metrics_server = await start_metrics(args, agents=[agent])
         try:
             return await until_signalled(agent.run())
@@ -397,7 +416,21 @@ async def run_up(args: argparse.Namespace) -> int:
         print("corral up: stopped", flush=True)
 
 
+def up_liveness(nodes: int, heartbeat_timeout: float) -> tuple[float, float]:
+    """`corral up`'s heartbeat interval and failure timeout: a second for a few nodes, as a laptop wants; a
+    cluster-sized `--nodes` beats every 5 s (one machine hosts them all), and the timeout is at least four
+    intervals whatever --heartbeat-timeout says."""
+    heartbeat_s = 1.0 if nodes <= 128 else 5.0
+    return heartbeat_s, max(heartbeat_timeout, 4 * heartbeat_s)
+
+
 async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str) -> int:
+    async with contextlib.AsyncExitStack() as stack:
+        return await _run_services(args, bus, data, url, stack)
+
+
+async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str,
+                        stack: contextlib.AsyncExitStack) -> int:
     from events.archive import Archive
     from events.history import History
     from orchestrator.cli.demo import needs_small_workload, run_demo
@@ -405,21 +438,27 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
 
     archiver = _up_archiver(args, bus, data)
     # With retention, every service reads what the stream dropped from the archive (a damaged snapshot or view).
-    history = None if archiver is None else History(bus, Archive(archiver.config.path))
-    sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=args.heartbeat_timeout,
+    archive = None if archiver is None else Archive(archiver.config.path)
+    heartbeat_s, heartbeat_timeout_s = up_liveness(args.nodes, args.heartbeat_timeout)
+    sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=heartbeat_timeout_s,
                                            lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)),
-                      history=history)
-    agents = []
-    for i in range(args.nodes):
+                      history=None if archive is None else History(bus, archive))
+    extra_env = worker_env(args)
+
+    def make(agent_bus: Bus, i: int) -> Agent:
         node_id = f"node-{i}"
         node_dir = data / "agents" / node_id
         inventory = node_inventory(node_id, fake_gpus=args.gpus_per_node, labels=fake_node_labels(i),
                                    fake_model=args.gpu_model).inventory
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
-                             checkpoint_root=data / "checkpoints", heartbeat_s=1.0, worker_env=worker_env(args))
-        agents.append(Agent(bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
-                                                                 inherit_env=False), history=history))
-    index = IndexService(bus, data / "index", history=history)
+                             checkpoint_root=data / "checkpoints", heartbeat_s=heartbeat_s, worker_env=extra_env)
+        return Agent(agent_bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
+                                                                  inherit_env=False),
+                     history=None if archive is None else History(agent_bus, archive))
+
+    # The agents' own connections (PER_CONNECTION to one), closed after everything else stopped.
+    agents = await connect_agents(stack, lambda k: connection(url, f"corral-up-agents-{k}"), args.nodes, make)
+    index = IndexService(bus, data / "index", history=None if archive is None else History(bus, archive))
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"(process runtime) + the index; Ctrl-C stops", flush=True)
     result = OK
@@ -505,8 +544,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="a job younger than this is not preempted (default %(default)s)")
         p.add_argument("--half-life", type=float, default=0.0, metavar="S",
                        help="fair-share usage half-life; 0 = no decay (default)")
-        p.add_argument("--heartbeat-timeout", type=float, default=10.0, metavar="S",
-                       help="declare a node failed after this long without a heartbeat (default %(default)s)")
+        p.add_argument("--heartbeat-timeout", type=float, default=40.0, metavar="S",
+                       help="declare a node failed after this long without a heartbeat (default %(default)s: four of "
+                            "the agents' default 10 s beats, as Kubernetes' node grace; README, Liveness)")
         p.add_argument("--drain-unhealthy-gpus", type=int, default=2, metavar="K",
                        help="a node with K GPUs out of service (GpuUnhealthy) takes no new work; 0: never by count "
                             "(default %(default)s)")
@@ -537,7 +577,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--labels", help="topology labels, e.g. block=b0,leaf=l1")
     p.add_argument("--data-dir", default=".corral/agent", help="worker state and logs (default %(default)s)")
     p.add_argument("--checkpoint-root", help="shared checkpoint storage (default DATA_DIR/checkpoints)")
-    p.add_argument("--heartbeat", type=float, default=1.0, metavar="S", help="heartbeat interval")
+    p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+                   help="heartbeat interval (default %(default)s, as a Kubernetes node lease; keep it a quarter of the "
+                        "scheduler's --heartbeat-timeout or less)")
     p.add_argument("--worker-log-max-mb", type=float, default=LOG_MAX_BYTES / 2**20, metavar="MB",
                    help="process runtime: rotate a worker's output log at this size (default %(default)g MiB)")
     p.add_argument("--worker-log-files", type=int, default=LOG_FILES, metavar="N",
@@ -567,6 +609,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ds.add_argument("--dataset-cache-bytes", type=int, default=0, metavar="N",
                     help="size limit: least recently used datasets no job here uses are evicted to stay under it "
                          "(default 0: no limit)")
+    lim = Limits()
+    ds.add_argument("--dataset-max-bytes", type=int, default=lim.max_bytes, metavar="N",
+                    help="most bytes one dataset may unpack to, checked as it streams (never more than "
+                         "--dataset-cache-bytes; default %(default)s)")
+    ds.add_argument("--dataset-max-members", type=int, default=lim.max_members, metavar="N",
+                    help="most files, directories and links one archive may hold (default %(default)s)")
+    ds.add_argument("--dataset-max-ratio", type=float, default=lim.max_ratio, metavar="R",
+                    help=f"most unpacked bytes per downloaded byte once past the first {lim.ratio_floor >> 30} GiB "
+                         "unpacked: a decompression bomb (default %(default)s)")
+    ds.add_argument("--dataset-timeout", type=float, default=lim.timeout_s, metavar="S",
+                    help="most seconds one staging may take, fetch and unpack (default %(default)s)")
+    ds.add_argument("--dataset-stall-timeout", type=float, default=lim.stall_s, metavar="S",
+                    help=f"a fetch receiving fewer than {lim.stall_bytes} bytes in S seconds has stalled (a dead or "
+                         "trickling server) and fails (default %(default)s)")
+    ds.add_argument("--dataset-memory-bytes", type=int, default=lim.memory_bytes, metavar="N",
+                    help="address-space limit of the process each staging runs in, so no data can exhaust the "
+                         "agent's memory (default %(default)s; 0: none)")
     ds.add_argument("--s3-endpoint-url", metavar="URL", help="where s3:// sources are, for an on-prem S3 (MinIO, "
                     "Ceph), e.g. http://minio:9000 (default: the AWS chain's, AWS_ENDPOINT_URL or AWS itself); "
                     "credentials come from the AWS chain (needs corral[s3])")
@@ -587,6 +646,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="request the placement's GPUs by index from the NVIDIA runtime; auto: unless "
                         "--fake-gpus (default %(default)s)")
     p.set_defaults(handler=run_agent)
+
+    from orchestrator.cli.agent_host import add_agent_host_args
+
+    p = sub.add_parser("agent-host", help="run many simulated node agents in one process, for scale tests",
+                       description="N simulated nodes (fake GPUs, simulated runtime), each a real agent with its "
+                                   "own filtered subscription of its node's slice of the log.")
+    add_connection_args(p, service=True)
+    common(p)
+    add_agent_host_args(p)
 
     p = sub.add_parser(
         "admission", help="run the admission service: team accounts submit and cancel through it",

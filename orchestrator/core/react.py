@@ -52,6 +52,7 @@ from orchestrator.core.backoff import restart_delay
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.gating import INVALID_SPEC, NEVER_SATISFIED, invalid_reasons
 from orchestrator.core.model.state import FREE, SCHEDULER, UNSTARTABLE, ClusterState, Job
+from orchestrator.core.staging import failed_for_good
 from schemas.events import (
     CancelRequested,
     Event,
@@ -247,6 +248,8 @@ def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
         return JobCompleted(event_id=c.event_id("completed", job), occurred_at=now, job_id=job.job_id, attempt=job.attempt,
                             epoch=c.epoch)
     if job.failure:
+        if failed_for_good(job):
+            return _stop_and_fail(c, job, f"{job.failure}; not restarted (the same source fails on any node)")
         if spec.restart_policy == "gang" and job.restarts < spec.max_restarts and not _unstartable(c.state, job):
             # Decided now, so the old attempt's surviving ranks stop at once; its workers wait out
             # the backoff in the log (`not_before`), as a crashing rank's agent waits before restarting it.

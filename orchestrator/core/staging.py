@@ -11,7 +11,9 @@ caches' contents with NodeDatasets and DatasetEvicted. The fold keeps
   the agents may start the gang's ranks (`staged`);
 - a DatasetFailed as the attempt's `failure`, so react ends the attempt the
   way it ends one whose rank crashed: restarted with backoff while restarts
-  remain, else failed, with the agent's reason in `corral job`.
+  remain, else failed, with the agent's reason in `corral job`; a permanent
+  one (the archive is hostile or too large, a limit passed: the
+  same anywhere) fails the job at once, never restarted onto another node.
 
 Reports about an attempt that is not the job's current one holding GPUs, a
 node not in its placement, or a dataset its spec does not name change
@@ -102,8 +104,15 @@ def dataset_failed(state: ClusterState, e: DatasetFailed, at: float) -> None:
         return
     s = _staging(job, e.attempt, at)
     why = f"dataset {e.dataset} on {e.node_id}: {e.reason[:REASON_CHARS]}"
-    state.jobs[e.job_id] = replace(job, staging=s if s.failed else replace(s, failed=why),
+    state.jobs[e.job_id] = replace(job, staging=s if s.failed else replace(s, failed=why, permanent=e.permanent),
                                    failure=job.failure or why)
+
+
+def failed_for_good(job: Job) -> bool:
+    """Whether the current attempt's staging failed in a way no restart mends (DatasetFailed.permanent: a hostile
+    or oversized archive, a limit passed): the job fails once with the reason (#39)."""
+    s = job.staging
+    return s is not None and s.attempt == job.attempt and s.permanent and job.failure == s.failed
 
 
 def dataset_evicted(state: ClusterState, e: DatasetEvicted) -> None:

@@ -75,7 +75,7 @@ class SchedulerConfig:
     snapshot_every: int = 10_000
     snapshot_interval_s: float = 60.0
     lease_ttl_s: float = 5.0
-    heartbeat_timeout_s: float = 10.0
+    heartbeat_timeout_s: float = 40.0  # four agent beats (README, "Liveness")
     #: Appended once when the log has no cluster settings yet, so every replay decides alike.
     cluster: ClusterConfigured | None = None
 
@@ -320,6 +320,7 @@ class Scheduler:
     async def run(self) -> None:
         """Run until cancelled; the first fatal error propagates."""
         try:
+            await self.bus.setup.ensure_consumer_room()  # a consumer per agent (#40): a stream made before it had 1,000
             await self._restore()
             lease_kv = await self.bus.kv(LEASE_BUCKET, ttl=self.config.lease_ttl_s)
             hb_kv = await self.bus.kv(HEARTBEAT_BUCKET)

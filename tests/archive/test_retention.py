@@ -280,9 +280,9 @@ def test_after_the_head_left_the_stream_a_fresh_agent_works_and_the_index_rebuil
     # (a) A fresh agent on the purged stream, from the node views' base (events/nodeviews.py): no archive anywhere.
     agent_log = asyncio.run(_fresh_agent_works(url, tmp_path / "fresh"))
     caught_up = [json.loads(line) for line in agent_log.splitlines() if '"caught_up"' in line]
-    assert caught_up and caught_up[0]["from_view"] >= first - 1, caught_up
+    assert caught_up and caught_up[0]["from_view"] >= first - 1, caught_up  # the node views' `_base` (#40)
 
-    # (c) No usable snapshot or node view (both buckets removed) and no archive: a new agent stops, naming the range.
+    # (c) No usable snapshot nor node view (the buckets removed) and no archive: a new agent stops, naming the range.
     asyncio.run(_drop_snapshots(url))
     (tmp_path / "orphan").mkdir()
     proc = agent_proc(url, "orphan", tmp_path / "orphan", index=5)

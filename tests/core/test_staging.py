@@ -3,6 +3,7 @@ the attempt through the ordinary restart path."""
 
 from __future__ import annotations
 
+from orchestrator.core.model.state import FREE
 from orchestrator.core.staging import staged
 from schemas.datasets import Dataset
 from schemas.events import (
@@ -120,3 +121,49 @@ def test_staged_at_time_zero_is_staged() -> None:
     ready(s, "n0", PILE)
     job = s.job("j")
     assert staged(job) and job.staging is not None and job.staging.ready_at == 0.0
+
+
+def test_a_permanent_staging_failure_fails_the_job_once_never_on_another_node() -> None:
+    """A hostile or oversized archive fails the same way anywhere (#39): however many restarts the spec allows
+    and free nodes there are, the job fails once with the agent's reason, and its GPUs go back."""
+    s = gang(max_restarts=3)
+    s.node("n2")
+    s.node("n3")  # two idle nodes the gang could be placed on again
+    ready(s, "n0", PILE)
+    why = "http://x/bomb.tar.gz: the archive unpacks to more than 1000 bytes (--dataset-max-bytes)"
+    s.emit(DatasetFailed(event_id=s.eid(), occurred_at=s.now, job_id="j", attempt=1, node_id="n1", dataset="pile",
+                         reason=why, permanent=True))
+    # the other node's report of the same attempt comes later: nothing more
+    s.emit(DatasetFailed(event_id=s.eid(), occurred_at=s.now, job_id="j", attempt=1, node_id="n0", dataset="tok",
+                         reason="stopped", permanent=False))
+    events = s.decide()
+    for _ in range(3):
+        s.tick(60)
+        events += s.decide()
+    (failed,) = of_type(events, JobFailed)
+    assert failed.reason.startswith(f"dataset pile on n1: {why}") and "not restarted" in failed.reason
+    assert not of_type(events, GangRestarted)
+    job = s.job("j")
+    assert job.status == "failed" and job.attempt == 1 and job.end_reason == failed.reason
+    assert not [e for e in s.log if isinstance(e, JobFailed) and e is not failed], "failed once"
+    assert all(owner == FREE for owners in s.state.owners.values() for owner in owners), "its GPUs went back"
+
+
+def test_a_transient_failure_first_is_restarted_even_if_a_permanent_one_follows_in_that_attempt() -> None:
+    """The attempt's first DatasetFailed decides (its reason is the attempt's failure); the next attempt stages
+    afresh and a permanent failure there fails the job."""
+    s = gang(max_restarts=3)
+    s.emit(DatasetFailed(event_id=s.eid(), occurred_at=s.now, job_id="j", attempt=1, node_id="n0", dataset="pile",
+                         reason="cannot fetch: connection refused"))
+    s.emit(DatasetFailed(event_id=s.eid(), occurred_at=s.now, job_id="j", attempt=1, node_id="n1", dataset="pile",
+                         reason="refused: member '/etc/x' is an absolute path", permanent=True))
+    (restart,) = of_type(s.decide(), GangRestarted)
+    assert "connection refused" in restart.reason
+    s.tick(60)
+    s.decide()
+    job = s.job("j")
+    assert job.attempt == 2
+    s.emit(DatasetFailed(event_id=s.eid(), occurred_at=s.now, job_id="j", attempt=2, node_id=job.placement[0].node_id,
+                         dataset="pile", reason="refused: member '/etc/x' is an absolute path", permanent=True))
+    (failed,) = of_type(s.decide(), JobFailed)
+    assert "is an absolute path" in failed.reason and s.job("j").attempt == 2

@@ -145,7 +145,8 @@ class RawLog:
                         md = m.metadata
                         # The stream time to the nanosecond, as a reader's Envelope has it (the reply subject's
                         # second-to-last token): the services fold on it (#30); metadata's datetime keeps microseconds.
-                        self.messages.append(Stored(md.sequence.stream, int(m.reply.split(".")[-2]) / 1e9, m.data))
+                        self.messages.append(Stored(md.sequence.stream, int(m.reply.split(".")[-2]) / 1e9, m.data,
+                                                    m.subject))
                         n += 1
             finally:
                 with contextlib.suppress(Exception):
@@ -220,8 +221,9 @@ async def _scrape(port: int) -> dict[str, float]:
 
 
 async def run_chaos(cfg: ChaosConfig, workdir: Path, *, progress: Callable[[str], None] = lambda s: None,
-                    fresh_digest: Callable[[list[Stored]], tuple[int, int]]) -> ChaosResult:
-    """Run it; `fresh_digest(log)` is the (position, digest) of a fresh fold (the code under test's, for comparing)."""
+                    fresh_digest: Callable[[list[Stored], str | None], tuple[int, int]]) -> ChaosResult:
+    """Run it; `fresh_digest(log, node)` is the (position, digest) of a fresh fold (the code under test's, for
+    comparing): of the whole log (node None, a scheduler's), or of `node`'s slice (its agent's, #40)."""
     t_start = time.monotonic()
     rng = random.Random(cfg.seed)
     server = NatsServer(workdir / "nats", port=_free_port())
@@ -352,8 +354,8 @@ async def run_chaos(cfg: ChaosConfig, workdir: Path, *, progress: Callable[[str]
         # Quiet: every service's fold should reach the log's end and equal a fresh fold of it.
         await asyncio.sleep(3.0)
         await raw.read_new()
-        position, digest = fresh_digest(raw.messages)
         for s in services:
+            position, digest = fresh_digest(raw.messages, s.name if s.kind == "agent" else None)
             seen: dict[str, float] = {}
             for _ in range(30):
                 with contextlib.suppress(OSError, ValueError):

@@ -46,6 +46,7 @@ class Stored:
     seq: int
     time: float  # server time, epoch seconds
     data: bytes
+    subject: str = ""
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from events.subjects import in_slice
+from events.telemetry import digest
 from orchestrator.core.evolve import evolve
 from orchestrator.core.model.state import ClusterState
+from orchestrator.core.node_view import NodeView, evolve_node, view_bytes
 from orchestrator.scheduler.metrics import state_digest
 from schemas import decode
 from tests.faults.chaos import ChaosConfig, run_chaos
@@ -26,8 +29,15 @@ from tests.faults.chaos_check import Stored
 pytestmark = pytest.mark.slow
 
 
-def fresh_fold(log: list[Stored]) -> tuple[int, int]:
-    """(position, digest) of the code under test's own fold of the whole log, from nothing."""
+def fresh_fold(log: list[Stored], node: str | None) -> tuple[int, int]:
+    """(position, digest) of the code under test's own fold of the whole log, from nothing; for a node, of its
+    slice (what its agent reads, #40), as its agent's gauges describe it."""
+    if node is not None:
+        view = NodeView(node_id=node)
+        for m in log:
+            if in_slice(m.subject, node):
+                view = evolve_node(view, decode(m.data), m.seq, m.time)
+        return view.seq, digest(view_bytes(view))
     state = ClusterState()
     for m in log:
         state = evolve(state, decode(m.data), m.seq, m.time)  # on the stream's clock, as the services fold (#30)

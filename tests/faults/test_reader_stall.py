@@ -29,7 +29,7 @@ import signal
 import socket
 import subprocess
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,7 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from events.bus import Bus
 from events.server import NatsServer
-from schemas import JobSpec, JobSubmitted
+from schemas import JobSpec, JobSubmitted, NodeCordoned, NodeUncordoned
+from schemas.events import Event
 from tests.faults.services import Proc, agent_proc, scheduler_proc, stop_all
 from tests.integration.harness import CORRAL, log_tail
 
@@ -62,7 +63,19 @@ def _submitted(tag: str, i: int) -> JobSubmitted:
                         spec=JobSpec(name=f"{tag}-{i}", ranks=1, gpus_per_rank=1, command=("true",)))
 
 
-async def _append_while_stopped(bus: Bus, proc: Proc, tag: str) -> int:
+def _cordons(node: str) -> Callable[[str, int], Event]:
+    """Events in `node`'s slice (its own facts), every third one another job's submission that is not."""
+    def make(tag: str, i: int) -> Event:
+        if i % 3 == 2:
+            return _submitted(tag, i)
+        if i % 3 == 0:
+            return NodeCordoned(event_id=f"{tag}-{i}", occurred_at=0.0, node_id=node, reason="stall test")
+        return NodeUncordoned(event_id=f"{tag}-{i}", occurred_at=0.0, node_id=node)
+    return make
+
+
+async def _append_while_stopped(bus: Bus, proc: Proc, tag: str,
+                                make: Callable[[str, int], Event] = _submitted) -> int:
     """SIGSTOP `proc`, append BURSTS x PER_BURST events spread over STALL_S, SIGCONT; how many were appended."""
     assert proc.poll() is None, f"{proc.args!r} died before the stall:\n{log_tail(proc)}"
     os.kill(proc.pid, signal.SIGSTOP)
@@ -70,7 +83,7 @@ async def _append_while_stopped(bus: Bus, proc: Proc, tag: str) -> int:
     try:
         for _ in range(BURSTS):
             for _ in range(PER_BURST):
-                await bus.append(_submitted(tag, n))
+                await bus.append(make(tag, n))
                 n += 1
             await asyncio.sleep(STALL_S / BURSTS)
     finally:
@@ -110,21 +123,40 @@ def _scrape(port: int, service: str) -> tuple[int, int | None] | None:
     return read, position
 
 
-async def _folded_exactly(bus: Bus, proc: Proc, port: int, service: str, what: str) -> tuple[int, int | None, int]:
-    """Wait until the service's fold count and position both equal the stream's last seq; the last figures seen."""
+async def _whole_log(bus: Bus) -> tuple[int, int]:
+    last = await bus.last_seq()
+    return last, last
+
+
+def _slice_of(node: str) -> Callable[[Bus], Awaitable[tuple[int, int]]]:
+    """How many events an agent of `node` reads and the last one's position: its subjects (#40), counted here."""
+    async def count(bus: Bus) -> tuple[int, int]:
+        n = last = 0
+        subjects = [f"corral.node.{node}.>", f"corral.job.*.*.{node}", "corral.sched.>"]
+        async for batch in bus.replay(1, subjects=subjects):
+            n, last = n + len(batch), batch[-1].seq
+        return n, last
+    return count
+
+
+async def _folded_exactly(bus: Bus, proc: Proc, port: int, service: str, what: str,
+                          expect: Callable[[Bus], Awaitable[tuple[int, int]]] = _whole_log,
+                          ) -> tuple[int, int | None, int]:
+    """Wait until the service's fold count and position both equal what it reads of the stream (`expect`: the
+    count and the last position); the last figures seen."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DEADLINE_S
     seen: tuple[int, int | None] | None = None
     last = -1
     while loop.time() < deadline:
         assert proc.poll() is None, f"{what} died (rc={proc.returncode}):\n{log_tail(proc)}"
-        last = await bus.last_seq()
+        count, last = await expect(bus)
         seen = await asyncio.to_thread(_scrape, port, service)
-        if seen is not None and seen == (last, last) and await bus.last_seq() == last:
+        if seen is not None and seen == (count, last) and await expect(bus) == (count, last):
             return seen[0], seen[1], last
         await asyncio.sleep(0.5)
     raise AssertionError(f"{what}: after {DEADLINE_S}s it folded {seen and seen[0]} events up to position "
-                         f"{seen and seen[1]}, the stream holds 1..{last}: events were skipped or repeated")
+                         f"{seen and seen[1]}, it should read {count} up to {last}: events were skipped or repeated")
 
 
 async def _until_started(bus: Bus, port: int, service: str, proc: Proc, what: str) -> None:
@@ -161,12 +193,13 @@ async def test_stopped_agent_folds_every_event(nats_server: NatsServer, bus: Bus
     try:
         # The agent's first append is its NodeRegistered: it folds from then on.
         await _until_started(bus, port, "agent/n0", proc, "the agent")
-        appended = await _append_while_stopped(bus, proc, "agent")
-        read, position, last = await _folded_exactly(bus, proc, port, "agent/n0", "the agent")
+        appended = await _append_while_stopped(bus, proc, "agent", _cordons("n0"))
+        count, _ = await _slice_of("n0")(bus)
+        read, position, last = await _folded_exactly(bus, proc, port, "agent/n0", "the agent", _slice_of("n0"))
     finally:
         stop_all([proc])
     assert appended == BURSTS * PER_BURST
-    assert read == position == last
+    assert read == count and position == last  # its slice only (#40): every event of it, none twice
 
 
 def _printed_seqs(path: Path) -> list[int]:

@@ -214,6 +214,8 @@ class Staging(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     items: tuple[StagedDataset, ...] = ()
     #: The first DatasetFailed's "dataset X on n1: why" ("" if none).
     failed: str = ""
+    #: That DatasetFailed was permanent (the source fails anywhere): the job fails, no restart (#39).
+    permanent: bool = False
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
