@@ -10,8 +10,9 @@ written (every node after a start), then the `_base` record, the position all
 views are current through. So a node whose view is older than `_base` had no
 event of its slice in between, and starts its slice after `_base`; a node
 with no view at all (never registered) starts from `_base` too. Retention
-never removes what an agent needs: it cuts only behind the newest snapshot,
-which comes after the views it covers.
+never removes what an agent needs: the archiver cuts no later than `_base`
+(`base_seq`; orchestrator/archiver.py), so every stored view's slice is
+still in the stream.
 
 The views are derived and rebuildable: a deleted bucket is written whole by
 the next scheduler start, and without one an agent reads its slice from the
@@ -21,8 +22,11 @@ stream's start. One small versioned format, checked whole:
 
 A view that fails its checksum, is truncated or was written by a newer format
 is skipped with one log line naming the node and why: the agent then reads its
-slice from the stream's start (never from `_base`, whose slice is empty), which
-reads more, never a wrong state.
+slice from the log's start (never from `_base`, whose slice is empty), which
+reads more, never a wrong state. Once retention trimmed the stream's head that
+start is only in the archive: an agent given `--archive PATH` (or
+CORRAL_ARCHIVE) reads its slice there, filtered as the server would
+(events/history.py); without one it stops naming the positions and the flag.
 
 The bus layer knows no view type: callers pass theirs (`load(node, NodeView)`).
 """
@@ -143,6 +147,24 @@ class NodeViewStore:
         if base is not None and base[0] > own[0]:
             return base[0], own[1]  # no event of its slice since its view: the view holds through `_base`
         return own
+
+    async def base_seq(self) -> int | None:
+        """The position `_base` says every view is current through (checked, not decoded); None: no bucket, no
+        `_base`, or one that fails its check (the next flush writes it again). Errors reading go to the caller."""
+        kv = await self._bucket(create=False)
+        if kv is None:
+            return None
+        try:
+            entry = await kv.get(BASE)
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        data = entry.value or b""
+        if len(data) < _PREFIX.size:
+            return None
+        magic, fmt, seq, digest = _PREFIX.unpack_from(data)
+        if magic != MAGIC or fmt > FORMAT or hashlib.sha256(data[_PREFIX.size:]).digest() != digest:
+            return None
+        return int(seq)
 
     async def _get(self, kv: KeyValue, key: str, kind: type[V]) -> tuple[int, V] | None:
         try:

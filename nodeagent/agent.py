@@ -31,6 +31,7 @@ from nats.js.kv import KeyValue
 from events import telemetry
 from events.bus import Bus, BusError, append_reclaiming
 from events.follow import Follower
+from events.logsource import LogSource
 from events.nodeviews import NodeViewStore
 from events.subjects import slice_filters
 from events.swallowed_cancel import stop_if_cancelled
@@ -132,7 +133,7 @@ class AgentConfig:
 
 class Agent:
     def __init__(self, bus: Bus, config: AgentConfig, inventory: Inventory, runtime: Runtime,
-                 health: GpuHealthWatch | None = None) -> None:
+                 health: GpuHealthWatch | None = None, history: LogSource | None = None) -> None:
         self.bus = bus
         self.health = health
         #: Serializes NVML polls (the loop's, and the one a crashing worker's report waits for).
@@ -144,7 +145,10 @@ class Agent:
         self.inventory = inventory
         self.runtime = runtime
         # Its node's slice only, filtered by the server (#40); one clock for time (#30).
-        self.follower = Follower(bus, evolve_node, NodeView(node_id=config.node_id), stream_times=True,
+        # `history` (--archive): the archive and the stream as one log, so a node whose view is damaged or
+        # missing reads its slice from the log's start even after retention (events/nodeviews.py).
+        self.follower = Follower(history if history is not None else bus, evolve_node,
+                                 NodeView(node_id=config.node_id), stream_times=True,
                                  subjects=slice_filters(config.node_id))
         self.incarnation = uuid.uuid4().hex[:12]
         self.workers: dict[WorkerKey, Tracked] = {}

@@ -15,11 +15,20 @@ what the archive holds. The archiver purges the stream below K
   time, never from this machine's clock) or needed to bring the stream under
   `max_bytes`;
 * the archive's end + 1: age or size alone never drop an unarchived event;
-* the newest scheduler snapshot's position + 1: node agents have no archive
-  and start from a snapshot, so the stream must keep everything after it.
-  (A reader that must skip that snapshot -- say an older agent that cannot
-  read a newer format -- and falls back to an older one finds its tail gone
-  and stops with LogGap naming the range: loud, and --archive mends it.)
+* the OLDEST kept scheduler snapshot's position + 1 (`RestartPoints`): a
+  reader whose newest snapshot is damaged (a flipped byte, a truncated
+  write, a deleted object: events/snapshots.py names it and skips it) falls
+  back to the next older one, and the stream still holds that one's tail
+  (events/restore.py);
+* the agents' node views' `_base` position + 1 (events/nodeviews.py): an
+  agent starts from its node's view and reads its slice of the stream
+  after it.
+
+Only when every snapshot (or a node's view) is unusable does a reader need
+what was purged: given `--archive PATH` (or CORRAL_ARCHIVE) the scheduler,
+an agent, the index and the CLI read it from the archive and the stream as
+one log (events/history.py); without one they stop naming the positions
+missing and the flag.
 
 A failed segment write (a full disk: ENOSPC, or any OSError) stops
 retention at once -- nothing more is purged while the archive cannot be
@@ -48,6 +57,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from events.archive import Archive, ArchiveError, Manifest, Record, stored_records
 from events.bus import Bus, BusError
+from events.nodeviews import NodeViewStore
 from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
 
@@ -102,9 +112,10 @@ def purge_point(segments: Sequence[Manifest], stream: StreamFacts, *, retention_
                 max_bytes: int | None, snapshot_seq: int) -> int:
     """K: the stream may drop the positions below K (and keep K and above). K <= stream.first: drop nothing.
 
-    Whole archived segments only. The wanted cut (age, size) is capped by the archive's end + 1 and the
-    newest snapshot's position + 1 (module docstring): an event is purged only if archived, and only if
-    a reader starting from the snapshot does not need it.
+    Whole archived segments only. The wanted cut (age, size) is capped by the archive's end + 1 and
+    `snapshot_seq` + 1, the oldest position a reader restarts from (`RestartPoints`: the oldest kept
+    snapshot, the node views' base; module docstring): an event is purged only if archived, and only if
+    no reader starting from a kept snapshot or view needs it.
     """
     if not segments:
         return stream.first
@@ -128,21 +139,31 @@ def purge_point(segments: Sequence[Manifest], stream: StreamFacts, *, retention_
     return min(want, segments[-1].last_seq + 1, snapshot_seq + 1)
 
 
-class SnapshotSeq:
-    """The newest scheduler snapshot's log position (0: none, or the store cannot be read now).
+class RestartPoints:
+    """The oldest position a reader restarts from (0: keep everything): the oldest kept scheduler snapshot's,
+    capped by the node views' `_base` (events/nodeviews.py), so a damaged newest snapshot falls back to an
+    older one whose tail the stream still holds.
 
-    Read from the stored names (events/snapshots.py), not the snapshots themselves.
+    Read from the stored names and the `_base` record's prefix, not the snapshots themselves. No
+    snapshot, or a store that cannot be read now: 0. No node views (no scheduler wrote them yet, or the
+    bucket was deleted: the next snapshot writes them again): the snapshots alone decide.
     """
 
     def __init__(self, js: object) -> None:
         self._store = SnapshotStore(js)  # type: ignore[arg-type]
+        self._views = NodeViewStore(js)  # type: ignore[arg-type]
 
     async def __call__(self) -> int:
         try:
-            return await self._store.newest_seq()  # 0 without a snapshot: readers start at 1, keep everything
+            seqs = await self._store.seqs()
+            if not seqs:
+                return 0  # without a snapshot readers start at 1: keep everything
+            base = await self._views.base_seq()
         except Exception as e:  # unreadable: keep everything rather than guess
-            log.warning("snapshot_seq_unreadable", error=repr(e))
+            log.warning("restart_points_unreadable", error=repr(e))
             return 0
+        oldest = seqs[-1]
+        return oldest if base is None else min(oldest, base)
 
 
 class Archiver:
@@ -151,7 +172,7 @@ class Archiver:
         self.bus = bus
         self.config = config
         self.archive = Archive(config.path)
-        self.snapshot_seq = snapshot_seq or SnapshotSeq(bus.js)
+        self.snapshot_seq = snapshot_seq or RestartPoints(bus.js)
         self.segments: list[Manifest] = []
         self.pending: list[Record] = []
         #: Why the archive cannot be written now (None: it can): retention waits while set.

@@ -167,3 +167,23 @@ async def test_a_service_exits_naming_the_missing_position(nats_server: NatsServ
     assert '"log_gap"' in text and '"expected": 3' in text, text[-2000:]
     assert "corral: error: log gap: the fold needs seq 3 next, the log gave seq 4: seq 3 was deleted" in text, \
         text[-2000:]
+
+
+async def test_an_agent_exits_naming_the_start_of_its_slice_the_stream_lost(nats_server: NatsServer, bus: Bus,
+                                                                            tmp_path: Path) -> None:
+    """With no node view stored an agent reads its slice from position 1, which the stream no longer holds:
+    it stops naming the positions and the flag that reads them (README: Recovery)."""
+    await append(bus, 5)
+    await bus.js.purge_stream(bus.stream, seq=4)  # removes 1..3
+    proc = agent_proc(nats_server.url, "n0", tmp_path)
+    try:
+        rc = await asyncio.to_thread(proc.wait, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = (tmp_path / "agent-n0.log").read_text(errors="replace")
+    assert rc == 1, text[-2000:]
+    assert '"log_gap"' in text and '"expected": 1' in text, text[-2000:]
+    assert "seq 1..3 are not in the stream: it now starts at seq 4" in text and "--archive PATH" in text, \
+        text[-2000:]

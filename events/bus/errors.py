@@ -44,8 +44,9 @@ class LogGap(BusError):
     """
 
     def __init__(self, expected: int, found: int, why: str = "") -> None:
-        super().__init__(f"log gap: the fold needs seq {expected} next, the log gave seq {found}"
-                         + (f": {why}" if why else ""))
+        # (found == expected: a read that cannot start at all, e.g. a slice whose start the stream lost)
+        super().__init__(f"log gap: the fold needs seq {expected} next"
+                         + (f", the log gave seq {found}" if found > expected else "") + (f": {why}" if why else ""))
         self.expected = expected
         self.found = found
         self.why = why

@@ -28,7 +28,7 @@ def host_labels(i: int, per_leaf: int, per_block: int) -> dict[str, str]:
 
 
 async def run_agent_host(args: argparse.Namespace) -> int:
-    from orchestrator.cli.services import start_metrics, until_signalled
+    from orchestrator.cli.services import archived, start_metrics, until_signalled
 
     for flag, value in (("--nodes", args.nodes), ("--per-connection", args.per_connection),
                         ("--gpus-per-node", args.gpus_per_node), ("--nodes-per-leaf", args.nodes_per_leaf),
@@ -47,7 +47,8 @@ async def run_agent_host(args: argparse.Namespace) -> int:
                                    labels=host_labels(n, args.nodes_per_leaf, args.leaves_per_block)).inventory
         config = AgentConfig(node_id=node_id, address=args.address, data_dir=data / node_id,
                              heartbeat_s=args.heartbeat)
-        return Agent(bus, config, inventory, SimulatedRuntime())
+        # The global --archive: a node whose view is damaged reads its slice from the archive (README: Recovery).
+        return Agent(bus, config, inventory, SimulatedRuntime(), history=archived(args, bus))
 
     def connect(k: int) -> contextlib.AbstractAsyncContextManager[Bus]:
         return connected(args, name=f"corral-agent-host-{args.prefix}{args.first}-{k}", forever=True,

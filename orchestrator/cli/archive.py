@@ -190,7 +190,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "archive", help="run the archiver: the log into compressed segment files, and stream retention",
         description="Write the stream's events, in order and exactly once, to compressed segment files with "
                     "manifests under --path, and (with --retention/--max-bytes) purge from the stream what the "
-                    "archive holds and the newest scheduler snapshot no longer needs. Readers given --archive "
+                    "archive holds and no restart needs: nothing at or after the oldest kept scheduler snapshot or the node "
+                    "views' base (a damaged newest snapshot falls back to an older one). Readers given --archive "
                     "PATH read both. Connect as the `archiver` user (reads, and purges the stream).")
     add_connection_args(p, service=True)
     p.add_argument("--log-level", default=os.environ.get("CORRAL_LOG_LEVEL", "info"),

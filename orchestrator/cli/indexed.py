@@ -1,10 +1,14 @@
 """The read commands' way to the index service (`corral index`), and back to the log when none answers.
 
 `usage`, `jobs --all`, `job OLD` and `explain OLD` ask the index first: it
-answers from SQLite what they would otherwise fold the whole log for. When
-no index answers (none running, or too slow), they say so in one line on
-stderr and read the log as before; `--no-index`, `--log FILE` and `--at`
-read the log without asking.
+answers from SQLite what they would otherwise fold the whole log for. Only a
+caught-up index answers (orchestrator/index/api.py: `not_ready`). When none
+does (none running, too slow, or still catching up after ASKS asks), they say
+so in one line on stderr and fold the whole log themselves -- from the
+archive and the stream with `--archive` -- or, where the stream no longer
+starts at 1 and no archive was given, exit non-zero naming the positions
+missing: complete and correct, or no answer (orchestrator/cli/whole_log.py).
+`--no-index`, `--log FILE` and `--at` read the log without asking.
 """
 
 from __future__ import annotations
@@ -38,30 +42,44 @@ def wants_index(args: argparse.Namespace) -> bool:
             and not getattr(args, "no_index", False))
 
 
+#: Times a `not_ready` (or behind) answer is asked again before the log is read instead: the queue group
+#: hands each request to one replica, so another caught-up index may answer the next.
+ASKS = 3
+
+
 async def asked(bus: Bus | History, subject: str, request: msgspec.Struct, reply_type: type[R], *,
                 fresh: bool = True) -> R | None:
-    """The index's answer, or None (after one stderr line) when no index answers: read the log then.
+    """The index's answer, or None (after one stderr line) when no caught-up index answers: read the log then.
 
     `fresh`: the answer must include every event the log holds now (read your writes: a job just
-    finished is in it); an index further behind than it can catch up with meanwhile (rebuilding, say)
-    is not used. A refusal (IndexRefused) goes to the caller: only it knows what "not found" means for
+    finished is in it); an index that has not folded that far (`not_ready`, or an older index's answer
+    as of an earlier position) is asked again, ASKS times in all, then not used. A refusal
+    (IndexRefused) other than `not_ready` goes to the caller: only it knows what "not found" means for
     its command.
     """
-    from orchestrator.index.client import NoIndex, ask
+    from orchestrator.index.api import NOT_READY
+    from orchestrator.index.client import IndexRefused, NoIndex, ask
 
     last = await bus.last_seq() if fresh else 0
     if fresh:
         request = msgspec.structs.replace(request, at_least=last)
-    try:
-        reply = await ask(bus.nc, subject, request, reply_type)
-    except NoIndex as e:
-        print(f"corral: {e}; reading the whole log instead (`corral index` answers this fast)", file=sys.stderr)
-        return None
-    if reply.as_of_seq < last:
-        print(f"corral: the index is at #{reply.as_of_seq}, {last - reply.as_of_seq:,} event(s) behind the log "
-              "(catching up); reading the whole log instead", file=sys.stderr)
-        return None
-    return reply
+    behind = ""
+    for _ in range(ASKS):
+        try:
+            reply = await ask(bus.nc, subject, request, reply_type)
+        except NoIndex as e:
+            print(f"corral: {e}; reading the whole log instead (`corral index` answers this fast)", file=sys.stderr)
+            return None
+        except IndexRefused as e:
+            if e.error != NOT_READY:
+                raise
+            behind = str(e)
+            continue
+        if reply.as_of_seq >= last:
+            return reply
+        behind = f"the index is at #{reply.as_of_seq}, {last - reply.as_of_seq:,} event(s) behind the log"
+    print(f"corral: no index answered caught up ({behind}); reading the whole log instead", file=sys.stderr)
+    return None
 
 
 def freshness(reply: Reply, last_seq: int | None = None) -> str:

@@ -30,6 +30,7 @@ from orchestrator.cli.views import (
     select_jobs,
     sorted_nodes,
 )
+from orchestrator.cli.whole_log import every_job
 from orchestrator.core.model.state import FINISHED_KEPT, HOLDING, TERMINAL, ClusterState, Job
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused
@@ -102,7 +103,12 @@ async def jobs(args: argparse.Namespace) -> int:
     async with log_source(args) as bus:
         since = await since_of(args, bus)
         at = await resolve_at(bus, args.at)
-        state, now = await load_state(bus, to_seq=at.seq), at.time
+        if args.all or statuses & TERMINAL:
+            # History: the fold keeps the newest FINISHED_KEPT finished jobs; the whole log keeps every one.
+            state = await every_job(bus, "listing finished jobs needs the whole log", to_seq=at.seq)
+        else:
+            state = await load_state(bus, to_seq=at.seq)
+        now = at.time
     if args.queue is not None and args.queue not in known_queues(state):
         raise CliError(f"unknown queue {args.queue!r}; known: {', '.join(sorted(known_queues(state))) or 'none'}",
                        NOT_FOUND)
@@ -165,12 +171,18 @@ async def job(args: argparse.Namespace) -> int:
         if indexed is not None and indexed[1].status in TERMINAL:
             print_job(args, ClusterState(), indexed[1], time.time(), indexed[0])
             return OK
-    state, now = await state_at(args)
-    found = state.jobs.get(job_id)
+    async with log_source(args) as bus:
+        at = await resolve_at(bus, args.at)
+        state, now = await load_state(bus, to_seq=at.seq), at.time
+        found = state.jobs.get(job_id)
+        if found is None and len(state.finished) >= FINISHED_KEPT:
+            # The fold keeps the newest FINISHED_KEPT finished jobs and forgot older ones: the whole log says.
+            state = await every_job(bus, f"job {job_id} may have finished before the newest {FINISHED_KEPT:,} "
+                                         "finished jobs the fold keeps: finding it needs the whole log",
+                                    to_seq=at.seq)
+            found = state.jobs.get(job_id)
     if found is None:
-        # The fold keeps the newest FINISHED_KEPT finished jobs; the log (and the index) keeps every story.
-        raise CliError(f"unknown job {job_id!r} (see `corral jobs`; one that finished long ago: "
-                       f"`corral explain {job_id}`)", NOT_FOUND)
+        raise CliError(f"unknown job {job_id!r}: the log has no such job (see `corral jobs --all`)", NOT_FOUND)
     print_job(args, state, found, now, state.seq)
     return OK
 
@@ -228,9 +240,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("jobs", help="list jobs not finished (--all: finished ones too)",
                        description="Jobs in submit order, folded from the log: those not finished yet (pending, "
-                                   "reserved, running, preempting) unless --all or --state says otherwise. The fold "
-                                   f"keeps the newest {FINISHED_KEPT:,} finished jobs; with --all, a final --state "
-                                   "or --since the index service (`corral index`) lists every job the log holds.")
+                                   "reserved, running, preempting) unless --all or --state says otherwise. With --all, "
+                                   "a final --state or --since the index service (`corral index`) lists every job "
+                                   "the log holds; without a caught-up index the whole log is folded (from the "
+                                   "archive too with --archive), or the command exits non-zero naming what is "
+                                   "missing.")
     common(p)
     p.add_argument("--all", "-a", action="store_true", help="finished jobs too (completed, failed, cancelled, "
                    "rejected), with sacct's columns: submit, start, end, elapsed, exit code; with --state, every "

@@ -10,7 +10,7 @@ import signal
 import socket
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import structlog
 
@@ -35,6 +35,7 @@ from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from events.history import History
     from events.telemetry import MetricsServer
     from nodeagent.runtime.docker_options import DockerOptions
     from orchestrator.archiver import Archiver
@@ -106,13 +107,22 @@ async def run_scheduler(args: argparse.Namespace) -> int:
                              snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval,
                              cluster=cluster_config(args))
     async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
-        sched = Scheduler(bus, config)
+        sched = Scheduler(bus, config, history=archived(args, bus))
         metrics_server = await start_metrics(args, scheduler=sched)
         try:
             return await until_signalled(sched.run())
         finally:
             if metrics_server is not None:
                 await metrics_server.close()
+
+
+def archived(args: argparse.Namespace, bus: Bus) -> History | None:
+    """With the global `--archive PATH` (CORRAL_ARCHIVE), the archive and the stream as one log: a service that
+    finds no usable snapshot or node view reads what retention moved out of the stream there."""
+    from orchestrator.cli.archive import with_archive
+
+    source = with_archive(args, bus)
+    return None if source is bus else cast("History", source)
 
 
 async def serve_metrics(args: argparse.Namespace, registry: CollectorRegistry) -> MetricsServer:
@@ -280,7 +290,7 @@ async def run_agent(args: argparse.Namespace) -> int:
             raise
         raise CliError("the docker runtime needs the Docker SDK: pip install 'corral[docker]'", USAGE) from None
     async with connected(args, name=f"corral-agent-{args.node_id}", forever=True, wait_for_creator=True) as bus:
-        agent = Agent(bus, config, inventory, runtime, health=watch)
+        agent = Agent(bus, config, inventory, runtime, health=watch, history=archived(args, bus))
         metrics_server = await start_metrics(args, agents=[agent])
         try:
             return await until_signalled(agent.run())
@@ -421,11 +431,18 @@ async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str)
 
 async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str,
                         stack: contextlib.AsyncExitStack) -> int:
+    from events.archive import Archive
+    from events.history import History
     from orchestrator.cli.demo import needs_small_workload, run_demo
+    from orchestrator.index.service import IndexService
 
+    archiver = _up_archiver(args, bus, data)
+    # With retention, every service reads what the stream dropped from the archive (a damaged snapshot or view).
+    archive = None if archiver is None else Archive(archiver.config.path)
     heartbeat_s, heartbeat_timeout_s = up_liveness(args.nodes, args.heartbeat_timeout)
     sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=heartbeat_timeout_s,
-                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)))
+                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)),
+                      history=None if archive is None else History(bus, archive))
     extra_env = worker_env(args)
 
     def make(agent_bus: Bus, i: int) -> Agent:
@@ -436,17 +453,12 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
                              checkpoint_root=data / "checkpoints", heartbeat_s=heartbeat_s, worker_env=extra_env)
         return Agent(agent_bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
-                                                                  inherit_env=False))
+                                                                  inherit_env=False),
+                     history=None if archive is None else History(agent_bus, archive))
 
     # The agents' own connections (PER_CONNECTION to one), closed after everything else stopped.
     agents = await connect_agents(stack, lambda k: connection(url, f"corral-up-agents-{k}"), args.nodes, make)
-    from events.archive import Archive
-    from events.history import History
-    from orchestrator.index.service import IndexService
-
-    archiver = _up_archiver(args, bus, data)
-    index = IndexService(bus, data / "index", history=None if archiver is None else
-                         History(bus, Archive(archiver.config.path)))
+    index = IndexService(bus, data / "index", history=None if archive is None else History(bus, archive))
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"(process runtime) + the index; Ctrl-C stops", flush=True)
     result = OK

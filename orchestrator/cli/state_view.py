@@ -5,8 +5,11 @@ thinks; they fold the log themselves with the shared `evolve`. To stay fast on
 a long log they start from the scheduler's newest snapshot at or before the
 position asked for (a snapshot *is* a fold of the log up to its `seq`;
 events/snapshots.py), then replay the rest. A snapshot that cannot be used (a
-newer corral's, a bad checksum, no permission to read it) is skipped for an
-older one or the whole log, with one log line: slower, never wrong.
+newer corral's, a bad checksum, no permission to read it, a tail the stream
+no longer holds) is skipped for an older one or the whole log, with one log
+line: slower, never wrong (events/restore.py). Where the whole log is needed
+and retention moved its head to the archive, `--archive PATH` reads it there;
+without it the command exits non-zero naming the positions.
 
 With `--log FILE` the read-only commands fold a log file instead (what
 `corral sim` writes, events/logfile.py): forensics on a simulated run, where
@@ -77,12 +80,17 @@ async def log_now(source: LogSource) -> float:
     return server if server is not None else time.time()
 
 
-async def newest_snapshot(bus: Bus | History, *, at_most: int) -> ClusterState | None:
-    """The scheduler's newest usable snapshot at a position <= `at_most`; None: fold from the log's start."""
+async def restored(bus: Bus | History, *, at_most: int) -> ClusterState | None:
+    """The newest usable snapshot at or before `at_most` whose tail `bus` still holds (events/restore.py); None:
+    fold from the log's start, which `bus` holds. Neither: LogGap naming what is missing (and --archive)."""
+    from events.history import History
+    from events.restore import restore
     from events.snapshots import SnapshotStore
     from orchestrator.core.model.state import ClusterState
 
-    return await SnapshotStore(bus.js, replicas=bus.replicas).load(ClusterState, at_most=at_most)
+    loaded = await restore(SnapshotStore(bus.js, replicas=bus.replicas), ClusterState, bus, at_most=at_most,
+                           archive=isinstance(bus, History))
+    return None if loaded is None else loaded.state
 
 
 async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot: bool = True) -> ClusterState:
@@ -99,7 +107,7 @@ async def load_state(bus: LogSource, *, to_seq: int | None = None, use_snapshot:
         async for batch in bus.replay(to_seq=target):
             state = fold_batch(state, batch, evolve, contiguous=False)  # an export may be filtered: fold what it holds
         return state
-    start = await newest_snapshot(bus, at_most=target) if use_snapshot else None
+    start = await restored(bus, at_most=target) if use_snapshot else None
     follower = Follower(bus, evolve, start if start is not None else ClusterState())
     await follower.catch_up(to_seq=target)
     return follower.state

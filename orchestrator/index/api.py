@@ -11,7 +11,15 @@ is never stored as an event:
 Every reply says how far the index has folded (`as_of_seq`, `as_of_time`)
 and is bounded (a page of at most `limit` items and MAX_REPLY_BYTES). A bad
 request gets `ok: false` with `error` (bad_request, not_found, unavailable,
-internal) and a message; the service never dies of one.
+internal, not_ready) and a message; the service never dies of one.
+
+Readiness is part of the protocol: an index answers only once it has caught
+up with the log (it joins QUEUE_GROUP then), and a request whose `at_least`
+it has not folded within AT_LEAST_WAIT_S gets `error: not_ready` (NOT_READY).
+An asker then asks again -- the queue group may hand the request to another
+replica -- a few times (orchestrator/cli/indexed.py), then reads the log
+itself or exits non-zero naming what is missing; never an answer from part
+of the log.
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ JOBS = f"{PREFIX}.jobs"
 JOB = f"{PREFIX}.job"
 EVENTS = f"{PREFIX}.events"
 SUBJECTS = (USAGE, JOBS, JOB, EVENTS)
-#: Replicas of the service share the requests.
+#: Replicas of the service share the requests (each joins once caught up).
 QUEUE_GROUP = "corral-index"
+#: The `error` of a reply from an index that has not folded what the request needs (`at_least`).
+NOT_READY = "not_ready"
 
 #: Most items a page holds, and the default.
 MAX_LIMIT = 1000

@@ -9,7 +9,11 @@ retention removed, without the archive, it stops naming the range rather
 than answer from what is left (#30). What is folded is
 committed in batches, and at least every COMMIT_S while events trickle in.
 
-Requests (orchestrator/index/api.py) are answered meanwhile: each query runs
+Requests (orchestrator/index/api.py) are answered once the fold has caught
+up: only then does the service join the requests' queue group, so an index
+still catching up (a second replica, a rebuild) takes no share of them; and a
+request whose `at_least` it has not folded within AT_LEAST_WAIT_S gets
+`not_ready` (api.py), never an answer from part of the log. Each query runs
 in a worker thread on its own read-only connection (WAL), so a slow query
 never holds up the fold, and the fold never blocks a query. `explain`'s
 events are read back by their stored positions: from the archive where it
@@ -119,17 +123,11 @@ class IndexService:
             remove_index(self.path)
             log.info("index_rebuild", path=str(self.path))
         self.projection = await asyncio.to_thread(Projection, self.path)
-        nc = self.bus.nc
         subs: list[Subscription] = []
         try:
-            for subject in api.SUBJECTS:
-                subs.append(await nc.subscribe(subject, queue=self.queue_group, cb=self._on_request))
-            await nc.flush()
-            stop_if_cancelled()  # a SIGTERM the flush's wait swallowed
-            self.serving.set()
-            log.info("index_serving", path=str(self.path), seq=self.projection.seq)
-            await self._fold()
+            await self._fold(subs)
         finally:
+            nc = self.bus.nc
             for sub in subs:
                 if not nc.is_closed:
                     with contextlib.suppress(Exception):
@@ -140,7 +138,7 @@ class IndexService:
 
     # -- folding ---------------------------------------------------------------------------
 
-    async def _fold(self) -> None:
+    async def _fold(self, subs: list[Subscription]) -> None:
         p = self.projection
         assert p is not None
         t0, start = time.perf_counter(), p.seq
@@ -149,6 +147,7 @@ class IndexService:
         p.commit()
         log.info("index_caught_up", seq=p.seq, events=p.seq - start, seconds=round(time.perf_counter() - t0, 2))
         self.caught_up.set()
+        await self._serve(subs)
         committer = asyncio.create_task(self._commit_often())
         try:
             # Live from the stream; with an archive, a position purged before it was read comes from there.
@@ -158,6 +157,19 @@ class IndexService:
             committer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await committer
+
+    async def _serve(self, subs: list[Subscription]) -> None:
+        """Join the queue group of the requests: only now, caught up, so no asker gets an answer from part of
+        the log (a second index still catching up takes no share of them)."""
+        nc = self.bus.nc
+        for subject in api.SUBJECTS:
+            subs.append(await nc.subscribe(subject, queue=self.queue_group, cb=self._on_request))
+        # Shielded: a flush cancelled mid-way (a stop right after catching up) leaves its PING's future
+        # cancelled in nats-py's list, and the PONG's set_result on it kills the connection's read loop.
+        await asyncio.shield(nc.flush())
+        stop_if_cancelled()  # a SIGTERM the flush's wait swallowed
+        self.serving.set()
+        log.info("index_serving", path=str(self.path), seq=self.seq)
 
     async def _read(self, read: Callable[[int], AsyncGenerator[Any, None]], fold: Callable[[Any], None]) -> None:
         """`fold` each item of `read(next position)`; after a gap, read again from the new next position."""
@@ -226,6 +238,11 @@ class IndexService:
 
     async def _answer(self, request: Any) -> api.Reply:
         await self._reach(request.at_least)
+        if not self.caught_up.is_set() or self.seq < request.at_least:
+            # Readiness is part of the answer: never one from part of the log the asker knows of.
+            raise BadRequest(f"the index is at #{self.seq}, the asker's log at #{request.at_least}: not caught up "
+                             f"after {api.AT_LEAST_WAIT_S:g}s; ask again (another index may answer) or read the log",
+                             api.NOT_READY)
         match request:
             case api.UsageRequest():
                 return await self._query(lambda c: _usage(c, request))

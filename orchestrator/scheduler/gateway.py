@@ -175,7 +175,9 @@ class TeamGateway:
         try:
             for prefix in (SUBMIT, CANCEL):
                 subs.append(await nc.subscribe(f"{prefix}.*", queue=self.queue_group, cb=self._on_request))
-            await nc.flush()
+            # Shielded: a flush cancelled mid-way leaves its PING's future cancelled in nats-py's list, and the
+            # PONG's set_result on it kills the connection's read loop (orchestrator/index/service.py: `_serve`).
+            await asyncio.shield(nc.flush())
             log.info("admission_ready", teams={a: sorted(q) for a, q in self.owners.queues.items()})
             self.ready.set()
             stop_if_cancelled()  # a SIGTERM the flush's wait swallowed

@@ -42,7 +42,9 @@ import structlog
 from events import telemetry
 from events.bus import Bus, BusError, append_reclaiming
 from events.follow import Follower
+from events.logsource import LogSource
 from events.nodeviews import NodeViewStore
+from events.restore import restore
 from events.snapshots import SnapshotStore
 from events.swallowed_cancel import stop_if_cancelled
 from orchestrator.core.decide import decide
@@ -79,10 +81,13 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    def __init__(self, bus: Bus, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, bus: Bus, config: SchedulerConfig | None = None, *, history: LogSource | None = None) -> None:
         self.bus = bus
         self.config = config or SchedulerConfig()
-        self.follower = Follower(bus, self._fold, ClusterState(), stream_times=True)  # one clock for time (#30)
+        #: What it folds: the stream, or with `--archive` the archive and the stream as one (events/history.py),
+        #: so a start with no usable snapshot reads what retention moved to the archive (events/restore.py).
+        self.history: LogSource = history if history is not None else bus
+        self.follower = Follower(self.history, self._fold, ClusterState(), stream_times=True)  # one clock (#30)
         cfg = self.config
         self.elections = Elections(bus, self.follower, cfg.scheduler_id, cfg.lease_ttl_s, cfg.cluster, self._appended)
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
@@ -159,18 +164,18 @@ class Scheduler:
     async def _restore(self) -> None:
         """The newest usable snapshot, then the log after it: `caught_up` says where and how long it took."""
         t0 = time.monotonic()
-        loaded = await self._snapshots.load_with_header(ClusterState)
-        snap = None if loaded is None else loaded.state
+        loaded = await restore(self._snapshots, ClusterState, self.history, archive=self.history is not self.bus)
+        start = 0  # (the fold goes on in the loaded state itself: its position now, not after the catch-up)
         if loaded is not None:
             self.follower.state = snap = loaded.state
             # What its fold skipped stays recorded in ours (None, not recorded, stays so: events/snapshots.py).
             skipped = loaded.header.skipped
             self.follower.skipped = None if skipped is None else set(skipped)
-            self._snapshot_seq = snap.seq
+            self._snapshot_seq = start = snap.seq
             self._snapshot_at = time.monotonic()
             log.info("snapshot_loaded", seq=snap.seq)
         await self.follower.catch_up()
-        log.info("caught_up", seq=self.state.seq, from_snapshot=snap.seq if snap is not None else 0,
+        log.info("caught_up", seq=self.state.seq, from_snapshot=start,
                  seconds=round(time.monotonic() - t0, 3), jobs=len(self.state.jobs), nodes=len(self.state.nodes))
 
     def _snapshot_due(self) -> bool:

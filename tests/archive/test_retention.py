@@ -2,7 +2,7 @@
 
 A real workload (an in-process scheduler snapshotting every 40 events, two agents with the simulated
 runtime, 36 jobs in two queues) on a real nats-server; then the archiver, with a stream size limit of one
-byte, archives the log in several segments and purges the stream up to the scheduler's newest snapshot.
+byte, archives the log in several segments and purges the stream up to the oldest snapshot the scheduler keeps.
 The CLI (through its parser) is asked the same questions before and after: `explain` of the oldest job
 (whose events all left the stream), `usage`, `replay --at` a position only the archive holds, `tail
 --from-seq 1`. `usage`'s totals are also checked against an independent sum over the workload's raw
@@ -221,7 +221,7 @@ def test_after_the_head_left_the_stream_a_fresh_agent_works_and_the_index_rebuil
     the newest snapshot + the stream's tail and runs a job, (b) `corral index --rebuild` without the archive stops
     naming the missing range, with it rebuilds every job: `usage` equals an independent sum and `explain` of a job
     whose events left the stream tells the story the log told before; `sim --from-cluster` re-runs every job with
-    the archive and names the gap without, (c) with no usable snapshot and no archive
+    the archive and names the gap without, (c) with no usable snapshot or node view and no archive
     a fresh agent stops naming the range it misses, instead of hanging."""
     url = nats_server.url
     ids = asyncio.run(_workload(url, tmp_path / "agents"))
@@ -277,7 +277,7 @@ def test_after_the_head_left_the_stream_a_fresh_agent_works_and_the_index_rebuil
         [json.loads(stream[seq][3]) for seq in range(1, last + 1)], "line N is position N, as the stream held it"
     assert json.loads(rerun.stdout)["corral"]["completed"] == len(ids), "every job of the log re-run"
 
-    # (a) A fresh agent on the purged stream, from the newest snapshot: no archive anywhere.
+    # (a) A fresh agent on the purged stream, from the node views' base (events/nodeviews.py): no archive anywhere.
     agent_log = asyncio.run(_fresh_agent_works(url, tmp_path / "fresh"))
     caught_up = [json.loads(line) for line in agent_log.splitlines() if '"caught_up"' in line]
     assert caught_up and caught_up[0]["from_view"] >= first - 1, caught_up  # the node views' `_base` (#40)

@@ -44,9 +44,10 @@ async def appending(bus: Bus, start: int, every: float = 0.05, n: int = 10) -> A
 
 
 async def snapshot_at_end(bus: Bus) -> int:
-    """A real scheduler snapshot (the fold of the whole log) at the log's end: retention's lower bound.
-    Like the scheduler, from the newest snapshot: the stream may no longer start at 1."""
-    store = SnapshotStore(bus.js)
+    """A real scheduler snapshot (the fold of the whole log) at the log's end, the only one kept: retention's
+    lower bound (the oldest kept snapshot, orchestrator/archiver.py). Like the scheduler, from the newest
+    snapshot: the stream may no longer start at 1."""
+    store = SnapshotStore(bus.js, keep=1)
     follower = Follower(bus, evolve, await store.load(ClusterState) or ClusterState())
     await follower.catch_up()
     await store.save(follower.state)

@@ -23,6 +23,7 @@ from orchestrator.index.service import IndexService, stamp_seconds
 from schemas import JobSpec, JobSubmitted, Unknown
 from schemas.codec import decode
 from tests.archive.workload import snapshot_at_end
+from tests.index.held_index import Held
 
 
 async def load(bus: Bus, path: Path) -> int:
@@ -79,6 +80,30 @@ async def test_a_bad_request_gets_a_clear_refusal_and_the_service_goes_on(
     assert says in str(reply["message"])
     ok = await ask(bus.nc, api.USAGE, api.UsageRequest(), api.UsageReply)
     assert ok.rows and ok.as_of_seq == last and service.refused == 1
+
+
+async def test_an_index_still_catching_up_takes_no_request_and_says_not_ready(bus: Bus, sim_log: Path,
+                                                                              tmp_path: Path) -> None:
+    """Readiness is part of the protocol (#39): until caught up an index is in no queue group (an asker finds no
+    responder, or a caught-up replica), and a request that reaches it anyway is refused `not_ready`."""
+    last = await load(bus, sim_log)
+    held = Held(bus, last // 2)
+    service = IndexService(bus, tmp_path / "index", history=held)
+    task = asyncio.create_task(service.run())
+    try:
+        await asyncio.wait_for(held.reached.wait(), 60)
+        reply = await service.answer(api.USAGE, b"{}")
+        assert not reply.ok and reply.error == api.NOT_READY and "not caught up" in reply.message, reply
+        assert not service.serving.is_set() and service.seq == last // 2
+        with pytest.raises(NoIndex):
+            await ask(bus.nc, api.USAGE, api.UsageRequest(), api.UsageReply, timeout=2)
+        held.opened.set()
+        await asyncio.wait_for(service.serving.wait(), 60)
+        ok = await ask(bus.nc, api.USAGE, api.UsageRequest(at_least=last), api.UsageReply)
+        assert ok.rows and ok.as_of_seq == last
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_an_unknown_subject_is_refused(indexed: tuple[IndexService, int]) -> None:
