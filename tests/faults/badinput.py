@@ -122,6 +122,7 @@ def normalized(state: ClusterState, like: ClusterState) -> bytes:
     """The snapshot with the fields garbage may legitimately touch (position, counters) taken from `like`."""
     s = restore(snapshot(state))
     s.seq, s.unknown_events, s.voids, s.last_void = like.seq, like.unknown_events, like.voids, like.last_void
+    s.refused_events = like.refused_events  # an event off its subject (#39): counted, folded as no change
     s.alloc_rev, s.nodes_rev = like.alloc_rev, like.nodes_rev  # "may have changed" counters: any event moves them
     return snapshot(s)
 
