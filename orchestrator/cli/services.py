@@ -24,6 +24,7 @@ from nodeagent.gpu_health import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, GpuHe
 from nodeagent.host import connect_agents, connection
 from nodeagent.runtime.base import Runtime
 from nodeagent.runtime.process import ProcessRuntime
+from nodeagent.runtime.simulated import SimulatedRuntime
 from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
@@ -167,8 +168,6 @@ def make_runtime(kind: str, state_dir: Path, node_id: str, docker: DockerOptions
         return ProcessRuntime(state_dir / "workers", node_id=node_id, inherit_env=False, log_max_bytes=log_limit[0],
                               log_files=log_limit[1])
     if kind == "simulated":
-        from nodeagent.runtime.simulated import SimulatedRuntime
-
         return SimulatedRuntime()
     if kind == "docker":
         from nodeagent.runtime.docker import DockerRuntime
@@ -452,15 +451,16 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
                                    fake_model=args.gpu_model).inventory
         config = AgentConfig(node_id=node_id, address="127.0.0.1", data_dir=node_dir,
                              checkpoint_root=data / "checkpoints", heartbeat_s=heartbeat_s, worker_env=extra_env)
-        return Agent(agent_bus, config, inventory, ProcessRuntime(node_dir / "workers", node_id=node_id,
-                                                                  inherit_env=False),
+        runtime: Runtime = SimulatedRuntime() if args.runtime == "simulated" else \
+            ProcessRuntime(node_dir / "workers", node_id=node_id, inherit_env=False)
+        return Agent(agent_bus, config, inventory, runtime,
                      history=None if archive is None else History(agent_bus, archive))
 
     # The agents' own connections (PER_CONNECTION to one), closed after everything else stopped.
     agents = await connect_agents(stack, lambda k: connection(url, f"corral-up-agents-{k}"), args.nodes, make)
     index = IndexService(bus, data / "index", history=None if archive is None else History(bus, archive))
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
-          f"(process runtime) + the index; Ctrl-C stops", flush=True)
+          f"({args.runtime} runtime) + the index; Ctrl-C stops", flush=True)
     result = OK
     metrics_server = await start_metrics(args, scheduler=sched, agents=agents, archiver=archiver is not None)
     if metrics_server is not None:
@@ -709,6 +709,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--nodes", type=int, default=4, help="simulated nodes (default %(default)s)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="fake GPUs per node (default %(default)s)")
     p.add_argument("--gpu-model", default="H100")
+    p.add_argument("--runtime", choices=("process", "simulated"), default="process",
+                   help="process: each rank a real process; simulated: a rank that runs `sleep N` sleeps in its agent "
+                        "(thousands of ranks at once on one machine; default %(default)s)")
     p.add_argument("--data-dir", default=".corral", help="NATS store, worker state, checkpoints (default %(default)s)")
     p.add_argument("--port", type=int, default=4222, help="NATS port (default %(default)s; 0 = any free port)")
     p.add_argument("--nats-server", metavar="PATH", help="nats-server binary (default: the bundled one)")
