@@ -24,8 +24,8 @@ from nodeagent.gpu_health import DEFAULT_FATAL_XIDS, DEFAULT_IGNORED_XIDS, GpuHe
 from nodeagent.host import connect_agents, connection
 from nodeagent.runtime.base import Runtime
 from nodeagent.runtime.process import ProcessRuntime
-from nodeagent.runtime.simulated import SimulatedRuntime
 from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
+from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.logging import configure_logging
