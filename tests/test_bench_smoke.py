@@ -26,6 +26,7 @@ TINY: dict[str, list[str] | None] = {
     "coldread.py": ["--jobs", "30", "--events", "500", "--rounds", "1"],
     "followups.py": ["--nodes", "16", "--fail", "16", "--jobs", "60"],
     "deliveries.py": ["--nodes", "2,4", "--settle-s", "2"],
+    "up_scale.py": ["--nodes", "4", "--jobs", "20", "--timeout", "150"],
     "failure_detection.py": ["--nodes", "4", "--rounds", "1", "--heartbeat", "0.5", "--heartbeat-timeout", "2"],
     "gang_starts.py": ["--nodes", "2", "--gangs", "3", "--run-s", "0.1"],
     # Fake GPUs (no driver here); on a GPU machine it runs on the real ones without --fake-gpus.
