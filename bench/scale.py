@@ -54,7 +54,7 @@ from nodeagent.host import connect_agents, connection  # noqa: E402
 from nodeagent.host import run_agents as run_all  # noqa: E402
 from nodeagent.runtime.simulated import SimulatedRuntime  # noqa: E402
 from orchestrator.logging import configure_logging  # noqa: E402
-from schemas import GangReserved, JobSpec, JobSubmitted, NodeFailed, NodeRecovered, QueueDefined  # noqa: E402
+from schemas import GangReserved, JobRunning, JobSpec, JobSubmitted, NodeFailed, NodeRecovered, QueueDefined  # noqa: E402
 from schemas.jobspec import Topology  # noqa: E402
 
 GPUS = 8
@@ -241,18 +241,23 @@ class Watch:
     def __init__(self) -> None:
         self.submitted: dict[str, float] = {}
         self.reserved: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.gpus: dict[str, int] = {}
         self.node_failed: list[str] = []
         self.node_recovered = 0
 
     async def run(self, bus: Bus) -> None:
-        subjects = ["corral.job.*.JobSubmitted", "corral.job.*.GangReserved", "corral.node.*.NodeFailed",
-                    "corral.node.*.NodeRecovered"]
+        subjects = ["corral.job.*.JobSubmitted", "corral.job.*.GangReserved", "corral.job.*.JobRunning",
+                    "corral.node.*.NodeFailed", "corral.node.*.NodeRecovered"]
         async for env in bus.tail(subjects=subjects, from_seq=1):
             e, t = env.event, env.stream_time
             if isinstance(e, JobSubmitted):
                 self.submitted.setdefault(e.job_id, t)
+                self.gpus[e.job_id] = e.spec.ranks * e.spec.gpus_per_rank
             elif isinstance(e, GangReserved):
-                self.reserved.setdefault(e.job_id, t)
+                self.reserved[e.job_id] = t  # the attempt that ran (a requeued gang is reserved again)
+            elif isinstance(e, JobRunning):
+                self.running.setdefault(e.job_id, t)
             elif isinstance(e, NodeFailed):
                 self.node_failed.append(e.node_id)
             elif isinstance(e, NodeRecovered):
@@ -304,7 +309,7 @@ async def wait_registered(bus: Bus, nodes: int, procs: list[subprocess.Popen[byt
 
 
 async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, agent_procs: int,
-                      heartbeat_timeout: float | None) -> dict[str, Any]:
+                      heartbeat_timeout: float | None, kill_share: float = 0.0) -> dict[str, Any]:
     rng = random.Random(34)
     loads = [os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="corral-scale-") as tmp_name:
@@ -330,6 +335,9 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
                 procs.append(scheduler)
                 per = -(-nodes // agent_procs)
                 agents: list[subprocess.Popen[bytes]] = []
+                hosted: dict[int, list[str]] = {}
+                killed: set[str] = set()
+                killed_pids: set[int] = set()
                 for k in range(agent_procs):
                     first, count = k * per, min(per, nodes - k * per)
                     if count <= 0:
@@ -341,6 +349,7 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
                     if profile and k == 0:  # the first agent process's costs too
                         cmd += ["--profile-out", str(tmp / "agents-0.json")]
                     agents.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+                    hosted[agents[-1].pid] = [f"n{i:05d}" for i in range(first, first + count)]
                 procs += agents
                 up_s = await wait_registered(bus, nodes, procs, tmp_name)
                 print(f"cluster up: {nodes} nodes x {GPUS} GPUs in {up_s:.1f}s", file=sys.stderr, flush=True)
@@ -361,9 +370,20 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
                 rss: dict[int, int] = {}
                 last_sample = 0.0
                 pending_low = waiting
+                kill_at = time.monotonic() + duration / 2 if kill_share > 0 else None
                 while time.monotonic() < end:
                     await asyncio.sleep(1.0)
-                    if any(p.poll() is not None for p in procs):
+                    if kill_at is not None and time.monotonic() >= kill_at:
+                        kill_at = None  # midway: kill -9 whole agent hosts, the last ones, until the share is dead
+                        for p in reversed(agents):
+                            if len(killed) >= kill_share * nodes:
+                                break
+                            p.kill()
+                            killed_pids.add(p.pid)
+                            killed.update(hosted[p.pid])
+                        print(f"  killed {len(killed)} nodes ({len(killed_pids)} agent processes)", file=sys.stderr,
+                              flush=True)
+                    if any(p.poll() is not None for p in procs if p.pid not in killed_pids):
                         raise RuntimeError(f"a service died; logs in {tmp_name}")
                     # Keep W waiting: one new job for every one reserved (in the watcher's view).
                     pending = next_id - len(watch.reserved)
@@ -425,6 +445,10 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
     fill = [s * 1000 for t, s, _, _ in decides if t < t_measure]
     in_window = [j for j, t in watch.reserved.items() if t_measure <= t <= t_end and j in watch.submitted]
     to_reserved = [(watch.reserved[j] - watch.submitted[j]) * 1000 for j in in_window]
+    # Reserved -> JobRunning (every rank started) of the 1-8 GPU jobs reserved in the window: the part of a
+    # job's start the cluster's size could slow (submit -> reserved is mostly time in the queue, with W waiting).
+    to_running = [(watch.running[j] - watch.reserved[j]) * 1000 for j in in_window
+                  if j in watch.running and watch.gpus.get(j, 99) <= 8 and watch.running[j] >= watch.reserved[j]]
     hb = sched["heartbeat"]
     agent_rss = [rss.get(p.pid, 0) / 1024 for p in agents]
     per_proc = -(-nodes // len(agents))
@@ -459,7 +483,12 @@ async def scale_bench(nodes: int, waiting: int, duration: float, profile: bool, 
         "delivered_per_node_mean": round(statistics.mean(delivered), 1) if delivered else None,
         "delivered_per_node_max": max(delivered) if delivered else None,
         "delivered_max_share_of_log": round(max(delivered) / log_length, 5) if delivered and log_length else None,
-        "false_node_failed": len(watch.node_failed), "node_recovered": watch.node_recovered,
+        "reserved_to_running_p50_ms": round(statistics.median(to_running), 1) if to_running else None,
+        "reserved_to_running_p99_ms": round(pct(to_running, 99), 1) if to_running else None,
+        "killed_nodes": len(killed),
+        "killed_nodes_failed": len(set(watch.node_failed) & killed),
+        "false_node_failed": len([n for n in watch.node_failed if n not in killed]),
+        "node_recovered": watch.node_recovered,
         "scheduler_log_warnings": notes,
         "scheduler_cpu_s": round(sched["cpu_s"], 1), "scheduler_wall_s": round(sched["wall_s"], 1),
         "scheduler_rss_mb": round(rss.get(scheduler.pid, 0) / 1024, 1),
@@ -482,6 +511,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds measured after the first fill")
     ap.add_argument("--profile", action="store_true", help="run the scheduler under cProfile; print its top costs")
     ap.add_argument("--agent-procs", type=int, default=0, help="agent processes (default: one per 1,024 nodes)")
+    ap.add_argument("--kill-share", type=float, default=0.0, metavar="F",
+                    help="midway, kill -9 agent processes hosting this share of the nodes (with --agent-procs 10: 0.1)")
     ap.add_argument("--heartbeat-timeout", type=float, default=None,
                     help="the scheduler's (default: the CLI's own default)")
     ap.add_argument("--run-scheduler", metavar="URL", help=argparse.SUPPRESS)
@@ -499,7 +530,8 @@ def main() -> None:
         run_agents(a.host_agents, a.first, a.count, a.tmp, a.profile_out)
         return
     procs = a.agent_procs or max(1, -(-a.nodes // 1024))
-    result = asyncio.run(scale_bench(a.nodes, a.waiting, a.duration, a.profile, procs, a.heartbeat_timeout))
+    result = asyncio.run(scale_bench(a.nodes, a.waiting, a.duration, a.profile, procs, a.heartbeat_timeout,
+                                     a.kill_share))
     print(json.dumps(result))
 
 
