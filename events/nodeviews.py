@@ -110,10 +110,10 @@ class NodeViewStore:
                                                                          replicas=self.replicas))
         return self._kv
 
-    async def save(self, views: Iterable[tuple[str, Any]], seq: int, base: Any) -> int:
+    async def save(self, views: Iterable[tuple[str, Any]], seq: int, base: Any | None) -> int:
         """Write each (node, view) at `seq`, then `base` (the view of a node with none) as current through
         `seq`: in that order, so a reader that finds `_base` at `seq` finds every changed view written. Returns
-        how many views it wrote."""
+        how many views it wrote. `base` None: the views only (a part of a flush; its last part writes `base`)."""
         kv = await self._bucket(create=True)
         assert kv is not None
         pending: set[asyncio.Task[int]] = set()
@@ -127,7 +127,8 @@ class NodeViewStore:
             n += 1
         if pending:
             await asyncio.gather(*pending)
-        await kv.put(BASE, encode(base, seq))
+        if base is not None:
+            await kv.put(BASE, encode(base, seq))
         return n
 
     async def load(self, node_id: str, kind: type[V]) -> tuple[int, V] | None:

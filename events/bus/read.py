@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import secrets
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
@@ -27,6 +28,9 @@ from events.bus.link import Link
 from events.bus.reader import Reader, Readers
 from events.envelope import Envelope
 from events.subjects import ALL, normalize_filters
+
+#: How long a consumer's create may take: a busy server answers late, and a retry costs it another create.
+CREATE_TIMEOUT_S = 15.0
 
 
 class EphemeralConsumers:
@@ -41,10 +45,17 @@ class EphemeralConsumers:
         self.from_seq = from_seq
         self.since = since
         self.new_only = new_only
+        #: Names this read's consumers `<token>-<n>`: a create retried after its reply timed out asks for the
+        #: same name and config, which the server answers with the consumer it made, not a second one (under
+        #: an overloaded JetStream API, thousands of agents' retries otherwise pile orphans onto its queue).
+        #: A pull consumer delivers nothing before its first pull, so the one made for a lost reply is new.
+        self._token = secrets.token_hex(5)
+        self._made = 0
 
     async def create(self, resume_at: int | None) -> ConsumerInfo:
         """A fresh consumer at `resume_at` (after a loss) or at the read's own start."""
         cfg = ConsumerConfig(
+            name=f"{self._token}-{self._made}",
             ack_policy=AckPolicy.NONE,
             mem_storage=True,
             num_replicas=1,
@@ -62,7 +73,9 @@ class EphemeralConsumers:
             cfg.deliver_policy = DeliverPolicy.NEW
         else:
             cfg.deliver_policy, cfg.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, max(self.from_seq or 1, 1)
-        return await self.link.js.add_consumer(self.link.stream, cfg, timeout=5.0)
+        info = await self.link.js.add_consumer(self.link.stream, cfg, timeout=CREATE_TIMEOUT_S)
+        self._made += 1
+        return info
 
     async def delete(self, name: str) -> None:
         """Best effort and quick (it runs while a read is being cancelled): inactive_threshold is the backstop."""
@@ -172,6 +185,10 @@ async def replay(
             yield items
 
 
+#: The idle heartbeat of a filtered tail (seconds).
+SPARSE_HEARTBEAT_S = 10.0
+
+
 async def tail(
     readers: Readers, *, subjects: list[str] | None, from_seq: int | None, since: float | None, batch: int,
 ) -> AsyncGenerator[Envelope, None]:
@@ -180,7 +197,11 @@ async def tail(
         raise ValueError("give from_seq or since, not both")
     consumers = EphemeralConsumers(readers.link, subjects, from_seq=from_seq, since=since,
                                    new_only=from_seq is None and since is None)
-    reader = Reader(readers, consumers, batch=batch, end=None, stall_timeout=None)
+    # A filtered tail (a node's slice, `tail --job`) hears little and there may be thousands of them: each
+    # idle heartbeat is a message the server sends and the reader handles, so theirs come every 10 s (a lost
+    # consumer is noticed after 30 s; a reconnect resets at once). The whole log's, one per service, every 2 s.
+    reader = Reader(readers, consumers, batch=batch, end=None, stall_timeout=None,
+                    heartbeat=SPARSE_HEARTBEAT_S if subjects else None)
     async with aclosing(reader.batches()) as batches:
         async for items in batches:
             for env in items:

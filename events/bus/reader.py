@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
@@ -118,8 +119,11 @@ class Reader:
         batch: int,
         end: int | None,
         stall_timeout: float | None,
+        heartbeat: float | None = None,
     ) -> None:
         self.readers = readers
+        #: The server's idle heartbeat to this reader; its silence for three of them resets the consumer.
+        self.heartbeat = heartbeat if heartbeat is not None else self._HEARTBEAT
         self.nc = readers.link.nc
         self.consumers = consumers
         self.batch = max(1, batch)
@@ -183,8 +187,11 @@ class Reader:
                     if self.stall_timeout is not None and now - stalled_since > self.stall_timeout:
                         raise ReadStalled(f"read stalled at seq {self.resume_at}: {e!r}") from e
                     log.info("reader reset", reason=str(e) or type(e).__name__, resume_at=self.resume_at)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
+                    # Jittered, so thousands of readers that lost their consumers together (a server restart,
+                    # an overloaded JetStream API) do not ask again in step; a sparse reader waits up to its
+                    # heartbeat (10 s), the whole log's readers up to 2 s.
+                    await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+                    backoff = min(backoff * 2, self.heartbeat)
                 finally:
                     self._detach(sub)
                     if sub is not None:
@@ -214,7 +221,7 @@ class Reader:
         self._want = 0
         self._api = f"$JS.API.CONSUMER.MSG.NEXT.{self.readers.link.stream}.{name}"
         req: dict[str, Any] = {"batch": self.batch, "expires": int(self._EXPIRES * 1e9),
-                               "idle_heartbeat": int(self._HEARTBEAT * 1e9)}
+                               "idle_heartbeat": int(self.heartbeat * 1e9)}
         self._next_req = json.dumps(req).encode()
         self._inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(self._inbox, cb=self._on_msg)
@@ -237,7 +244,7 @@ class Reader:
         A reset (`_reset_reason`) is raised only once the buffer is empty: what
         arrived before it is handed out first, and nothing arrives after it.
         """
-        watchdog = 3 * self._HEARTBEAT
+        watchdog = 3 * self.heartbeat
         while True:
             stop_if_cancelled()  # a nats wait (a request, a flush) that swallowed a cancel: stop now, not never
             if (not self._buf and not self._done and not self._end_seen and self._reset_reason is None

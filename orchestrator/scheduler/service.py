@@ -80,6 +80,10 @@ class SchedulerConfig:
     cluster: ClusterConfigured | None = None
 
 
+#: Node views written per part of a flush (`_save_views`).
+VIEWS_PER_PART = 256
+
+
 class Scheduler:
     def __init__(self, bus: Bus, config: SchedulerConfig | None = None, *, history: LogSource | None = None) -> None:
         self.bus = bus
@@ -185,6 +189,7 @@ class Scheduler:
             behind > 0 and time.monotonic() - self._snapshot_at >= self.config.snapshot_interval_s)
 
     async def _snapshot_loop(self) -> None:
+        failures = 0
         while True:
             stop_if_cancelled()
             await asyncio.sleep(1.0)
@@ -194,10 +199,14 @@ class Scheduler:
                     await self._save_views()
                     size = await self._snapshots.save(self.state, self.follower.skipped)
                 except (BusError, nats.errors.Error, OSError, TimeoutError) as e:
-                    # The server is away (restart, partition): a snapshot only shortens the next
-                    # start's replay, so try again next round rather than stop scheduling.
-                    log.warning("snapshot_failed", seq=seq, error=repr(e))
+                    # The server is away or busy (restart, partition, load): a snapshot only shortens the next
+                    # start's replay, so try again later rather than stop scheduling -- backing off, so a busy
+                    # server is not handed the same writes every second.
+                    failures += 1
+                    log.warning("snapshot_failed", seq=seq, error=repr(e), retry_in_s=min(2 ** failures, 60))
+                    await asyncio.sleep(min(2 ** failures, 60))
                     continue
+                failures = 0
                 self._snapshot_seq, self._snapshot_at = seq, time.monotonic()
                 log.info("snapshot_saved", seq=seq, bytes=size)
 
@@ -211,10 +220,15 @@ class Scheduler:
             facts = view_facts(state, node_id)
             if self._views_written.get(node_id) != facts:
                 changed.append((node_id, node_view_of(state, node_id), facts))
-        base = node_view_of(state, "")
-        written = await self._views.save(((n, v) for n, v, _ in changed), seq, base)
-        for node_id, _, facts in changed:
-            self._views_written[node_id] = facts
+        # In parts, each remembered once written: a flush of thousands of views that times out part way (a busy
+        # server) goes on from there next round instead of writing them all again, and again. `_base` last.
+        written = 0
+        for k in range(0, len(changed), VIEWS_PER_PART):
+            part = changed[k:k + VIEWS_PER_PART]
+            written += await self._views.save(((n, v) for n, v, _ in part), seq, None)
+            for node_id, _, facts in part:
+                self._views_written[node_id] = facts
+        await self._views.save((), seq, node_view_of(state, ""))
         if written:
             log.info("node_views_saved", seq=seq, views=written)
 
