@@ -94,8 +94,10 @@ class Reader:
     Flow: two requests of `batch` messages are kept outstanding (so the server
     never waits for a round trip), and none is sent while four batches wait to
     be taken (backpressure: a slow reader holds at most ~6 batches in memory).
-    Requests expire after _EXPIRES and ask for idle heartbeats, so silence for
-    three heartbeats means the consumer or the connection is gone: start over.
+    Requests expire after _EXPIRES and ask for idle heartbeats. Silence for
+    three heartbeats: ask the same consumer again (a server that lost it
+    answers 503/409, a reset); silence for three more means the consumer or
+    the connection is gone: start over with a new one.
 
     Exactly once, in order, across resets (#19): `resume_at` moves only when a
     batch is handed to the caller, so a reset re-reads whatever was buffered
@@ -141,6 +143,8 @@ class Reader:
         #: A replay's last message (or the server's "no more") is in the buffer: request nothing more.
         self._end_seen = False
         self._reset_reason: str | None = None
+        #: The watchdog fired once and the consumer was asked again; cleared by any message from it.
+        self._asked_again = False
         self._error: BaseException | None = None
         self._want = 0  # messages requested and not yet delivered or expired
         self._waiting = False  # the reader waits for _wake: only then must a message set it
@@ -218,6 +222,7 @@ class Reader:
         self._end_seen = False
         self._wake.clear()
         self._reset_reason = None
+        self._asked_again = False
         self._want = 0
         self._api = f"$JS.API.CONSUMER.MSG.NEXT.{self.readers.link.stream}.{name}"
         req: dict[str, Any] = {"batch": self.batch, "expires": int(self._EXPIRES * 1e9),
@@ -259,10 +264,20 @@ class Reader:
                     async with asyncio.timeout(watchdog):
                         await self._wake.wait()
                 except TimeoutError:
-                    # Set, not raised: from here on the callback ignores this consumer. A batch that
-                    # came in the same loop turn as the expiry (a process resumed from a pause) is
-                    # still handed out below; the next consumer starts after it.
-                    self._reset_reason = "no message or heartbeat from the consumer"
+                    if self._asked_again:
+                        # Silent again after asking again: the consumer is lost. Set, not raised: from here
+                        # on the callback ignores it. A batch that came in the same loop turn as the expiry
+                        # (a process resumed from a pause) is still handed out below; the next consumer
+                        # starts after it.
+                        self._reset_reason = "no message or heartbeat from the consumer"
+                    else:
+                        # Silent once: ask the same consumer again before making a new one. A server too
+                        # busy to send heartbeats is not helped by thousands of readers deleting and
+                        # creating consumers through its API queue at once (bench/RESULTS.md, scale at
+                        # 4,096 nodes); a pull request is cheap, and one for a consumer the server no longer
+                        # has is answered 503 or 409, which resets (`_status`).
+                        self._asked_again = True
+                        self._want = 0
                 finally:
                     self._waiting = False
             if self._error is not None:
@@ -308,6 +323,7 @@ class Reader:
         """nats-py's callback: status messages, and data messages where direct dispatch is unavailable."""
         if msg._sid != self._sid:
             return  # queued for a consumer that was replaced since: its messages are read again
+        self._asked_again = False
         data = msg.data
         if not data and msg.headers and "Status" in msg.headers:
             self._status(msg)
@@ -340,6 +356,7 @@ class Reader:
         """
         if self._end_seen or self._reset_reason is not None:
             return False
+        self._asked_again = False
         try:
             self._want -= 1
             end = self.end

@@ -68,15 +68,16 @@ async def test_idle_tail_keeps_its_consumer(bus: Bus) -> None:
 
 
 async def test_a_silent_server_is_still_a_loss(nats_server: NatsServer, bus: Bus) -> None:
-    """Fault: nats-server is frozen (SIGSTOP) for 8 s: the connection stays open, nothing arrives,
-    not even heartbeats. Check: the watchdog fires, the reader makes a new consumer once the server
-    is back, and gets the next event (heartbeats count as life only while they come)."""
+    """Fault: nats-server is frozen (SIGSTOP) for 16 s: the connection stays open, nothing arrives,
+    not even heartbeats. Check: the watchdog fires twice (the first time the reader asks the same consumer
+    again, the second it gives it up), the reader makes a new consumer once the server is back, and gets
+    the next event (heartbeats count as life only while they come)."""
     assert nats_server.pid is not None
     async with tailing(bus) as got:
         before = set(await consumers(bus))
         os.kill(nats_server.pid, signal.SIGSTOP)
         try:
-            await asyncio.sleep(8.0)
+            await asyncio.sleep(16.0)
         finally:
             os.kill(nats_server.pid, signal.SIGCONT)
         await append_second(bus, got, 15)
