@@ -322,6 +322,7 @@ async def test_hostile_datasets_fail_their_job_once_and_the_node_runs_on(
             assert ag.poll() is None, f"the agent died:\n{log_tail(ag)}"
             peak = peak_rss(ag.pid)
     finally:
+        release.touch()  # the steady worker outlives its agent (by design): a failed run must not leave it behind
         stop_all([ag, sched])
         if s3_proc is not None:
             stop_http_server(s3_proc)
