@@ -267,6 +267,16 @@ def wait_ready(svc: Service, log_events: tuple[str, ...], timeout: float) -> tup
         time.sleep(0.05)
 
 
+def proc_mb(pid: int) -> dict[str, float]:
+    """The process's resident memory now and at its peak (MiB), from /proc (empty where there is none)."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        return {"rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1),
+                "peak_rss_mb": round(int(fields["VmHWM"].split()[0]) / 1024, 1)}
+    except (OSError, KeyError, ValueError):
+        return {}
+
+
 def stop_service(children: Children, svc: Service, timeout: float) -> int | None:
     """SIGTERM to its group (a clean stop), SIGKILL after `timeout`; its exit code (None: killed)."""
     if svc.proc.poll() is None:
@@ -543,9 +553,10 @@ def measure(log: Path, tmp: Path, children: Children, a: argparse.Namespace, url
     svc = start_service(children, "agent", agent_args, metrics=True)
     s, how = wait_ready(svc, ("agent_started",), a.timeout)
     agent_fold = scrape_fold(svc)
+    agent_mem = proc_mb(svc.proc.pid)  # #40: an agent's memory does not grow with the history it never reads
     stop_service(children, svc, a.timeout)
     readers["agent"] = {"s": round(s, 3), "cpu_s": cpu_round(svc.cpu_s), "signal": how,
-                        "snapshot_log": svc.snapshot_events()}
+                        "snapshot_log": svc.snapshot_events(), **agent_mem}
     if agent_fold is not None and not a.skip_digest:
         # #28 acceptance 4: the agent that started from a stored view holds what a fold of its whole slice holds.
         seq, agent_digest = agent_fold
