@@ -41,6 +41,16 @@ CORRAL = [sys.executable, "-m", "orchestrator.cli"]
 PER_HOST = 1024
 
 
+def rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
+
+
 def consumers(monitor_port: int) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/jsz?consumers=true&config=true", timeout=30) as r:
         doc = json.loads(r.read())
@@ -79,13 +89,18 @@ async def one_size(nodes: int, tmp: Path, settle_s: float) -> dict[str, Any]:
                     [*CORRAL, *nats, "agent-host", *quiet, "--nodes", str(min(PER_HOST, nodes - first)), "--first",
                      str(first), "--heartbeat", "10", "--data-dir", str(tmp / "hosts")],
                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            # And one node as its own `corral agent` process: its memory at this cluster size (#40 acceptance 4).
+            probe = subprocess.Popen([*CORRAL, *nats, "agent", *quiet, "--node-id", "probe", "--runtime", "simulated",
+                                      "--fake-gpus", "8", "--address", "127.0.0.1", "--data-dir", str(tmp / "probe")],
+                                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(probe)
             t0 = time.monotonic()
             seen: set[str] = set()
             async with asyncio.timeout(600):
                 async for env in bus.tail(from_seq=1, subjects=["corral.node.*.NodeRegistered"]):
                     if isinstance(env.event, NodeRegistered):
                         seen.add(env.event.node_id)
-                    if len(seen) >= nodes:
+                    if len(seen) >= nodes + 1:
                         break
             up_s = time.monotonic() - t0
             print(f"{nodes} nodes registered in {up_s:.1f}s", file=sys.stderr, flush=True)
@@ -102,6 +117,7 @@ async def one_size(nodes: int, tmp: Path, settle_s: float) -> dict[str, Any]:
             await asyncio.sleep(settle_s / 3)  # the node's release and its last reports
             after, whole_after, _ = delivered(server.monitor_port)
             log_after = await bus.last_seq()
+            probe_mb = rss_mb(probe.pid)
         finally:
             await bus.close()
             for p in procs:
@@ -117,7 +133,7 @@ async def one_size(nodes: int, tmp: Path, settle_s: float) -> dict[str, Any]:
             "log_events_for_the_job": log_after - log_before,
             "delivered_to_agents_for_the_job": after - before,
             "delivered_to_a_whole_log_reader": per_reader,
-            "if_every_agent_read_the_whole_log": per_reader * nodes}
+            "if_every_agent_read_the_whole_log": per_reader * nodes, "one_agent_process_rss_mb": probe_mb}
 
 
 async def bench(sizes: list[int], settle_s: float) -> dict[str, Any]:
