@@ -204,7 +204,12 @@ def _explained(
             end = min((r for r in registered.get(node, ()) if r >= o.start), default=float("inf"))
         # After NATS comes back, agents reconnect and the monitor re-creates its watch once it was quiet for a
         # third of the timeout (orchestrator/scheduler/health.py): beats are invisible to the scheduler until then.
-        after = interval + slack + 1.0 + (timeout / 3 if o.node is None else 0.0)
+        # So too after this node's own outage when NATS went down and came back during it: the node reconnects
+        # only once it runs again (seen in CI: paused 6 s, NATS killed in the middle, failed 4 s after resuming).
+        nats_within = o.node is not None and any(
+            n.node is None and n.start <= end and (n.end if n.end is not None else float("inf")) >= o.start
+            for n in outages)
+        after = interval + slack + 1.0 + (timeout / 3 if o.node is None or nats_within else 0.0)
         silent_from = o.start - interval - slack
         if silent_from <= t - timeout and t <= end + after:
             return True
