@@ -33,22 +33,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.scale import vm_kb  # noqa: E402
 from events.bus import Bus  # noqa: E402
 from events.server import NatsServer  # noqa: E402
 from schemas import JobCompleted, JobSpec, JobSubmitted, NodeRegistered  # noqa: E402
 
 CORRAL = [sys.executable, "-m", "orchestrator.cli"]
 PER_HOST = 1024
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return None
 
 
 def consumers(monitor_port: int) -> list[dict[str, Any]]:
@@ -117,7 +108,8 @@ async def one_size(nodes: int, tmp: Path, settle_s: float) -> dict[str, Any]:
             await asyncio.sleep(settle_s / 3)  # the node's release and its last reports
             after, whole_after, _ = delivered(server.monitor_port)
             log_after = await bus.last_seq()
-            probe_mb = rss_mb(probe.pid)
+            probe_kb = vm_kb(probe.pid, "VmRSS")
+            probe_mb = round(probe_kb / 1024, 1) if probe_kb else None
         finally:
             await bus.close()
             for p in procs:

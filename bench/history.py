@@ -78,6 +78,7 @@ import msgspec
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.scale import vm_kb  # noqa: E402
 from events.bus import Bus  # noqa: E402
 from events.follow import fold_batch  # noqa: E402
 from events.logfile import LogFile  # noqa: E402
@@ -269,12 +270,8 @@ def wait_ready(svc: Service, log_events: tuple[str, ...], timeout: float) -> tup
 
 def proc_mb(pid: int) -> dict[str, float]:
     """The process's resident memory now and at its peak (MiB), from /proc (empty where there is none)."""
-    try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-        return {"rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1),
-                "peak_rss_mb": round(int(fields["VmHWM"].split()[0]) / 1024, 1)}
-    except (OSError, KeyError, ValueError):
-        return {}
+    rss, peak = vm_kb(pid, "VmRSS"), vm_kb(pid, "VmHWM")
+    return {"rss_mb": round(rss / 1024, 1), "peak_rss_mb": round(peak / 1024, 1)} if rss else {}
 
 
 def stop_service(children: Children, svc: Service, timeout: float) -> int | None:

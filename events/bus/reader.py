@@ -303,6 +303,7 @@ class Reader:
         self._wake.set()
 
     def _status(self, msg: Msg) -> None:
+        self._asked_again = False  # the consumer answered (data messages clear it in `_on_frame`)
         hdr = msg.headers or {}
         code = hdr.get("Status", "")
         if code == "100":
@@ -323,7 +324,6 @@ class Reader:
         """nats-py's callback: status messages, and data messages where direct dispatch is unavailable."""
         if msg._sid != self._sid:
             return  # queued for a consumer that was replaced since: its messages are read again
-        self._asked_again = False
         data = msg.data
         if not data and msg.headers and "Status" in msg.headers:
             self._status(msg)
