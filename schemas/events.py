@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from schemas.inventory import Inventory
 from schemas.jobspec import JobSpec
@@ -345,6 +346,9 @@ class WorkAssigned(Event, tag="WorkAssigned", frozen=True):
     intent: str = INTENT_RUN
     #: Grace before the kill, with intent checkpoint (the preemption's) or stop.
     grace_s: float = 0.0
+    #: Those of `ranks` whose exit the log holds already (an exit the node reported before this order reached
+    #: it): never started again. UNSET (not written) when none, as in logs from before it existed.
+    exited: tuple[int, ...] | UnsetType = UNSET
 
 
 class WorkChanged(Event, tag="WorkChanged", frozen=True):

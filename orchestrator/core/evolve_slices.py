@@ -46,6 +46,8 @@ def assigned(sl: NodeSlice, e: WorkAssigned, seq: int) -> None:
         job_id=e.job_id, attempt=e.attempt, spec=e.spec, ranks=e.ranks, world_size=e.world_size,
         node_rank=e.node_rank, master_addr=e.master_addr, master_port=e.master_port, resume_from=e.resume_from,
         not_before=e.not_before, staged=e.staged, intent=e.intent, grace_s=e.grace_s, seq=seq,
+        reports=tuple((r, RankState(node_id=e.node_id, status="exited", reason="exited before its order"))
+                      for r in sorted(set(e.exited) & {p.rank for p in e.ranks})) if e.exited else (),
     )
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from msgspec import UNSET
+
 from orchestrator.core.model.slices import NodeJob
 from orchestrator.core.model.state import ClusterState, Job
 from orchestrator.core.node_work import intent_of
@@ -130,6 +132,8 @@ def _orders_for(state: ClusterState, job_id: str, now: float, epoch: int, stops:
 def _assignment(state: ClusterState, job: Job, node: str, w: Want, now: float, epoch: int) -> WorkAssigned:
     placement = job.placement
     mine = tuple(sorted((p for p in placement if p.node_id == node), key=lambda p: p.rank))
+    book = state.ranks.get(job.job_id, {})
+    exited = tuple(p.rank for p in mine if (r := book.get(p.rank)) is not None and r.status == "exited")
     order = list(dict.fromkeys(p.node_id for p in sorted(placement, key=lambda p: p.rank)))
     master = min(placement, key=lambda p: p.rank).node_id
     master_node = state.nodes.get(master)
@@ -138,7 +142,7 @@ def _assignment(state: ClusterState, job: Job, node: str, w: Want, now: float, e
         job_id=job.job_id, attempt=w.attempt, epoch=epoch, spec=job.spec, ranks=mine, world_size=len(placement),
         node_rank=order.index(node), master_addr=master_node.address if master_node is not None else "",
         master_port=job.master_port, resume_from=job.resume_from, not_before=job.not_before, staged=w.staged,
-        intent=w.intent, grace_s=w.grace_s,
+        intent=w.intent, grace_s=w.grace_s, exited=exited or UNSET,
     )
 
 

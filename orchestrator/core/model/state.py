@@ -450,8 +450,14 @@ class ClusterState(msgspec.Struct, kw_only=True):
         if not self.arrays and self.jobs:
             self._count_arrays()
         if self.active and not self.slices and not self.orders_due:
-            # A snapshot from before nodes were told their work (#40): every gang's nodes may lack their orders.
-            self.orders_due = dict(self.active)
+            # A snapshot from before nodes were told their work (#40): every gang with a rank that has not exited
+            # lacks its orders. (Exactly those: a state of today whose active gangs' ranks have all exited holds
+            # no slice and owes no order either, and must restore as it was.)
+            self.orders_due = {j: seq for j, seq in self.active.items() if self._has_unexited_rank(j)}
+
+    def _has_unexited_rank(self, job_id: str) -> bool:
+        ranks = self.ranks.get(job_id, {})
+        return any((r := ranks.get(p.rank)) is None or r.status != "exited" for p in self.jobs[job_id].placement)
 
     def _count_arrays(self) -> None:
         """A snapshot from before arrays were counted: count the elements it still holds (finished ones past
