@@ -31,6 +31,7 @@ from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK
 from orchestrator.cli.render import line
 from orchestrator.cli.state_view import load_state, log_now
+from orchestrator.cli.timespec import seconds_arg
 from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, readable, sorted_nodes
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
@@ -227,7 +228,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_args(p)
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--events", type=int, default=8, metavar="N", help="recent events shown (default %(default)s)")
-    p.add_argument("--interval", type=float, default=0.25, metavar="S",
+    p.add_argument("--interval", type=seconds_arg, default=0.25, metavar="S",
                    help="least time between redraws (default %(default)s)")
     p.add_argument("--screen", action=argparse.BooleanOptionalAction, default=True,
                    help="use the terminal's alternate screen (default on)")
