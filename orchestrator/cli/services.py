@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -389,11 +390,14 @@ async def run_up(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     data = Path(args.data_dir).resolve()
     server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server, die_with_parent=True)
+    check_port_free(server.host, args.port)
     try:
         # On this (the main) thread, not a worker thread: die_with_parent ties the server to the
         # thread that started it. Nothing else runs yet, so blocking the loop here costs nothing.
         server.start()
     except NatsServerError as e:
+        if "address already in use" in str(e):  # taken between the check and the start
+            raise CliError(port_taken(server.host, args.port), FAILURE) from None
         raise CliError(f"could not start nats-server: {e}", FAILURE) from None
     print(f"corral up: NATS at {server.url} (data in {data}); export CORRAL_NATS_URL={server.url}", flush=True)
     # SIGTERM (a plain `kill`, a supervisor) stops as cleanly as Ctrl-C: workers, then NATS; a stop
@@ -414,6 +418,28 @@ async def run_up(args: argparse.Namespace) -> int:
     finally:
         await asyncio.to_thread(server.stop)
         print("corral up: stopped", flush=True)
+
+
+def port_taken(host: str, port: int) -> str:
+    return (f"port {port} on {host} is in use (another `corral up`? its jobs are at nats://{host}:{port}); "
+            f"start this one with --port 0 (any free port) or another --port, and its own --data-dir")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """One line with a hint, exit 1, when `corral up`'s NATS port is taken, not nats-server's banner.
+
+    Bound as nats-server binds (SO_REUSEADDR, as Go listeners do, so a port in TIME_WAIT is free), then let go.
+    """
+    if not port:
+        return
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise CliError(port_taken(host, port), FAILURE) from None
+            raise CliError(f"cannot listen on {host}:{port}: {e.strerror or e}", FAILURE) from None
 
 
 def up_liveness(nodes: int, heartbeat_timeout: float) -> tuple[float, float]:

@@ -121,13 +121,14 @@ def _check_size(env: Mapping[str, str], whole: bool) -> None:
     largest = sorted(env, key=lambda k: len(env[k].encode()), reverse=True)[:3]
     sizes = ", ".join(f"{k} ({_kib(len(env[k].encode()))})" for k in largest)
     what = "your environment" if whole else "the exported variables"
-    raise CliError(f"{what} is {_kib(size)}, more than the {_kib(MAX_EXPORT_BYTES)} a job may export (stored in "
+    are = "is" if whole else "are"
+    raise CliError(f"{what} {are} {_kib(size)}, more than the {_kib(MAX_EXPORT_BYTES)} a job may export (stored in "
                    f"the log with it); largest: {sizes}: unset those, or pass only what the job needs with "
                    "--export VAR,... (or NONE)", USAGE)
 
 
 def _kib(n: int) -> str:
-    return f"{n / 1024:.1f} KiB"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
 
 def named_variables(items: list[str], environ: Mapping[str, str], flag: str) -> dict[str, str]:
