@@ -98,7 +98,7 @@ def test_a_name_given_explicitly_is_exported_even_if_it_looks_like_a_credential(
 
 def test_an_environment_too_large_for_the_log_is_refused_naming_the_largest() -> None:
     huge = {**SHELL, "BIG": "x" * MAX_EXPORT_BYTES, "SMALL": "y"}
-    with pytest.raises(CliError, match=r"your environment is 64\.1 KiB, more than the 64\.0 KiB.*largest: BIG \(64\.0 KiB\), PATH \(23 B\).*--export") as e:
+    with pytest.raises(CliError, match=r"your environment is 64\.1 KiB, more than the 64\.0 KiB.*largest: BIG \(64\.0 KiB\), PATH \(26 B\).*--export") as e:
         with_submitter(spec(), args(), environ=huge, cwd="/p")
     assert e.value.code == USAGE
     assert with_submitter(spec(), args("--export", "SMALL"), environ=huge, cwd="/p").env == {"SMALL": "y"}
