@@ -343,8 +343,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("jobs", nargs="*", metavar="JOB", help="job ids (or job array ids)")
     # `--user` is the NATS user of the connection options: the submitter filter is `--by-user`/`-u`, as for `jobs`.
     p.add_argument("--by-user", "-u", dest="by_user", metavar="USER", help="only jobs this user submitted")
-    p.add_argument("--queue", help="only jobs of this queue")
-    p.add_argument("--name", help="only jobs of this name")
+    p.add_argument("--queue", "-q", "-p", "--partition", dest="queue", help="only jobs of this queue (Slurm's partition)")
+    p.add_argument("--name", "-n", "--jobname", dest="name", help="only jobs of this name")
     p.add_argument("--state", "-t", "-s", metavar="STATE[,STATE]", help="only jobs in these states: pending, reserved, "
                    "running, preempting, active (the three holding GPUs); comma-separated, as `jobs --state`")
     p.add_argument("--reason", default="", help="recorded in the log")

@@ -256,7 +256,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--all", "-a", action="store_true", help="finished jobs too (completed, failed, cancelled, "
                    "rejected), with sacct's columns: submit, start, end, elapsed, exit code; with --state, every "
                    "job in those states")
-    p.add_argument("--queue", "-q", metavar="Q", help="only jobs of queue Q (named in the spec or charged)")
+    p.add_argument("--queue", "-q", "-p", "--partition", dest="queue", metavar="Q",
+                   help="only jobs of queue Q (named in the spec or charged; Slurm's partition)")
     p.add_argument("--state", "-s", "-t", metavar="S[,S]", help=f"only jobs in these states: {', '.join(STATUSES)}, "
                    "or active (holding GPUs), final")
     # `--user` is the NATS user of the connection options: the submitter filter is `--by-user`/`-u`.
