@@ -187,6 +187,8 @@ def scrolled(console: Console, renderable: RenderableType, scroll: Scroll) -> Re
     """The lines of `renderable` the window shows (orchestrator/cli/top_scroll.py), and the status line."""
     lines = _lines(console, renderable)
     height = console.size.height
+    if scroll.at_end:
+        scroll.offset = len(lines)
     scroll.clamp(len(lines), height)
     window: list[Segment] = []
     for line_ in lines[scroll.offset:scroll.offset + visible(height)]:
@@ -196,9 +198,12 @@ def scrolled(console: Console, renderable: RenderableType, scroll: Scroll) -> Re
     return Group(Segments(window), status)
 
 
-def scroll_size(console: Console, state: ClusterState, recent: Sequence[Envelope], now: float) -> tuple[int, int]:
-    """(lines of the live frame, terminal height): what a key scrolls over."""
-    return len(_lines(console, frame(state, recent, now, pending_rows=LIVE_PENDING_ROWS))), console.size.height
+def scroll_size(console: Console, state: ClusterState, recent: Sequence[Envelope], now: float,
+                scroll: Scroll) -> tuple[int, int]:
+    """(lines of the live frame as drawn now, terminal height): what a key scrolls over."""
+    height = console.size.height
+    return len(_lines(console, frame(state, recent, now, pending_rows=scroll.rows(height, LIVE_PENDING_ROWS)))), \
+        height
 
 
 @contextlib.contextmanager
@@ -269,11 +274,11 @@ async def top(args: argparse.Namespace) -> int:
         scroll, pressed = Scroll(), asyncio.Event()
 
         def view() -> RenderableType:
-            return scrolled(console, frame(follower.state, recent, _now(follower), pending_rows=LIVE_PENDING_ROWS),
-                            scroll)
+            rows = scroll.rows(console.size.height, LIVE_PENDING_ROWS)
+            return scrolled(console, frame(follower.state, recent, _now(follower), pending_rows=rows), scroll)
 
         def on_keys(data: bytes) -> None:
-            total, height = scroll_size(console, follower.state, recent, _now(follower))
+            total, height = scroll_size(console, follower.state, recent, _now(follower), scroll)
             for key in keys(data):
                 scroll.press(key, total, height)
             pressed.set()

@@ -57,3 +57,14 @@ def test_dependency_in_slurms_form_joins_after_ok_and_after_any() -> None:
 def test_dependency_types_corral_lacks_are_refused(bad: str) -> None:
     with pytest.raises(CliError, match="use afterok:JOB"):
         dependencies(_args("--dependency", bad))
+
+
+def test_only_the_pending_rows_the_window_can_reach_are_rendered_until_end() -> None:
+    s = Scroll()
+    assert s.rows(24, 1000) == 48  # the first screen and the next page
+    s.press("pgdn", 500, 24)
+    assert s.rows(24, 1000) == 22 + 48
+    s.press("end", 500, 24)
+    assert s.at_end and s.rows(24, 1000) == 1000
+    s.press("up", 500, 24)
+    assert not s.at_end and s.offset == 500 - 23 - 1
