@@ -74,6 +74,17 @@ def test_a_job_from_a_shell_with_a_venv_on_path_imports_what_only_that_venv_has(
     assert bare.returncode == 1 and "No module named 'only_in_this_venv'" in bare.stdout, (bare.stdout, bare.stderr)
 
 
+def test_a_shell_path_without_corral_finds_corrals_python_after_its_own(cluster: Up, tmp_path: Path) -> None:
+    """A pipx-style install: corral's venv nowhere on the user's PATH. The job's PATH is the shell's first (as
+    Slurm's), then the node's entries it lacks: `python` (which /usr/bin may not have) is still found."""
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    show = "import os; print(os.environ['PATH'])"
+    run = shell(["run", "-g", "0", "--", PY, "-c", show], cluster.url, tmp_path, env)
+    assert run.returncode == 0, run.stderr
+    path = run.stdout.removeprefix("0: ").strip().split(":")
+    assert path[:2] == ["/usr/bin", "/bin"] and os.path.dirname(PY) in path[2:], path
+
+
 def test_credentials_are_not_exported_by_default_and_the_submitter_is_told(cluster: Up, tmp_path: Path) -> None:
     env = {**os.environ, "HF_TOKEN": "hf_secret", "TOKENIZERS_PARALLELISM": "false"}
     show = "import os; print(os.environ.get('HF_TOKEN'), os.environ.get('TOKENIZERS_PARALLELISM'))"
