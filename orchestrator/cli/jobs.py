@@ -318,8 +318,9 @@ async def _hold_or_release(args: argparse.Namespace, *, hold: bool) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", help="submit a job spec (YAML or JSON file, - for stdin)",
-                       description="Validate a JobSpec and append JobSubmitted. Invalid specs list every problem "
-                                   "and exit 2.")
+                       description="Validate a JobSpec and append JobSubmitted. The job flags are `corral run`'s; "
+                                   "one given overrides that field of the file (as sbatch's flags override #SBATCH "
+                                   "lines). Invalid specs list every problem and exit 2.")
     add_connection_args(p)
     p.add_argument("file", help="job spec file (.yaml/.yml/.json) or - for stdin")
     add_job_args(p, run=False)

@@ -10,7 +10,8 @@ the submitter exports, then the spec's `env:`, then corral's own keys.
 
 - `ALL` (the default, and `--export-all`): the whole environment, less what
   belongs to the submitter's shell or to corral (EXPORT_ALL_SKIPS, CORRAL_*,
-  the rank keys, shell functions) and less what looks like a credential
+  the rank keys, shell functions), less who the submitter is (ACCOUNT_SKIPS:
+  the job runs as the node agent's account) and less what looks like a credential
   (`looks_secret`), said on stderr; a job with an `image` exports NONE unless
   asked, since the host's PATH would replace the image's;
 - `NONE`: nothing;
@@ -40,6 +41,9 @@ from schemas import InvalidJobSpec, JobSpec, parse_jobspec
 EXPORT_ALL_SKIPS = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "PS1", "PS2", "PROMPT_COMMAND", "TERM", "COLUMNS",
                               "LINES", "DISPLAY", "SSH_AUTH_SOCK", "SSH_AGENT_PID", "SSH_CONNECTION", "SSH_CLIENT",
                               "SSH_TTY", "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS", "HOSTNAME"})
+#: Who the job runs as: the node agent's account (nodeagent/rank_env.py: ACCOUNT_KEYS), not the submitter's, so ALL
+#: leaves these to the node (Slurm runs a job as its submitter and exports them; corral cannot).
+ACCOUNT_SKIPS = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "MAIL"})
 #: Keys corral sets for every rank (nodeagent/rank_env.py: RANK_KEYS): exporting one would be dropped.
 CORRAL_SET = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR",
                         "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"})
@@ -99,7 +103,7 @@ def exported(args: argparse.Namespace, environ: Mapping[str, str], *, image: boo
     out: dict[str, str] = {}
     if mode == "ALL":
         for k, v in environ.items():
-            if k in EXPORT_ALL_SKIPS or k in CORRAL_SET or k.startswith(("CORRAL_", "BASH_FUNC_")):
+            if k in EXPORT_ALL_SKIPS or k in ACCOUNT_SKIPS or k in CORRAL_SET or k.startswith(("CORRAL_", "BASH_FUNC_")):
                 continue
             if looks_secret(k, v):
                 if dropped is not None:
