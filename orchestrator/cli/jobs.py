@@ -123,7 +123,8 @@ async def check_fits(bus: Bus, spec: JobSpec) -> None:
 
 async def submit(args: argparse.Namespace) -> int:
     # the file's fields, those the flags override, then its workdir and exports (orchestrator/cli/submitter.py)
-    spec = with_submitter(spec_with_flags(load_jobspec(args.file), args, args.file), args)
+    told: list[str] = []  # what the export left out, said once the job is in
+    spec = with_submitter(spec_with_flags(load_jobspec(args.file), args, args.file), args, notice=told.append)
     try:
         array = parse_array(args.array) if args.array is not None else None
     except ArraySpecError as e:
@@ -147,6 +148,8 @@ async def submit(args: argparse.Namespace) -> int:
                         array_id=base, index=i, limit=array.limit, indexes=array.text, count=len(array.indexes)))))
                     for i in array.indexes)
         job_id = job_ids[0] if array is None else base
+        for text in told:
+            print(f"corral: {text}", file=sys.stderr)
         if args.json and not args.wait:
             print_json({"job_id": job_id, **({"jobs": job_ids} if array is not None else {})})
         elif not args.json:

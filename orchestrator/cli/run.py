@@ -53,7 +53,8 @@ def _say(text: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    spec = with_submitter(spec_from_flags(args), args)
+    told: list[str] = []  # what the export left out, said once the job is in
+    spec = with_submitter(spec_from_flags(args), args, notice=told.append)
     ok_ids, any_ids = checked_dependencies(args)  # (bad ids refused before connecting)
     async with connected(args) as bus:
         await check_queue(bus, spec)
@@ -62,6 +63,8 @@ async def run(args: argparse.Namespace) -> int:
         client = _client(bus, args)
         with _refusals():
             job_id = await client.submit(spec, job_id=args.id)
+        for text in told:
+            _say(text)
         if args.detach:
             print(job_id)
             return OK

@@ -163,7 +163,8 @@ def with_submitter(spec: JobSpec, args: argparse.Namespace, *, environ: Mapping[
     """`spec` with the submitter's directory (or `--chdir`) and exported variables (under the spec's `env:`).
 
     Validated again: what the submitter adds must make a valid spec too (exit 2 otherwise). The variables
-    ALL left out as credentials are told to `notice` (default: a line on stderr).
+    ALL left out as credentials are told to `notice` (default: a line on stderr; `run` and `submit` say it
+    once the job is in the log, so a refused submit prints its one error line only).
     """
     environ = os.environ if environ is None else environ
     here = os.getcwd() if cwd is None else cwd

@@ -282,3 +282,11 @@ def test_top_quits_on_q_and_scrolls_to_every_pending_job_at_80x24(cluster: Up) -
             pass
         os.close(fd)
         corral("cancel", "--queue", queue, url=cluster.url, check=None)
+
+
+def test_a_refused_submit_prints_its_one_error_line_even_with_credentials_in_the_environment(cluster: Up) -> None:
+    """The credential notice is said once the job is in the log: a refused job's error stays one line."""
+    ghost = ids("ghost")
+    proc = corral("run", "-g", "0", "--after-ok", ghost, "--", "true", url=cluster.url, check=None,
+                  env={"HF_TOKEN": "hf_x"})
+    assert "no such job" in assert_one_line_error(proc, USAGE)
