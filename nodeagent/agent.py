@@ -43,7 +43,7 @@ from nodeagent.datasets.stager import Stager
 from nodeagent.gpu_health import Finding, GpuHealthWatch
 from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
-from nodeagent.rank_env import GangPart, ignored_spec_env, node_env, part_env
+from nodeagent.rank_env import GangPart, ignored_spec_env, node_env, over_node_env, part_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from nodeagent.start_rules import backoff_left, blocked, held_gpus, next_generation, on_faulty_gpu, restarts_rank
 from orchestrator.core.model.slices import NodeJob
@@ -556,7 +556,7 @@ class Agent:
             )
             return
         ckpt = self._checkpoint_dir(job, attempt, rank)
-        env = self._node_env | part_env(
+        env = over_node_env(self._node_env, part_env(
             GangPart(job.ranks, job.world_size, job.node_rank, job.master_addr),
             rank,
             job_id=job_id,
@@ -566,7 +566,7 @@ class Agent:
             resume_from=job.resume_from,
             checkpoint_dir=str(ckpt),
             isolated_gpus=self.config.isolated_gpus,
-        ) | self.stager.env(job, on_host=self._on_host)
+        )) | self.stager.env(job, on_host=self._on_host)
         spec = WorkerSpec(
             job_id=job_id,
             attempt=attempt,

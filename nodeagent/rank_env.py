@@ -100,6 +100,21 @@ def node_env(environ: Mapping[str, str] | None = None, python: str | None = None
     return env
 
 
+def over_node_env(node: Mapping[str, str], env: Mapping[str, str]) -> dict[str, str]:
+    """`env` (the job's, corral's keys included) over the node's baseline, with one merge: a job that brings
+    its own PATH (its submitter's, exported by default) keeps it first, then the node's entries it lacks
+    (corral's interpreter's directory, the system ones), so a command the submitter's PATH lacks is found
+    where a job without exports finds it (`python` when the shell has only `python3`)."""
+    merged = {**node, **env}
+    theirs, ours = env.get("PATH"), node.get("PATH")
+    if theirs is not None and ours:
+        have = set(theirs.split(":"))
+        extra = [d for d in ours.split(":") if d and d not in have]
+        if extra:
+            merged["PATH"] = ":".join([theirs, *extra]) if theirs else ":".join(extra)
+    return merged
+
+
 def is_reserved(key: str) -> bool:
     return key in RANK_KEYS or key.startswith("CORRAL_")
 

@@ -18,6 +18,7 @@ from nodeagent.host import PER_CONNECTION, connect_agents, run_agents
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import USAGE, CliError
+from orchestrator.cli.timespec import seconds_arg
 from orchestrator.logging import configure_logging
 
 
@@ -75,7 +76,7 @@ def add_agent_host_args(p: argparse.ArgumentParser) -> None:
                    help="nodes to a leaf switch, label leaf=l<i> (default %(default)s)")
     p.add_argument("--leaves-per-block", type=int, default=8, metavar="K",
                    help="leaves to a block, label block=b<i> (default %(default)s)")
-    p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+    p.add_argument("--heartbeat", type=seconds_arg, default=10.0, metavar="S",
                    help="each node's heartbeat interval (default %(default)s, as `corral agent`)")
     p.add_argument("--per-connection", type=int, default=PER_CONNECTION, metavar="K",
                    help="agents sharing one NATS connection (default %(default)s)")

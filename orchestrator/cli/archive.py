@@ -20,7 +20,7 @@ from events.bus import Bus, LogGap
 from events.history import History
 from events.logfile import LogFile
 from orchestrator.cli.errors import FAILURE, USAGE, CliError
-from orchestrator.cli.timespec import parse_duration
+from orchestrator.cli.timespec import parse_span, seconds_arg
 
 if TYPE_CHECKING:
     from events.telemetry import MetricsServer
@@ -164,9 +164,17 @@ def archiver_config(args: argparse.Namespace, path: Path) -> ArchiverConfig:
         raise CliError("--segment-events must be >= 1 and --segment-seconds > 0", USAGE)
     return ArchiverConfig(
         path=path.resolve(), segment_events=args.segment_events, segment_seconds=args.segment_seconds,
-        retention_s=parse_duration(args.retention) if args.retention else None,
+        retention_s=_retention_s(args.retention) if args.retention else None,
         max_bytes=parse_size(args.max_bytes) if args.max_bytes else None, purge_every_s=args.purge_every,
     )
+
+
+def _retention_s(text: str) -> float:
+    """--retention in any span form (orchestrator/cli/timespec.py: `parse_span`; a plain number is seconds)."""
+    try:
+        return parse_span(text, bare_s=1)
+    except ValueError as e:
+        raise CliError(f"--retention: {e}", USAGE) from None
 
 
 def add_retention_args(p: argparse.ArgumentParser) -> None:
@@ -177,9 +185,9 @@ def add_retention_args(p: argparse.ArgumentParser) -> None:
                    "oldest archived events (default: no size limit)")
     p.add_argument("--segment-events", type=int, default=10_000, metavar="N",
                    help="close an archive segment after N events (default %(default)s)")
-    p.add_argument("--segment-seconds", type=float, default=60.0, metavar="S",
+    p.add_argument("--segment-seconds", type=seconds_arg, default=60.0, metavar="S",
                    help="or S seconds after its first event (default %(default)s)")
-    p.add_argument("--purge-every", type=float, default=10.0, metavar="S",
+    p.add_argument("--purge-every", type=seconds_arg, default=10.0, metavar="S",
                    help="apply retention this often (default %(default)s)")
 
 

@@ -19,12 +19,14 @@ from events.subjects import type_filters
 from orchestrator.cli.arrays import ArraySpecError, parse_array
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import DENIED, FAILURE, NOT_FOUND, OK, TIMEOUT, UNREACHABLE, USAGE, CliError
-from orchestrator.cli.listing import checked_id
+from orchestrator.cli.jobflags import add_job_args, dependencies, spec_with_flags
+from orchestrator.cli.listing import checked_id, parse_states
 from orchestrator.cli.output import print_json
 from orchestrator.cli.render import line
 from orchestrator.cli.specfile import load_jobspec
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.submitter import add_submitter_args, with_submitter
+from orchestrator.cli.timespec import seconds_arg
 from orchestrator.core.evolve import evolve
 from orchestrator.core.model.state import TERMINAL, ClusterState, Job
 from schemas import ArrayElement, JobSpec, tag_of
@@ -81,6 +83,11 @@ def queue_refusal(state: ClusterState, queue: str) -> str | None:
         return None
     if queue == _SPEC_QUEUE and state.config.default_queue in defined:
         return None
+    if queue == _SPEC_QUEUE:  # the job named no queue (or the spec default's name): say how to get one
+        default = state.config.default_queue
+        return (f"unknown queue {queue!r}: a job that names no queue runs in the default queue {default!r}, which "
+                f"is not defined; defined queues: {', '.join(sorted(defined))}: name one (-q QUEUE, or `queue:` in "
+                f"the spec) or define it (`corral queue set {default}`)")
     return (f"unknown queue {queue!r}; defined queues: {', '.join(sorted(defined))} "
             "(`corral queues` lists them; `corral queue set` or `queue apply` defines one)")
 
@@ -115,7 +122,9 @@ async def check_fits(bus: Bus, spec: JobSpec) -> None:
 
 
 async def submit(args: argparse.Namespace) -> int:
-    spec = with_submitter(load_jobspec(args.file), args)  # its workdir and exports (orchestrator/cli/submitter.py)
+    # the file's fields, those the flags override, then its workdir and exports (orchestrator/cli/submitter.py)
+    told: list[str] = []  # what the export left out, said once the job is in
+    spec = with_submitter(spec_with_flags(load_jobspec(args.file), args, args.file), args, notice=told.append)
     try:
         array = parse_array(args.array) if args.array is not None else None
     except ArraySpecError as e:
@@ -123,13 +132,11 @@ async def submit(args: argparse.Namespace) -> int:
     base = checked_id(args.id, "job id") if args.id else new_job_id()
     if array is not None:  # ID_INDEX must be an id too (128 characters at most)
         checked_id(f"{base}_{array.indexes[-1]}", f"job id of the array's last element ({base}_{array.indexes[-1]})")
-    ok_ids, any_ids = _id_list(args.after_ok), _id_list(args.after_any)  # (bad ids refused before connecting)
-    if args.allow_future_nodes:
-        spec = msgspec.structs.replace(spec, allow_future_nodes=True)
+    ok_ids, any_ids = checked_dependencies(args)  # (bad ids refused before connecting)
     async with connected(args) as bus:
         await check_queue(bus, spec)
         await check_fits(bus, spec)
-        spec = await _gated(bus, spec, ok_ids, any_ids, hold=args.hold)
+        spec = await gated(bus, spec, ok_ids, any_ids, hold=args.hold)
         client = _client(bus, args)
         with _refusals():
             if array is None:
@@ -141,6 +148,8 @@ async def submit(args: argparse.Namespace) -> int:
                         array_id=base, index=i, limit=array.limit, indexes=array.text, count=len(array.indexes)))))
                     for i in array.indexes)
         job_id = job_ids[0] if array is None else base
+        for text in told:
+            print(f"corral: {text}", file=sys.stderr)
         if args.json and not args.wait:
             print_json({"job_id": job_id, **({"jobs": job_ids} if array is not None else {})})
         elif not args.json:
@@ -170,12 +179,14 @@ async def submit(args: argparse.Namespace) -> int:
         return OK if all(tag_of(env.event) == "JobCompleted" for _, env in results) else FAILURE
 
 
-def _id_list(values: list[str] | None) -> list[str]:
-    """Job ids from repeated, comma-separated options (`--after-ok j-1,j-2 --after-ok j-3`)."""
-    return [checked_id(v.strip(), "job id") for vs in values or () for v in vs.split(",") if v.strip()]
+def checked_dependencies(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The after-ok and after-any job ids of the command line (`--after-ok j-1,j-2 --after-ok j-3`,
+    `--dependency afterok:j-1:j-2`), each a valid id (exit 2 otherwise)."""
+    ok, any_ = dependencies(args)
+    return [checked_id(j, "job id") for j in ok], [checked_id(j, "job id") for j in any_]
 
 
-async def _gated(bus: Bus, spec: JobSpec, ok_ids: list[str], any_ids: list[str], *, hold: bool) -> JobSpec:
+async def gated(bus: Bus, spec: JobSpec, ok_ids: list[str], any_ids: list[str], *, hold: bool) -> JobSpec:
     """`spec` with the gates of the command line added (an array id is one dependency on the whole array);
     refused (exit 2) naming what to fix: a dependency the log does not know, a limit exceeded."""
     from orchestrator.cli.dependencies import with_gates
@@ -214,11 +225,29 @@ def _filtered(jobs: list[Job], args: argparse.Namespace) -> list[Job]:
             if (args.by_user is None or j.submitted_by == args.by_user)
             and (args.queue is None or args.queue in (j.spec.queue, j.queue))
             and (args.name is None or j.spec.name == args.name)
-            and (args.state is None or j.status == args.state)]
+            and (args.state is None or j.status in args.state)]
+
+
+#: What `cancel --state` may name: the states of a job not finished.
+CANCELLABLE = ("pending", "reserved", "running", "preempting")
+
+
+def cancel_states(text: str | None) -> frozenset[str] | None:
+    """`--state pending,running` (as `jobs --state` reads it, `active` too) -> the statuses; exit 2 for one a
+    cancel cannot choose (a final state: nothing to cancel there)."""
+    if text is None:
+        return None
+    states = parse_states(text)
+    final = sorted(states.difference(CANCELLABLE))
+    if final or not states:
+        raise CliError(f"cancel --state {text}: {', '.join(final) or 'no state'}: choose among "
+                       f"{', '.join(CANCELLABLE)} (or active), comma-separated", USAGE)
+    return states
 
 
 async def cancel(args: argparse.Namespace) -> int:
     ids = [checked_id(j, "job id") for j in args.jobs]
+    args.state = cancel_states(args.state)
     filters = any(v is not None for v in (args.by_user, args.queue, args.name, args.state))
     if not ids and not filters:
         raise CliError("name the jobs to cancel, or choose them with --by-user, --queue, --name or --state", USAGE)
@@ -292,26 +321,19 @@ async def _hold_or_release(args: argparse.Namespace, *, hold: bool) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", help="submit a job spec (YAML or JSON file, - for stdin)",
-                       description="Validate a JobSpec and append JobSubmitted. Invalid specs list every problem "
-                                   "and exit 2.")
+                       description="Validate a JobSpec and append JobSubmitted. The job flags are `corral run`'s; "
+                                   "one given overrides that field of the file (as sbatch's flags override #SBATCH "
+                                   "lines). Invalid specs list every problem and exit 2.")
     add_connection_args(p)
     p.add_argument("file", help="job spec file (.yaml/.yml/.json) or - for stdin")
+    add_job_args(p, run=False)
     p.add_argument("--id", help="job id (makes a retried submit a no-op); default generated")
     p.add_argument("--wait", action="store_true", help="wait until the job is final; exit 0 only if it completed")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="with --wait: give up after S seconds")
+    p.add_argument("--timeout", type=seconds_arg, default=None, metavar="S", help="with --wait: give up after S seconds")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--allow-future-nodes", action="store_true",
-                   help="queue it even if no registered node could ever hold it (GPU count, model, memory, "
-                        "topology): it waits for nodes to join instead of being refused (exit 2)")
     p.add_argument("--array", metavar="INDEXES", help="a job array: one job per index, e.g. 0-99, 1,3,5-9, 0-20:5; "
                    "%%N runs at most N at once (0-99%%8). Each element is job ID_INDEX with CORRAL_ARRAY_INDEX set; "
                    "the array's id names them all (cancel, hold, release, --after-ok)")
-    p.add_argument("--after-ok", action="append", metavar="JOB[,JOB]", help="start only after these jobs completed "
-                   "(an array's id: all its elements, as one dependency); if one fails or is cancelled, this job is "
-                   "cancelled (dependency never satisfied); one the log does not know is refused (exit 2)")
-    p.add_argument("--after-any", action="append", metavar="JOB[,JOB]",
-                   help="start only after these jobs (or every element of these arrays) ended, however they ended")
-    p.add_argument("--hold", action="store_true", help="submit held: it starts only after `corral release`")
     _via_admission(p)
     p.add_argument("--follow", "-f", action="store_true", help="wait, printing every rank's output as it is "
                    "written ('R: ' before each line), like `corral run`")
@@ -325,10 +347,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("jobs", nargs="*", metavar="JOB", help="job ids (or job array ids)")
     # `--user` is the NATS user of the connection options: the submitter filter is `--by-user`/`-u`, as for `jobs`.
     p.add_argument("--by-user", "-u", dest="by_user", metavar="USER", help="only jobs this user submitted")
-    p.add_argument("--queue", help="only jobs of this queue")
-    p.add_argument("--name", help="only jobs of this name")
-    p.add_argument("--state", choices=("pending", "reserved", "running", "preempting"),
-                   help="only jobs in this state")
+    p.add_argument("--queue", "-q", "-p", "--partition", dest="queue", help="only jobs of this queue (Slurm's partition)")
+    p.add_argument("--name", "-n", "--jobname", dest="name", help="only jobs of this name")
+    p.add_argument("--state", "-t", "-s", metavar="STATE[,STATE]", help="only jobs in these states: pending, reserved, "
+                   "running, preempting, active (the three holding GPUs); comma-separated, as `jobs --state`")
     p.add_argument("--reason", default="", help="recorded in the log")
     p.add_argument("--json", action="store_true")
     _via_admission(p)

@@ -39,10 +39,17 @@ from orchestrator.index.client import IndexRefused
 STATE_GROUPS = {"active": HOLDING, "final": TERMINAL}
 
 
+#: squeue's state codes and names (`-t PD,R`), read as corral's statuses.
+SLURM_STATES = {"pd": "pending", "r": "running", "cd": "completed", "f": "failed", "ca": "cancelled",
+                "canceled": "cancelled"}
+
+
 def parse_states(text: str | None) -> frozenset[str]:
-    """`running,pending` -> the statuses; raises CliError (exit 2) for a name that is not one."""
+    """`running,pending` (any case; squeue's PD, R, CD, F, CA too) -> the statuses; raises CliError (exit 2)
+    for a name that is not one."""
     out: set[str] = set()
-    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+    for part in filter(None, (p.strip().lower() for p in (text or "").split(","))):
+        part = SLURM_STATES.get(part, part)
         if part in STATE_GROUPS:
             out |= STATE_GROUPS[part]
         elif part in STATUSES:
@@ -249,8 +256,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--all", "-a", action="store_true", help="finished jobs too (completed, failed, cancelled, "
                    "rejected), with sacct's columns: submit, start, end, elapsed, exit code; with --state, every "
                    "job in those states")
-    p.add_argument("--queue", "-q", metavar="Q", help="only jobs of queue Q (named in the spec or charged)")
-    p.add_argument("--state", "-s", metavar="S[,S]", help=f"only jobs in these states: {', '.join(STATUSES)}, "
+    p.add_argument("--queue", "-q", "-p", "--partition", dest="queue", metavar="Q",
+                   help="only jobs of queue Q (named in the spec or charged; Slurm's partition)")
+    p.add_argument("--state", "-s", "-t", metavar="S[,S]", help=f"only jobs in these states: {', '.join(STATUSES)}, "
                    "or active (holding GPUs), final")
     # `--user` is the NATS user of the connection options: the submitter filter is `--by-user`/`-u`.
     p.add_argument("--by-user", "-u", dest="user_filter", metavar="U", help="only jobs submitted by U (the NATS "

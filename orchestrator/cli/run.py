@@ -18,15 +18,23 @@ import asyncio
 import os
 import signal
 import sys
-from typing import Any
 
 from orchestrator.cli.attach import JobStream, exit_status, follow_job
 from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import INTERRUPTED, OK, USAGE, CliError
-from orchestrator.cli.jobs import _client, _refusals, _via_admission, check_queue
+from orchestrator.cli.jobflags import add_job_args, checked, with_job_flags
+from orchestrator.cli.jobs import (
+    _client,
+    _refusals,
+    _via_admission,
+    check_fits,
+    check_queue,
+    checked_dependencies,
+    gated,
+)
 from orchestrator.cli.render import line
 from orchestrator.cli.submitter import add_submitter_args, with_submitter
-from schemas import InvalidJobSpec, JobCancelled, JobSpec, parse_jobspec
+from schemas import JobCancelled, JobSpec
 
 
 def spec_from_flags(args: argparse.Namespace) -> JobSpec:
@@ -36,24 +44,8 @@ def spec_from_flags(args: argparse.Namespace) -> JobSpec:
         command = command[1:]
     if not command:
         raise CliError("no command: `corral run [options] -- COMMAND [ARGS...]`", USAGE)
-    raw: dict[str, Any] = {
-        "name": args.name or os.path.basename(command[0]) or "run",
-        "ranks": args.ranks,
-        "gpus_per_rank": args.gpus_per_rank,
-        "priority": args.priority,
-        "command": command,
-        "restart_policy": args.restart_policy,
-        "max_restarts": args.max_restarts,
-    }
-    for key, value in (("queue", args.queue), ("gpu_model", args.gpu_model), ("time_limit_s", args.time_limit),
-                       ("image", args.image), ("checkpoint_dir", args.checkpoint_dir)):
-        if value is not None:
-            raw[key] = value
-    try:
-        return parse_jobspec(raw)
-    except InvalidJobSpec as e:
-        lines = "\n".join(f"  {p.path}: {p.message}" for p in e.problems)
-        raise CliError(f"the job has {len(e.problems)} problem(s):\n{lines}", USAGE) from None
+    raw = with_job_flags({"name": os.path.basename(command[0]) or "run", "command": command}, args)
+    return checked(raw, "the job")
 
 
 def _say(text: str) -> None:
@@ -61,12 +53,18 @@ def _say(text: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    spec = with_submitter(spec_from_flags(args), args)
+    told: list[str] = []  # what the export left out, said once the job is in
+    spec = with_submitter(spec_from_flags(args), args, notice=told.append)
+    ok_ids, any_ids = checked_dependencies(args)  # (bad ids refused before connecting)
     async with connected(args) as bus:
         await check_queue(bus, spec)
+        await check_fits(bus, spec)
+        spec = await gated(bus, spec, ok_ids, any_ids, hold=args.hold)
         client = _client(bus, args)
         with _refusals():
             job_id = await client.submit(spec, job_id=args.id)
+        for text in told:
+            _say(text)
         if args.detach:
             print(job_id)
             return OK
@@ -105,18 +103,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                    "cancels the job; --detach prints its id and returns.",
                        usage="corral run [options] -- COMMAND [ARGS...]")
     add_connection_args(p)
-    p.add_argument("-n", "--ranks", type=int, default=1, metavar="N", help="ranks in the gang (default 1)")
-    p.add_argument("-g", "--gpus-per-rank", type=int, default=1, metavar="G", help="GPUs of each rank (default 1)")
-    p.add_argument("-q", "--queue", help="queue charged (default: the cluster's default)")
-    p.add_argument("--name", help="job name (default: the command's name)")
-    p.add_argument("-p", "--priority", type=int, default=0, help="priority within the queue (default 0)")
-    p.add_argument("--gpu-model", metavar="MODEL", help="only GPUs whose model contains this, e.g. H100")
-    p.add_argument("-t", "--time-limit", type=float, metavar="S", help="stop it after S seconds running")
-    p.add_argument("--restart-policy", choices=("never", "rank", "gang"), default="never",
-                   help="on a crash (default never: the job fails with the rank's exit status)")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="N", help="restarts before it fails (default 0)")
-    p.add_argument("--image", help="container image (docker runtime agents)")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="where ranks checkpoint (CORRAL_CHECKPOINT_DIR)")
+    add_job_args(p, run=True)
     add_submitter_args(p)
     p.add_argument("--id", help="job id (default generated)")
     p.add_argument("--detach", "-d", action="store_true", help="print the job id and return at once")

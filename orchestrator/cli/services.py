@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
 from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
+from orchestrator.cli.timespec import seconds_arg
 from orchestrator.logging import configure_logging
 from orchestrator.scheduler.service import Scheduler, SchedulerConfig, default_scheduler_id
 from schemas import ClusterConfigured, Inventory
@@ -388,11 +390,14 @@ async def run_up(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     data = Path(args.data_dir).resolve()
     server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server, die_with_parent=True)
+    check_port_free(server.host, args.port)
     try:
         # On this (the main) thread, not a worker thread: die_with_parent ties the server to the
         # thread that started it. Nothing else runs yet, so blocking the loop here costs nothing.
         server.start()
     except NatsServerError as e:
+        if "address already in use" in str(e):  # taken between the check and the start
+            raise CliError(port_taken(server.host, args.port), FAILURE) from None
         raise CliError(f"could not start nats-server: {e}", FAILURE) from None
     print(f"corral up: NATS at {server.url} (data in {data}); export CORRAL_NATS_URL={server.url}", flush=True)
     # SIGTERM (a plain `kill`, a supervisor) stops as cleanly as Ctrl-C: workers, then NATS; a stop
@@ -413,6 +418,28 @@ async def run_up(args: argparse.Namespace) -> int:
     finally:
         await asyncio.to_thread(server.stop)
         print("corral up: stopped", flush=True)
+
+
+def port_taken(host: str, port: int) -> str:
+    return (f"port {port} on {host} is in use (another `corral up`? its jobs are at nats://{host}:{port}); "
+            f"start this one with --port 0 (any free port) or another --port, and its own --data-dir")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """One line with a hint, exit 1, when `corral up`'s NATS port is taken, not nats-server's banner.
+
+    Bound as nats-server binds (SO_REUSEADDR, as Go listeners do, so a port in TIME_WAIT is free), then let go.
+    """
+    if not port:
+        return
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise CliError(port_taken(host, port), FAILURE) from None
+            raise CliError(f"cannot listen on {host}:{port}: {e.strerror or e}", FAILURE) from None
 
 
 def up_liveness(nodes: int, heartbeat_timeout: float) -> tuple[float, float]:
@@ -540,11 +567,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def sched_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--topology-levels", default="block,leaf", metavar="L1,L2",
                        help="topology levels above node, coarse to fine, read from node labels (default %(default)s)")
-        p.add_argument("--min-runtime", type=float, default=60.0, metavar="S",
+        p.add_argument("--min-runtime", type=seconds_arg, default=60.0, metavar="S",
                        help="a job younger than this is not preempted (default %(default)s)")
-        p.add_argument("--half-life", type=float, default=0.0, metavar="S",
+        p.add_argument("--half-life", type=seconds_arg, default=0.0, metavar="S",
                        help="fair-share usage half-life; 0 = no decay (default)")
-        p.add_argument("--heartbeat-timeout", type=float, default=40.0, metavar="S",
+        p.add_argument("--heartbeat-timeout", type=seconds_arg, default=40.0, metavar="S",
                        help="declare a node failed after this long without a heartbeat (default %(default)s: four of "
                             "the agents' default 10 s beats, as Kubernetes' node grace; README, Liveness)")
         p.add_argument("--drain-unhealthy-gpus", type=int, default=2, metavar="K",
@@ -557,10 +584,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(p)
     sched_opts(p)
     p.add_argument("--id", help="scheduler id (default host-pid)")
-    p.add_argument("--tick", type=float, default=1.0, metavar="S", help="decide at least this often")
-    p.add_argument("--lease-ttl", type=float, default=5.0, metavar="S", help="leader lease TTL")
+    p.add_argument("--tick", type=seconds_arg, default=1.0, metavar="S", help="decide at least this often")
+    p.add_argument("--lease-ttl", type=seconds_arg, default=5.0, metavar="S", help="leader lease TTL")
     p.add_argument("--snapshot-every", type=int, default=10_000, metavar="N", help="snapshot after N events")
-    p.add_argument("--snapshot-interval", type=float, default=60.0, metavar="S",
+    p.add_argument("--snapshot-interval", type=seconds_arg, default=60.0, metavar="S",
                    help="and at most S seconds after the last snapshot when anything changed")
     p.set_defaults(handler=run_scheduler)
 
@@ -577,7 +604,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--labels", help="topology labels, e.g. block=b0,leaf=l1")
     p.add_argument("--data-dir", default=".corral/agent", help="worker state and logs (default %(default)s)")
     p.add_argument("--checkpoint-root", help="shared checkpoint storage (default DATA_DIR/checkpoints)")
-    p.add_argument("--heartbeat", type=float, default=10.0, metavar="S",
+    p.add_argument("--heartbeat", type=seconds_arg, default=10.0, metavar="S",
                    help="heartbeat interval (default %(default)s, as a Kubernetes node lease; keep it a quarter of the "
                         "scheduler's --heartbeat-timeout or less)")
     p.add_argument("--worker-log-max-mb", type=float, default=LOG_MAX_BYTES / 2**20, metavar="MB",
@@ -590,7 +617,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     h.add_argument("--no-health-watch", action="store_true", help="do not watch GPU health through NVML")
     h.add_argument("--fake-nvml", metavar="FILE", help="with --fake-gpus: watch them through a fake NVML driven by "
                    "this scenario file (nodeagent/fake_nvml.py), read again whenever it changes")
-    h.add_argument("--health-poll", type=float, default=1.0, metavar="S",
+    h.add_argument("--health-poll", type=seconds_arg, default=1.0, metavar="S",
                    help="longest wait for Xid events per poll; counters are read every poll (default %(default)s)")
     h.add_argument("--xid-fatal", default=",".join(map(str, sorted(DEFAULT_FATAL_XIDS))), metavar="LIST",
                    help="Xids that take a GPU out of service (default %(default)s); Xids in neither list are "
@@ -599,8 +626,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="application Xids never reported (default %(default)s)")
     h.add_argument("--health-check", metavar="CMD", help="a shell command run every --health-check-interval; a "
                    "non-zero exit drains the node with its output, a pass after that brings it back")
-    h.add_argument("--health-check-interval", type=float, default=60.0, metavar="S", help="(default %(default)s)")
-    h.add_argument("--health-check-timeout", type=float, default=60.0, metavar="S",
+    h.add_argument("--health-check-interval", type=seconds_arg, default=60.0, metavar="S", help="(default %(default)s)")
+    h.add_argument("--health-check-timeout", type=seconds_arg, default=60.0, metavar="S",
                    help="a check running longer fails (default %(default)s)")
     add_worker_env_arg(p)
     ds = p.add_argument_group("datasets", "the node-local cache jobs' datasets are staged into before their ranks "
@@ -618,9 +645,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ds.add_argument("--dataset-max-ratio", type=float, default=lim.max_ratio, metavar="R",
                     help=f"most unpacked bytes per downloaded byte once past the first {lim.ratio_floor >> 30} GiB "
                          "unpacked: a decompression bomb (default %(default)s)")
-    ds.add_argument("--dataset-timeout", type=float, default=lim.timeout_s, metavar="S",
+    ds.add_argument("--dataset-timeout", type=seconds_arg, default=lim.timeout_s, metavar="S",
                     help="most seconds one staging may take, fetch and unpack (default %(default)s)")
-    ds.add_argument("--dataset-stall-timeout", type=float, default=lim.stall_s, metavar="S",
+    ds.add_argument("--dataset-stall-timeout", type=seconds_arg, default=lim.stall_s, metavar="S",
                     help=f"a fetch receiving fewer than {lim.stall_bytes} bytes in S seconds has stalled (a dead or "
                          "trickling server) and fails (default %(default)s)")
     ds.add_argument("--dataset-memory-bytes", type=int, default=lim.memory_bytes, metavar="N",
@@ -695,8 +722,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--image", help="run the workers as containers of IMAGE (it must hold the toy worker, "
                                    "orchestrator/demo_worker.py, at /opt/corral/worker.py: deploy/Dockerfile --target "
                                    "worker)")
-    p.add_argument("--wait", type=float, default=120.0, metavar="S", help="wait this long for two nodes")
-    p.add_argument("--duration", type=float, default=600.0, metavar="S", help="give up after S seconds")
+    p.add_argument("--wait", type=seconds_arg, default=120.0, metavar="S", help="wait this long for two nodes")
+    p.add_argument("--duration", type=seconds_arg, default=600.0, metavar="S", help="give up after S seconds")
     p.set_defaults(handler=run_demo_on_cluster)
 
     p = sub.add_parser("up", help="embedded cluster: NATS + scheduler + simulated nodes in one command",
@@ -718,7 +745,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--demo", action="store_true",
                    help="submit a sample workload and narrate it; exits 1 naming the jobs that did not complete "
                         "(under 4 nodes x 8 GPUs: the small workload)")
-    p.add_argument("--duration", type=float, default=0.0, metavar="S",
+    p.add_argument("--duration", type=seconds_arg, default=0.0, metavar="S",
                    help="stop after S seconds (with --demo: at most S, ends earlier when the demo is done)")
     p.add_argument("--keep-workers", action="store_true",
                    help="leave workers running on exit; the next `corral up` on this data dir adopts them")

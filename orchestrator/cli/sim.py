@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.timespec import seconds_arg
+
 
 class SimHelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Fills "{policies}" in an option's help with the simulator's policy names, when the help is shown
@@ -93,9 +95,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", type=Path, default=Path("sim-out"),
                    help="output directory, created if needed; a rerun replaces what it writes there and removes "
                         "the logs and figures of an earlier run it does not rewrite (default %(default)s)")
-    p.add_argument("--checkpoint-interval", metavar="S", type=float, default=1800.0, dest="checkpoint_interval",
+    p.add_argument("--checkpoint-interval", metavar="S", type=seconds_arg, default=1800.0, dest="checkpoint_interval",
                    help="seconds of work between checkpoints; 0: checkpoint on the preemption signal (default %(default)s)")
-    p.add_argument("--restart-overhead", metavar="S", type=float, default=120.0, dest="restart_overhead",
+    p.add_argument("--restart-overhead", metavar="S", type=seconds_arg, default=120.0, dest="restart_overhead",
                    help="seconds a restarted attempt spends before making progress (default %(default)s)")
     p.add_argument("--generate", metavar="JOBS", type=int,
                    help="instead of --trace: a generated trace of JOBS jobs (as `sim gen` makes it, --seed) for "

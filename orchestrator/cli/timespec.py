@@ -10,6 +10,7 @@ spans as durations, `+5d19h`.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import re
 from dataclasses import dataclass
@@ -36,6 +37,61 @@ def parse_duration(text: str) -> float:
     if not _DURATION.fullmatch(t):
         raise CliError(f"bad duration {text!r}: use a number with a unit, like 90s, 10m, 1h30m or 2d", USAGE)
     return sum(float(n) * _UNITS[u] for n, u in _PART.findall(t))
+
+
+#: Slurm's time forms (`sbatch --time`): MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_CLOCK = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def slurm_forms(bare: str) -> str:
+    """The forms a span takes, for help and errors; `bare` is what a plain number counts (minutes, seconds)."""
+    return (f"a number of {bare} (60), MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS (Slurm's forms), or a number with a unit "
+            "(90s, 10m, 2h, 1d, 1h30m)")
+
+
+def parse_span(text: str, *, bare_s: float) -> float:
+    """Seconds in a span as Slurm's `--time` takes it, or with units; raises ValueError saying every form.
+
+    A plain number counts `bare_s` seconds each: 60 for a job's time limit (`-t 60` is an hour's minutes,
+    as in Slurm), 1 for flags whose value has always been seconds (`--timeout`, `--tick`). With a colon or a
+    dash it is Slurm's: `MM:SS`, `HH:MM:SS`, `D-HH`, `D-HH:MM`, `D-HH:MM:SS` (fields after the first below 60,
+    hours after a day below 24); with a unit suffix, `90s`, `10m`, `2h`, `1d`, `1h30m`, `500ms`.
+    """
+    t = text.strip().lower()
+    bare = "minutes" if bare_s == 60 else "seconds"
+    if _SECONDS.fullmatch(t):
+        return float(t) * bare_s
+    if _DURATION.fullmatch(t):
+        return sum(float(n) * _UNITS[u] for n, u in _PART.findall(t))
+    m = _CLOCK.fullmatch(t)
+    if m is not None and (":" in t or "-" in t):
+        days, first, second, third = m.groups()
+        if days is not None:  # D-HH[:MM[:SS]]
+            h, mi, s = int(first), int(second or 0), int(third or 0)
+            if h < 24 and mi < 60 and s < 60:
+                return int(days) * 86400.0 + h * 3600 + mi * 60 + s
+        elif third is not None:  # HH:MM:SS
+            if int(second) < 60 and int(third) < 60:
+                return int(first) * 3600.0 + int(second) * 60 + int(third)
+        elif int(second) < 60:  # MM:SS
+            return int(first) * 60.0 + int(second)
+    raise ValueError(f"bad duration {text!r}: use {slurm_forms(bare)}")
+
+
+def minutes_arg(text: str) -> float:
+    """argparse type of a job's time limit: Slurm's `--time` (a plain number is minutes); seconds out."""
+    try:
+        return parse_span(text, bare_s=60)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def seconds_arg(text: str) -> float:
+    """argparse type of every other span flag: the same forms, a plain number in seconds; seconds out."""
+    try:
+        return parse_span(text, bare_s=1)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 @dataclass(frozen=True)

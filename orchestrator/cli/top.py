@@ -13,15 +13,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import string
+import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import aclosing
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -31,6 +34,8 @@ from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import OK
 from orchestrator.cli.render import line
 from orchestrator.cli.state_view import load_state, log_now
+from orchestrator.cli.timespec import seconds_arg
+from orchestrator.cli.top_scroll import Scroll, keys, visible
 from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, readable, sorted_nodes
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
@@ -169,6 +174,70 @@ def frame(state: ClusterState, recent: Sequence[Envelope], now: float, *, pendin
     )
 
 
+#: Pending jobs the live view lists (scrolling reaches each); `corral jobs --state pending` lists them all.
+LIVE_PENDING_ROWS = 1000
+
+
+def _lines(console: Console, renderable: RenderableType) -> list[list[Segment]]:
+    """The frame as the terminal's width lays it out, however tall."""
+    return console.render_lines(renderable, console.options.update(height=None), pad=False)
+
+
+def scrolled(console: Console, renderable: RenderableType, scroll: Scroll) -> RenderableType:
+    """The lines of `renderable` the window shows (orchestrator/cli/top_scroll.py), and the status line."""
+    lines = _lines(console, renderable)
+    height = console.size.height
+    if scroll.at_end:
+        scroll.offset = len(lines)
+    scroll.clamp(len(lines), height)
+    window: list[Segment] = []
+    for line_ in lines[scroll.offset:scroll.offset + visible(height)]:
+        window.extend(line_)
+        window.append(Segment.line())
+    status = Text(scroll.status(len(lines), height), style="reverse", no_wrap=True, overflow="ellipsis")
+    return Group(Segments(window), status)
+
+
+def scroll_size(console: Console, state: ClusterState, recent: Sequence[Envelope], now: float,
+                scroll: Scroll) -> tuple[int, int]:
+    """(lines of the live frame as drawn now, terminal height): what a key scrolls over."""
+    height = console.size.height
+    return len(_lines(console, frame(state, recent, now, pending_rows=scroll.rows(height, LIVE_PENDING_ROWS)))), \
+        height
+
+
+@contextlib.contextmanager
+def _keyboard(on_keys: Callable[[bytes], None]) -> Iterator[None]:
+    """Keys as they are pressed (cbreak: no Enter needed, Ctrl-C still interrupts), when stdin is a terminal."""
+    fd = sys.stdin.fileno() if sys.stdin is not None else -1
+    if fd < 0 or not os.isatty(fd):
+        yield
+        return
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    loop = asyncio.get_running_loop()
+    tty.setcbreak(fd)
+
+    def ready() -> None:
+        try:
+            data = os.read(fd, 1024)
+        except OSError:
+            data = b""
+        if not data:  # the terminal went away: no more keys (Ctrl-C and SIGTERM still stop top)
+            loop.remove_reader(fd)
+            return
+        on_keys(data)
+
+    loop.add_reader(fd, ready)
+    try:
+        yield
+    finally:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
 async def _recent(bus: Bus, seq: int, n: int) -> list[Envelope]:
     """The last `n` events up to `seq`."""
     if seq < 1 or n < 1:
@@ -202,15 +271,34 @@ async def top(args: argparse.Namespace) -> int:
             follower.clock.saw(server)  # the server's time, read now: a bound as good as a live event's
         follower.on_event(recent.append)
         follow = asyncio.create_task(follower.follow(), name="top-follow")
+        scroll, pressed = Scroll(), asyncio.Event()
+
+        def view() -> RenderableType:
+            rows = scroll.rows(console.size.height, LIVE_PENDING_ROWS)
+            return scrolled(console, frame(follower.state, recent, _now(follower), pending_rows=rows), scroll)
+
+        def on_keys(data: bytes) -> None:
+            total, height = scroll_size(console, follower.state, recent, _now(follower), scroll)
+            for key in keys(data):
+                scroll.press(key, total, height)
+            pressed.set()
+            follower.changed.set()  # redraw now
+
         try:
-            with Live(frame(state, recent, await log_now(bus)), console=console, screen=args.screen,
-                      auto_refresh=False, transient=False) as live:
-                while not follow.done():
-                    live.update(frame(follower.state, recent, _now(follower)), refresh=True)
+            with _keyboard(on_keys), Live(view(), console=console, screen=args.screen, auto_refresh=False,
+                                          transient=False) as live:
+                while not follow.done() and not scroll.quit:
+                    live.update(view(), refresh=True)
                     await follower.wait_changed(1.0)
                     follower.changed.clear()
-                    await asyncio.sleep(args.interval)
-                follow.result()  # the tail ended: surface why
+                    if pressed.is_set():
+                        pressed.clear()
+                        continue
+                    with contextlib.suppress(TimeoutError):  # redraws at most every --interval, keys at once
+                        async with asyncio.timeout(args.interval):
+                            await pressed.wait()
+                if not scroll.quit:
+                    follow.result()  # the tail ended: surface why
         except asyncio.CancelledError:
             pass  # Ctrl-C: asyncio.run cancelled us; leaving quietly is the normal way out of top
         finally:
@@ -222,12 +310,14 @@ async def top(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("top", help="live view: GPU grid, queues, pending jobs, recent events",
-                       description="A live terminal view folded from the log's tail. Ctrl-C quits. Without a "
-                                   "terminal (output piped or redirected) it prints one frame, as --once.")
+                       description="A live terminal view folded from the log's tail. q (or Ctrl-C) quits; Up/Down "
+                                   "or j/k scroll a line, PgUp/PgDn (b/space) a page, g/G to the top/end, so "
+                                   "every pending job is reachable on a small terminal. Without a terminal "
+                                   "(output piped or redirected) it prints one frame, as --once.")
     add_connection_args(p)
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--events", type=int, default=8, metavar="N", help="recent events shown (default %(default)s)")
-    p.add_argument("--interval", type=float, default=0.25, metavar="S",
+    p.add_argument("--interval", type=seconds_arg, default=0.25, metavar="S",
                    help="least time between redraws (default %(default)s)")
     p.add_argument("--screen", action=argparse.BooleanOptionalAction, default=True,
                    help="use the terminal's alternate screen (default on)")

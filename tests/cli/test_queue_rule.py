@@ -62,3 +62,11 @@ def test_both_rules_agree_everywhere_else() -> None:
 def test_without_queues_every_name_runs() -> None:
     state = _state((), "default")
     assert queue_refusal(state, "anything") is None and not _scheduler_rejects(state, "anything")
+
+
+def test_a_job_naming_no_queue_without_a_default_queue_is_told_how_to_get_one() -> None:
+    """#41: the README's quick start defines queues; `corral run` without -q then needs `default` (or -q)."""
+    refused = queue_refusal(_state(("research", "prod"), "default"), "default")
+    assert refused is not None
+    assert "a job that names no queue runs in the default queue 'default', which is not defined" in refused
+    assert "prod, research" in refused and "-q QUEUE" in refused and "`corral queue set default`" in refused

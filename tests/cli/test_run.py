@@ -58,9 +58,9 @@ def test_a_job_runs_where_it_was_submitted_with_what_was_exported_and_nothing_of
     proj, other = tmp_path / "proj", tmp_path / "other"
     proj.mkdir()
     other.mkdir()
-    show = ("import os, sys; e = os.environ; print(os.getcwd(), e.get('MYVAR'), e.get('SECRET'), e.get('PYTHONPATH'), "
+    show = ("import os, sys; e = os.environ; print(os.getcwd(), e.get('MYVAR'), e.get('EXTRA'), e.get('PYTHONPATH'), "
             "e['PATH'].split(':')[0], e.get('PYTHONUNBUFFERED'), bool(e.get('HOME')))")
-    env = {"MYVAR": "from-proj", "SECRET": "not-exported"}
+    env = {"MYVAR": "from-proj", "EXTRA": "not-exported"}
     run = sub(["run", "--export", "MYVAR", "--", "python3", "-c", show], cluster.url, proj, env)
     assert run.returncode == 0, run.stderr
     # `python3` is corral's own interpreter's (first on PATH), whatever PATH the agent was started with; the
@@ -73,7 +73,7 @@ def test_a_job_runs_where_it_was_submitted_with_what_was_exported_and_nothing_of
     spec.write_text(yaml.safe_dump({"name": "show", "command": ["python3", "-c", show], "env": {"MYVAR": "spec"}}))
     done = sub(["submit", str(spec), "--export-all", "--follow"], cluster.url, other, {**env, "MYVAR": "shell"})
     assert done.returncode == 0, done.stderr
-    # the spec's env: wins over the exported shell's; --export-all brings SECRET and this run's PYTHONPATH (and PATH)
+    # the spec's env: wins over the exported shell's; --export-all brings EXTRA and this run's PYTHONPATH (and PATH)
     (shown,) = [ln for ln in done.stdout.splitlines() if ln.startswith("0: ")]
     assert shown.split()[:5] == ["0:", str(other), "spec", "not-exported", str(os.environ.get("PYTHONPATH"))], shown
 
