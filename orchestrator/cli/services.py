@@ -536,10 +536,10 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
                 # The scheduler first: it places nothing on nodes about to go, and the next `corral up`'s
                 # requeues the stopped gangs from their checkpoints (nodeagent/shutdown.py).
                 await _cancelled(scheduler)
-                stopped = await asyncio.gather(*(a.shut_down(args.shutdown_grace, stop.now) for a in agents))
-                if sum(stopped):
-                    print(f"corral up: stopped {sum(stopped)} workers for the shutdown; their jobs resume from "
-                          "their checkpoints on the next `corral up`", flush=True)
+                n = sum(await asyncio.gather(*(a.shut_down(args.shutdown_grace, stop.now) for a in agents)))
+                if n:
+                    print(f"corral up: stopped {n} worker{'s' if n != 1 else ''} for the shutdown; their jobs resume "
+                          "from their checkpoints on the next `corral up`", flush=True)
             for t in services:
                 t.cancel()
     except* asyncio.CancelledError:

@@ -58,7 +58,7 @@ def test_ctrl_c_checkpoints_the_job_and_the_next_up_resumes_it_with_restarts_uns
         rc = up.stop()  # SIGINT, as Ctrl-C
     assert rc == 0, "".join(up.lines[-20:])
     said = "".join(up.lines)
-    assert "stopping: jobs checkpoint and stop" in said and "stopped 1 workers for the shutdown" in said, said
+    assert "stopping: jobs checkpoint and stop" in said and "stopped 1 worker for the shutdown" in said, said
 
     up.start()  # the same data dir
     try:
