@@ -827,13 +827,12 @@ class Agent:
             tr.ending = SHUTDOWN
             tr.signaled_at = time.monotonic()
             tr.step_at_signal = tr.checkpoint_step
-            limit = min(tr.grace_s, grace_s)
-            if tr.checkpoints:
-                log.info("checkpoint_signal", job_id=key[0], rank=key[2], signal=tr.signal_name, why=SHUTDOWN)
-                await self.runtime.signal(tr.handle, int(getattr(signals, tr.signal_name, signals.SIGUSR1)))
-                tr.stopper = asyncio.ensure_future(end_within(self.runtime, tr.handle, limit, now))
-            else:
-                tr.stopper = asyncio.ensure_future(stop_with_grace(self.runtime, tr.handle, limit))
+            # A job that cannot checkpoint (not preemptible) gets SIGTERM instead, with the same grace.
+            name = tr.signal_name if tr.checkpoints else "SIGTERM"
+            log.info("checkpoint_signal" if tr.checkpoints else "stop_signal", job_id=key[0], rank=key[2],
+                     signal=name, why=SHUTDOWN)
+            await self.runtime.signal(tr.handle, int(getattr(signals, name, signals.SIGUSR1)))
+            tr.stopper = asyncio.ensure_future(end_within(self.runtime, tr.handle, min(tr.grace_s, grace_s), now))
         waiters = [tr.waiter for tr in self.workers.values() if tr.waiter is not None]
         if not await until_done(waiters, grace_s + REPORT_S, now):
             log.warning("shutdown_unreported", node_id=self.node_id,
