@@ -47,6 +47,7 @@ from nodeagent.rank_env import GangPart, ignored_spec_env, node_env, part_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
 from nodeagent.shutdown import REPORT_S, SHUTDOWN_GRACE_S, end_within, until_done
 from nodeagent.start_rules import backoff_left, blocked, held_gpus, next_generation, on_faulty_gpu, restarts_rank
+from nodeagent.stdin import StdinServer, stdin_mode
 from orchestrator.core.model.slices import NodeJob
 from orchestrator.core.model.state import SHUTDOWN
 from orchestrator.core.node_view import NodeView, evolve_node, node_work, rank_intent
@@ -208,6 +209,9 @@ class Agent:
         # `corral logs` asks this node for its workers' output (nodeagent/logs.py).
         logs = await LogServer(self.node_id, self.config.data_dir / "logs", self.runtime,
                                lambda: self.workers).serve(self.bus.nc)
+        # An interactive job's rank 0 reads what its `corral run` sends (nodeagent/stdin.py).
+        stdin = StdinServer(self.node_id, self.runtime, lambda: self.workers, lambda: self.follower.state.work)
+        stdin_sub = await stdin.serve(self.bus.nc)
         log.info("agent_started", node_id=self.node_id, incarnation=self.incarnation, gpus=self.inventory.gpu_count)
         try:
             stop_if_cancelled()  # a SIGTERM one of the start-up's nats waits swallowed: the loops below never saw it
@@ -228,6 +232,9 @@ class Agent:
             self.stager.close()
             with contextlib.suppress(Exception):
                 await logs.unsubscribe()
+            with contextlib.suppress(Exception):
+                await stdin_sub.unsubscribe()
+            stdin.close()
             for t in list(self._tasks):
                 t.cancel()
             for t in list(self._tasks):
@@ -354,6 +361,7 @@ class Agent:
                 command=job.spec.command,
                 restarts=restarts,
                 checkpoint_dir=str(self._checkpoint_dir(job, lb.attempt, lb.rank)),
+                stdin=stdin_mode(job, lb.rank, self._on_host),
             ),
             grace_s=job.spec.grace_period_s,
             signal_name=job.spec.checkpoint_signal,
@@ -592,6 +600,7 @@ class Agent:
             restarts=restarts,
             world_size=job.world_size,
             shm_size_mb=job.spec.shm_size_mb,
+            stdin=stdin_mode(job, rank, self._on_host),
         )
         # Logged before the runtime starts it: a slow start (an image pull, a loaded node) shows as the
         # time from this line to `worker_started`, apart from any backoff before it.
