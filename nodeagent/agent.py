@@ -174,6 +174,8 @@ class Agent:
         self._backoff_left: float | None = None
         #: A graceful shutdown began (`shut_down`): nothing starts or restarts any more.
         self._stopping = False
+        #: Held while a worker starts: a shutdown waits for the start in flight, so no worker escapes it.
+        self._starting = asyncio.Lock()
         #: Stages the datasets of gangs placed here before their ranks start (#33).
         self.stager = Stager(self.node_id, self.incarnation,
                              DatasetCache(config.dataset_cache or config.data_dir / "datasets",
@@ -555,10 +557,15 @@ class Agent:
                         why="corral sets these for every rank; the job's values are dropped")
 
     async def _start(self, key: WorkerKey, restarts: int) -> None:
+        async with self._starting:
+            if not self._stopping:
+                await self._start_worker(key, restarts)
+
+    async def _start_worker(self, key: WorkerKey, restarts: int) -> None:
         job_id, attempt, rank = key
         state = self.follower.state
-        if rank_intent(state, key) != "run" or self._stopping:
-            return  # never a worker for an attempt that is not current in our fold now, nor once stopping
+        if rank_intent(state, key) != "run":
+            return  # never a worker for an attempt that is not current in our fold now
         job = state.work[job_id]
         placement = next(p for p in job.ranks if p.rank == rank)
         if restarts == 0 and rank == job.ranks[0].rank:
@@ -828,6 +835,10 @@ class Agent:
         the reports ran out of time. `now` set (a second Ctrl-C): kill what still runs at once."""
         self._stopping = True
         now = now or asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s):  # a start in flight (an image pull) ends first, or is left
+                async with self._starting:
+                    pass
         stopped = 0
         for key, tr in list(self.workers.items()):
             if tr.ending is not None or tr.exited or not tr.told or tr.waiter is None:
