@@ -294,7 +294,13 @@ def worker_env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return tuple(named_variables(args.worker_env, os.environ, "--worker-env").items())
 
 
+def check_shutdown_grace(args: argparse.Namespace) -> None:
+    if not args.shutdown_grace >= 0:
+        raise CliError(f"--shutdown-grace is 0 or more seconds, got {args.shutdown_grace}", USAGE)
+
+
 async def run_agent(args: argparse.Namespace) -> int:
+    check_shutdown_grace(args)
     extra_env = worker_env(args)
     configure_logging(args.log_level)
     data_dir = Path(args.data_dir).resolve() / args.node_id
@@ -424,6 +430,7 @@ async def run_up(args: argparse.Namespace) -> int:
     if args.demo and args.nodes < 2:
         raise CliError(f"the demo needs at least 2 nodes (--nodes {args.nodes})", USAGE)
     worker_env(args)  # a bad --worker-env exits 2 before anything starts
+    check_shutdown_grace(args)
     configure_logging(args.log_level)
     data = Path(args.data_dir).resolve()
     server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server, die_with_parent=True)
