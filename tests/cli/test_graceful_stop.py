@@ -15,7 +15,7 @@ from typing import Any
 
 import nats
 
-from tests.cli.conftest import Up, _with_bus, corral_json, job, statuses, submit, wait_state
+from tests.cli.conftest import Up, _with_bus, corral, corral_json, job, statuses, submit, wait_state
 
 STEPS = 300
 
@@ -64,6 +64,7 @@ def test_ctrl_c_checkpoints_the_job_and_the_next_up_resumes_it_with_restarts_uns
     try:
         state = wait_state(up.url, lambda s: statuses(s, [jid]) == ["completed"], 90, "the resumed job to finish")
         shown = corral_json("job", jid, url=up.url)
+        story = corral("explain", jid, url=up.url).stdout
         log = asyncio.run(_raw_log(up.url))
     finally:
         assert up.stop() == 0, "".join(up.lines[-20:])
@@ -85,6 +86,7 @@ def test_ctrl_c_checkpoints_the_job_and_the_next_up_resumes_it_with_restarts_uns
     # The CLI says the same, and the worker of attempt 2 resumed at that step and got the right answer.
     assert shown["status"] == "completed" and shown["attempt"] == 2 and shown["restarts"] == 0, shown
     assert shown["resume_from"] == on_the_way_down["path"], shown
+    assert "shutdown: node node-0 stopped its workers" in story, story
     (out,) = (up.data_dir / "agents" / "node-0" / "logs").glob(f"*{jid}*a2*")
     text = out.read_text()
     assert f"resumed at step {on_the_way_down['step']} from {on_the_way_down['path']}" in text, text
