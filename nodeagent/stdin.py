@@ -30,7 +30,16 @@ from nodeagent.runtime.base import WorkerHandle, WorkerSpec
 from nodeagent.runtime.stdin_fifo import InputClosed
 from orchestrator.core.model.slices import NodeJob
 from schemas.jobspec import Interactive
-from schemas.stdin import NOT_RUNNING, WRONG_ATTEMPT, StdinAck, StdinChunk, decode_stdin_chunk, encode_stdin, key_hash
+from schemas.stdin import (
+    ENDED,
+    NOT_RUNNING,
+    WRONG_ATTEMPT,
+    StdinAck,
+    StdinChunk,
+    decode_stdin_chunk,
+    encode_stdin,
+    key_hash,
+)
 
 log = structlog.get_logger("corral.agent")
 
@@ -112,7 +121,7 @@ class StdinServer:
         if tr is None:
             return StdinAck(seq=chunk.seq, error=NOT_RUNNING)
         if tr.exited or tr.ending is not None:
-            return StdinAck(seq=chunk.seq, closed=True, error="rank 0 has ended")
+            return StdinAck(seq=chunk.seq, closed=True, error=ENDED)
         if not tr.spec.stdin or not hasattr(self.runtime, "send_input"):
             return StdinAck(seq=chunk.seq, closed=True,
                             error=f"the {type(self.runtime).__name__} on {self.node_id} gives its workers no input")
@@ -125,8 +134,8 @@ class StdinServer:
             try:
                 taken = await self.runtime.send_input(tr.handle, chunk.data, eof=chunk.eof, rows=chunk.rows,
                                                       cols=chunk.cols)
-            except InputClosed as e:
-                return StdinAck(seq=chunk.seq, closed=True, error=f"rank 0 takes no more input: {e}")
+            except InputClosed:
+                return StdinAck(seq=chunk.seq, closed=True, error=ENDED)
             ack = self._last[key] = StdinAck(seq=chunk.seq, taken=taken)
         work = self.work()  # forget the jobs and attempts no longer here (a handful: interactive ones)
         for old in [k for k in self._last if (w := work.get(k[0])) is None or w.attempt != k[1]]:

@@ -41,8 +41,8 @@ class StdinChunk(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StdinAck(msgspec.Struct, frozen=True, kw_only=True):
-    #: "" when written (all or part); else why not: `not_running` (not started yet), `wrong_attempt`, or a
-    #: refusal (bad key, not interactive, the worker ended).
+    #: "" when written (all or part); else why not: `not_running` (not started yet), `wrong_attempt`, `ended`
+    #: (rank 0 of this attempt is over: a newer attempt's may take input), or a refusal (bad key, no input).
     error: str = ""
     #: The worker is gone for good (ended, or a newer attempt): stop sending to this one.
     closed: bool = False
@@ -55,6 +55,7 @@ class StdinAck(msgspec.Struct, frozen=True, kw_only=True):
 
 NOT_RUNNING = "not_running"
 WRONG_ATTEMPT = "wrong_attempt"
+ENDED = "ended"
 
 _enc = msgspec.msgpack.Encoder()
 _chunk = msgspec.msgpack.Decoder(StdinChunk)

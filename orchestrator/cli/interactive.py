@@ -37,7 +37,16 @@ from events.bus import Bus
 from events.subjects import stdin_subject
 from orchestrator.cli.attach import JobStream
 from schemas.jobspec import Interactive
-from schemas.stdin import STDIN_CHUNK, StdinAck, StdinChunk, decode_stdin_ack, encode_stdin, key_hash
+from schemas.stdin import (
+    ENDED,
+    STDIN_CHUNK,
+    WRONG_ATTEMPT,
+    StdinAck,
+    StdinChunk,
+    decode_stdin_ack,
+    encode_stdin,
+    key_hash,
+)
 
 #: Between tries while rank 0 is not running yet, or its agent does not answer.
 RETRY_S = 0.1
@@ -93,7 +102,7 @@ class Forwarder:
                     await self._getting
 
     async def _run(self) -> None:
-        data, eof, seq = b"", False, 0
+        data, eof, seq, again = b"", False, 0, False
         while True:
             if not data and not eof and not self.resized.is_set():
                 part = await self._more()
@@ -107,21 +116,24 @@ class Forwarder:
                 await asyncio.sleep(RETRY_S)
                 continue
             attempt, node = where
-            seq += 1
+            if not again:  # (a request whose answer was lost goes again under its number: written once)
+                seq += 1
             part = data[:STDIN_CHUNK]
             rows, cols = self.size() if self.size is not None and self.resized.is_set() else (0, 0)
             chunk = StdinChunk(job_id=self.job_id, attempt=attempt, key=self.key, seq=seq, data=part,
                                eof=eof and len(part) == len(data), rows=rows, cols=cols)
             ack = await self._ask(node, chunk)
+            again = ack is None
             if ack is None or (ack.error and not ack.closed):  # not there yet, or it did not answer: again
                 await asyncio.sleep(RETRY_S)
                 continue
             if ack.closed:
-                if rank0(self.stream) != where:
-                    continue  # a newer attempt: its rank 0 gets what is left
-                if "ended" not in ack.error:
-                    self.problem = ack.error
-                return
+                if ack.error not in (ENDED, WRONG_ATTEMPT):
+                    self.problem = ack.error  # refused: no use sending more
+                    return
+                while rank0(self.stream) == where:  # over: a newer attempt's rank 0 gets what is left, if one comes
+                    await asyncio.sleep(RETRY_S)
+                continue
             if rows:
                 self.resized.clear()
             data = data[ack.taken:]
