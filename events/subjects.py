@@ -30,6 +30,9 @@ ALL = f"{ROOT}.>"
 #: Requests for a worker's output go to `corral-logs.<node_id>`, answered by that node's agent
 #: (request/reply, not the stream: logs are not events, so not under `corral.>`).
 LOGS = "corral-logs"
+#: A job's stdin for its rank 0 goes to `corral-stdin.<node_id>.<job_id>` (request/reply per chunk, answered
+#: by the agent of rank 0's node; bytes, not events: never under `corral.>`). schemas/stdin.py.
+STDIN = "corral-stdin"
 
 #: Letters, digits, '_' and '-', starting with a letter or digit, at most 128
 #: characters. Also valid as a KV key and a consumer-name fragment.
@@ -99,6 +102,11 @@ def in_slice(subject: str, node_id: str) -> bool:
 def log_subject(node_id: str) -> str:
     """Where `node_id`'s agent answers log requests (schemas.logs)."""
     return f"{LOGS}.{check_id(node_id, 'node id')}"
+
+
+def stdin_subject(node_id: str, job_id: str) -> str:
+    """Where a job's input for its rank 0 on `node_id` goes (schemas.stdin)."""
+    return f"{STDIN}.{check_id(node_id, 'node id')}.{check_id(job_id, 'job id')}"
 
 
 # --- filters -----------------------------------------------------------------

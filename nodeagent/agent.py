@@ -45,8 +45,11 @@ from nodeagent.heartbeat import publish_heartbeats, put_heartbeat
 from nodeagent.logs import LogServer
 from nodeagent.rank_env import GangPart, ignored_spec_env, node_env, over_node_env, part_env
 from nodeagent.runtime.base import ExitInfo, Runtime, WorkerHandle, WorkerSpec, stop_with_grace
+from nodeagent.shutdown import REPORT_S, SHUTDOWN_GRACE_S, end_within, until_done
 from nodeagent.start_rules import backoff_left, blocked, held_gpus, next_generation, on_faulty_gpu, restarts_rank
+from nodeagent.stdin import StdinServer, stdin_mode
 from orchestrator.core.model.slices import NodeJob
+from orchestrator.core.model.state import SHUTDOWN
 from orchestrator.core.node_view import NodeView, evolve_node, node_work, rank_intent
 from orchestrator.core.node_work import Intent, WorkerKey
 from schemas import (
@@ -80,7 +83,9 @@ class Tracked:
     signal_name: str
     restart_policy: str
     max_restarts: int
-    #: Why we are ending it: preempted | cancelled | killed; None while it should run.
+    #: Its job is preemptible, so it takes the checkpoint signal (preemption, a graceful shutdown).
+    checkpoints: bool = True
+    #: Why we are ending it: preempted | cancelled | killed | shutdown; None while it should run.
     ending: str | None = None
     signaled_at: float = 0.0
     checkpoint_step: int = -1
@@ -167,6 +172,10 @@ class Agent:
         self._node_env = (node_env() if self._on_host else {}) | dict(config.worker_env)
         #: Seconds until the soonest gang-restart backoff the last reconcile pass waited on ends (None: none).
         self._backoff_left: float | None = None
+        #: A graceful shutdown began (`shut_down`): nothing starts or restarts any more.
+        self._stopping = False
+        #: Held while a worker starts: a shutdown waits for the start in flight, so no worker escapes it.
+        self._starting = asyncio.Lock()
         #: Stages the datasets of gangs placed here before their ranks start (#33).
         self.stager = Stager(self.node_id, self.incarnation,
                              DatasetCache(config.dataset_cache or config.data_dir / "datasets",
@@ -202,6 +211,9 @@ class Agent:
         # `corral logs` asks this node for its workers' output (nodeagent/logs.py).
         logs = await LogServer(self.node_id, self.config.data_dir / "logs", self.runtime,
                                lambda: self.workers).serve(self.bus.nc)
+        # An interactive job's rank 0 reads what its `corral run` sends (nodeagent/stdin.py).
+        stdin = StdinServer(self.node_id, self.runtime, lambda: self.workers, lambda: self.follower.state.work)
+        stdin_sub = await stdin.serve(self.bus.nc)
         log.info("agent_started", node_id=self.node_id, incarnation=self.incarnation, gpus=self.inventory.gpu_count)
         try:
             stop_if_cancelled()  # a SIGTERM one of the start-up's nats waits swallowed: the loops below never saw it
@@ -222,6 +234,9 @@ class Agent:
             self.stager.close()
             with contextlib.suppress(Exception):
                 await logs.unsubscribe()
+            with contextlib.suppress(Exception):
+                await stdin_sub.unsubscribe()
+            stdin.close()
             for t in list(self._tasks):
                 t.cancel()
             for t in list(self._tasks):
@@ -348,11 +363,13 @@ class Agent:
                 command=job.spec.command,
                 restarts=restarts,
                 checkpoint_dir=str(self._checkpoint_dir(job, lb.attempt, lb.rank)),
+                stdin=stdin_mode(job, lb.rank, self._on_host),
             ),
             grace_s=job.spec.grace_period_s,
             signal_name=job.spec.checkpoint_signal,
             restart_policy=job.spec.restart_policy,
             max_restarts=job.spec.max_restarts,
+            checkpoints=job.spec.preemptible,
         )
         self.workers[(lb.job_id, lb.attempt, lb.rank)] = tr
         return tr
@@ -370,6 +387,8 @@ class Agent:
             await self.reconcile()
 
     async def reconcile(self) -> None:
+        if self._stopping:
+            return  # its workers are the shutdown's now (nodeagent/shutdown.py)
         state = self.follower.state
         await self._recover(state)
         work = node_work(state)
@@ -538,6 +557,11 @@ class Agent:
                         why="corral sets these for every rank; the job's values are dropped")
 
     async def _start(self, key: WorkerKey, restarts: int) -> None:
+        async with self._starting:
+            if not self._stopping:
+                await self._start_worker(key, restarts)
+
+    async def _start_worker(self, key: WorkerKey, restarts: int) -> None:
         job_id, attempt, rank = key
         state = self.follower.state
         if rank_intent(state, key) != "run":
@@ -583,6 +607,7 @@ class Agent:
             restarts=restarts,
             world_size=job.world_size,
             shm_size_mb=job.spec.shm_size_mb,
+            stdin=stdin_mode(job, rank, self._on_host),
         )
         # Logged before the runtime starts it: a slow start (an image pull, a loaded node) shows as the
         # time from this line to `worker_started`, apart from any backoff before it.
@@ -643,7 +668,7 @@ class Agent:
                 self.workers.pop(key, None)
             return
         failed, lost = "", -1
-        if tr.ending == "preempted":
+        if tr.ending == "preempted" or (tr.ending == SHUTDOWN and tr.checkpoints):
             await self._report_checkpoint(key, tr)  # the worker may have written it just before exiting
             job = self.follower.state.work.get(key[0])
             base = tr.checkpoint_step if tr.checkpoint_step >= 0 else step_of(job.resume_from if job else None)
@@ -690,7 +715,7 @@ class Agent:
     async def _restart_later(self, key: WorkerKey, restarts: int) -> None:
         try:
             await asyncio.sleep(self.config.backoff.delay_for(restarts))
-            if rank_intent(self.follower.state, key) == "run" and key not in self.workers:
+            if rank_intent(self.follower.state, key) == "run" and key not in self.workers and not self._stopping:
                 await self._start(key, restarts)
         finally:
             self._restarting.discard(key)
@@ -803,6 +828,37 @@ class Agent:
                     node_id=self.node_id, ok=ok, exit_code=code, output="" if ok else output))
                 await self.follower.wait_for_seq(seq)
             await asyncio.sleep(self.config.health_check_interval_s)
+
+    async def shut_down(self, grace_s: float = SHUTDOWN_GRACE_S, now: asyncio.Event | None = None) -> int:
+        """The graceful stop (nodeagent/shutdown.py): checkpoint or stop every worker, report each exit as
+        "shutdown", start nothing more. Returns how many workers it stopped; their exits are in the log unless
+        the reports ran out of time. `now` set (a second Ctrl-C): kill what still runs at once."""
+        self._stopping = True
+        now = now or asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace_s):  # a start in flight (an image pull) ends first, or is left
+                async with self._starting:
+                    pass
+        stopped = 0
+        for key, tr in list(self.workers.items()):
+            if tr.ending is not None or tr.exited or not tr.told or tr.waiter is None:
+                continue  # already on its way out (and reported as such), or its start never told
+            stopped += 1
+            tr.ending = SHUTDOWN
+            tr.signaled_at = time.monotonic()
+            tr.step_at_signal = tr.checkpoint_step
+            # A job that cannot checkpoint (not preemptible) gets SIGTERM instead, with the same grace.
+            name = tr.signal_name if tr.checkpoints else "SIGTERM"
+            log.info("checkpoint_signal" if tr.checkpoints else "stop_signal", job_id=key[0], rank=key[2],
+                     signal=name, why=SHUTDOWN)
+            await self.runtime.signal(tr.handle, int(getattr(signals, name, signals.SIGUSR1)))
+            tr.stopper = asyncio.ensure_future(end_within(self.runtime, tr.handle, min(tr.grace_s, grace_s), now))
+        waiters = [tr.waiter for tr in self.workers.values() if tr.waiter is not None]
+        if not await until_done(waiters, grace_s + REPORT_S, now):
+            log.warning("shutdown_unreported", node_id=self.node_id,
+                        workers=[k for k, tr in self.workers.items() if tr.waiter is not None and not tr.waiter.done()])
+        log.info("shutdown", node_id=self.node_id, workers=stopped)
+        return stopped
 
     async def stop_workers(self, grace_s: float = UNWANTED_GRACE_S) -> None:
         """Stop every worker this agent runs (used when `corral up` exits without --keep-workers)."""

@@ -6,6 +6,7 @@ spec in one round trip instead of one error at a time.
 
 from __future__ import annotations
 
+import re
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -83,6 +84,19 @@ MAX_DEPENDENCIES = 1_000
 MAX_ARRAY_INDEX = 1_000_000
 
 
+class Interactive(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Rank 0 reads what its submitter's `corral run` types or pipes (README "Interactive jobs").
+
+    The bytes never enter the log: they go over core NATS to rank 0's agent (schemas/stdin.py). Only
+    a sender holding the key whose SHA-256 is `key_sha256` is heard (the `corral run` that submitted
+    the job keeps the key in memory; the log, which everyone reads, holds only its hash).
+    """
+
+    #: A pseudo-terminal for rank 0 (`corral run --pty`: a shell, an editor); else a pipe whose EOF is the sender's.
+    pty: bool = False
+    key_sha256: str = ""
+
+
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     name: str
     queue: str = "default"
@@ -122,6 +136,9 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: "prefer": nodes already holding the datasets win among placements of equal topology quality;
     #: "require": only such nodes. UNSET reads as "prefer".
     locality: Locality | UnsetType = UNSET
+    #: Rank 0's stdin comes from its submitter (`corral run`, not `--detach`). UNSET, like `gates`, so a spec
+    #: without it encodes byte-for-byte as before it existed: rank 0 reads /dev/null.
+    interactive: Interactive | UnsetType = UNSET
 
     @property
     def dataset_list(self) -> tuple[Dataset, ...]:
@@ -338,6 +355,17 @@ def _gates_problems(g: Any, out: list[Problem]) -> None:
     out.extend(Problem(f"gates.array.{p.path}", p.message) for p in inner)
 
 
+def _interactive_problems(v: Any, out: list[Problem]) -> None:
+    if not isinstance(v, dict) or not set(v) <= {"pty", "key_sha256"}:
+        out.append(Problem("interactive", "must be a mapping with pty (true/false) and key_sha256"))
+        return
+    if "pty" in v and not isinstance(v["pty"], bool):
+        out.append(Problem("interactive.pty", "must be true or false"))
+    key = v.get("key_sha256")
+    if not isinstance(key, str) or not re.fullmatch(r"[0-9a-f]{64}", key):
+        out.append(Problem("interactive.key_sha256", "must be 64 lowercase hex digits (a SHA-256)"))
+
+
 def jobspec_problems(obj: Any) -> list[Problem]:
     """Every problem in a raw (decoded YAML/JSON) job spec; empty means valid."""
     if not isinstance(obj, dict):
@@ -418,6 +446,8 @@ def jobspec_problems(obj: Any) -> list[Problem]:
         out.append(Problem("locality", "'require' needs datasets: there is nothing a node could hold"))
     if "gates" in obj:
         _gates_problems(obj["gates"], out)
+    if "interactive" in obj:
+        _interactive_problems(obj["interactive"], out)
     _text_problems(obj, "", out)
     return out
 

@@ -162,3 +162,15 @@ def test_any_input_gives_a_spec_or_problems_never_a_crash(obj: Any) -> None:
         str(e)
     else:
         assert isinstance(spec, JobSpec)
+
+
+def test_interactive_needs_a_sha256_key_and_a_boolean_pty() -> None:
+    """`interactive` (corral run's stdin, README "Interactive jobs"): the log holds the key's hash only."""
+    from schemas.jobspec import Interactive
+
+    good = {"name": "i", "command": ["cat"], "interactive": {"pty": True, "key_sha256": "ab" * 32}}
+    assert parse_jobspec(good).interactive == Interactive(pty=True, key_sha256="ab" * 32)
+    assert parse_jobspec({"name": "i"}).interactive is msgspec.UNSET  # unset: written as before it existed
+    bad = {"name": "i", "interactive": {"pty": "yes", "key_sha256": "my-secret-key"}}
+    assert {p.path for p in jobspec_problems(bad)} == {"interactive.pty", "interactive.key_sha256"}
+    assert [p.path for p in jobspec_problems({"name": "i", "interactive": "pty"})] == ["interactive"]

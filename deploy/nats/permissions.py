@@ -14,7 +14,10 @@ object store; every corral user lives in it):
                 nodes, so the report's subject names the node, issue #40),
                 writes its own heartbeat key only, and answers ``corral logs``
                 requests for its own node (``corral-logs.<node>``), which
-                ``client`` and ``admin`` may send.
+                ``client`` and ``admin`` may send, and the input of interactive
+                jobs' rank 0 on its node (``corral-stdin.<node>.<job>``, from
+                ``corral run``; each request carries the job's key, which only
+                the submitting ``corral run`` holds: nodeagent/stdin.py).
 - ``scheduler`` writes every decision, creates the stream and buckets, holds
                 the leader lease and the snapshots. Active and standby
                 schedulers use the same user: the lease and the epoch in the
@@ -83,6 +86,10 @@ ADMISSION_REQUESTS = ("corral-submit.*", "corral-cancel.*")
 LOG_REQUESTS = "corral-logs.*"
 #: Roles that may read workers' output (a job's logs may hold what its spec does not: keep it to users).
 LOG_READERS = ("client", "admin")
+#: `corral run`'s input for rank 0 (events.subjects.stdin_subject): `corral-stdin.<node>.<job>`, answered by that
+#: node's agent, which writes only what carries the job's key (JobSpec.interactive): a subscriber could read the
+#: key, so only the node's own agent may subscribe.
+STDIN_REQUESTS = "corral-stdin.*.*"
 
 #: The index's request subjects (orchestrator.index.api): outside `corral.>`, so never stored in the log.
 INDEX_REQUESTS = "corral-index.*"
@@ -167,15 +174,17 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
         # received (those requests, its inbox), not publish on anyone's inbox.
         return {
             "publish": {"allow": _without_covered([*writes, *READ_API])},
-            "subscribe": {"allow": [f"{inbox_prefix(user)}.>", f"{LOG_REQUESTS.removesuffix('*')}{node}"]},
+            "subscribe": {"allow": [f"{inbox_prefix(user)}.>", f"{LOG_REQUESTS.removesuffix('*')}{node}",
+                                    f"{STDIN_REQUESTS.removesuffix('*.*')}{node}.*"]},
             "allow_responses": True,
         }
     elif role == "client":
-        writes = [*_append("client", "job"), LOG_REQUESTS, INDEX_REQUESTS]
+        writes = [*_append("client", "job"), LOG_REQUESTS, STDIN_REQUESTS, INDEX_REQUESTS]
     elif role == "admin":
         writes = [
             *_append("client", "job"),
             LOG_REQUESTS,
+            STDIN_REQUESTS,
             INDEX_REQUESTS,
             "corral.queue.*.QueueDefined",
             "corral.queue.*.QueueDeleted",

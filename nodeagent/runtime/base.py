@@ -62,6 +62,9 @@ class WorkerSpec:
     world_size: int = 1
     #: The job's /dev/shm size for a container with private IPC; None: the agent's default.
     shm_size_mb: int | None = None
+    #: Rank 0 of an interactive job (JobSpec.interactive): "pipe" or "pty" stdin its agent writes
+    #: (runtime `send_input`); "": /dev/null.
+    stdin: str = ""
 
     @property
     def labels(self) -> WorkerLabels:

@@ -50,6 +50,7 @@ from nodeagent.runtime.base import (
     stop_with_grace,
 )
 from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES, kill_cgroup, kill_tree, proc_start_ticks, segments
+from nodeagent.runtime.stdin_fifo import InputClosed, frames, taken, write_frames
 
 _log = structlog.get_logger("corral.agent")
 
@@ -57,6 +58,8 @@ SHIM = Path(__file__).with_name("shim.py")
 #: How long start() waits for the shim to report the worker's pid.
 START_TIMEOUT_S = 15.0
 _TAIL_BYTES = 64 * 1024
+#: The FIFO in a worker's state dir that its shim relays to an interactive worker's stdin (runtime/stdin_fifo.py).
+STDIN_FIFO = "stdin"
 
 
 def _cgroup2_mount() -> Path | None:
@@ -238,10 +241,14 @@ class ProcessRuntime:
                 (self.cgroups / wid).mkdir(parents=True, exist_ok=True)
                 cgroup = ["--cgroup", str(self.cgroups / wid)]
                 meta["cgroup"] = cgroup[1]
+        stdin: list[str] = []
+        if spec.stdin in ("pipe", "pty"):  # an interactive rank 0: its input comes through this FIFO (send_input)
+            os.mkfifo(wdir / STDIN_FIFO, 0o600)
+            stdin = ["--stdin", str(wdir / STDIN_FIFO), *(["--pty", "1"] if spec.stdin == "pty" else [])]
         _write_json(wdir / "meta.json", meta)  # before the spawn: an agent dying right after still finds it
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", str(SHIM), str(wdir), str(log), *cgroup,
-            "--log-max", str(self.log_max_bytes), "--log-files", str(self.log_files), "--", *spec.command,
+            "--log-max", str(self.log_max_bytes), "--log-files", str(self.log_files), *stdin, "--", *spec.command,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
@@ -344,6 +351,17 @@ class ProcessRuntime:
             return b"", 0
         data, size, _ = read_log_range(w.log, offset, limit)
         return data, size
+
+    async def send_input(self, handle: WorkerHandle, data: bytes, *, eof: bool = False, rows: int = 0,
+                         cols: int = 0) -> int:
+        """Give the worker's stdin `data` (then its end, with `eof`; a pty's size first); how many bytes of
+        `data` it took: fewer when it does not read (busy: send the rest later). InputClosed when it takes no
+        input (not interactive) or ended. The end is written only after all of `data`."""
+        w = self._worker(handle)
+        if w is None or not w.running():
+            raise InputClosed("the worker is not running")
+        out = frames(data, eof=eof, rows=rows, cols=cols)
+        return taken(out, await write_frames(w.dir / STDIN_FIFO, out))
 
     async def remove(self, handle: WorkerHandle) -> None:
         w = self._worker(handle)

@@ -1,7 +1,8 @@
 """Runs one worker and records how it ended, even when the agent is not there to see it.
 
 Started by the process runtime as
-`python -I -S shim.py WORKER_DIR LOG_PATH [--cgroup DIR] [--log-max BYTES] [--log-files N] -- cmd...`
+`python -I -S shim.py WORKER_DIR LOG_PATH [--cgroup DIR] [--log-max BYTES] [--log-files N] [--stdin FIFO
+[--pty 1]] -- cmd...`
 (stdlib only, run by path, so the worker's own PYTHONPATH cannot break it).
 The worker gets its own session, hence its own process group: the agent
 signals that group, never the shim, so the shim survives even SIGKILL of the
@@ -28,15 +29,28 @@ output never takes more than BYTES x N on disk however much it writes. The
 segment names keep absolute offsets, so a reader (`corral logs`, which reads
 from an offset) sees one stream whose head may have been dropped
 (process.py, `read_log_range`).
+
+A worker of an interactive job's rank 0 (`--stdin FIFO`) reads what the agent
+writes into FIFO (runtime/stdin_frames.py: frames of data, end of input, window
+size): the shim holds the FIFO open for reading and writing, so neither an agent
+that is not there yet nor one that restarts ends the input, and relays the
+frames to the worker's stdin -- a pipe closed at the end-of-input frame, or
+with `--pty 1` a pseudo-terminal that is also its stdout, stderr and
+controlling terminal (its output reaches the log as above; a window-size
+frame resizes it, and the kernel sends the worker SIGWINCH).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 
@@ -116,6 +130,10 @@ def _copy(src: int, log: RotatingLog) -> None:
                 data = os.read(src, _READ)
             except InterruptedError:
                 continue
+            except OSError as e:
+                if e.errno == errno.EIO:  # a pty whose every slave end closed: its EOF
+                    return
+                raise
             if not data:
                 return
             try:
@@ -294,9 +312,59 @@ def _parse(argv: list[str]) -> tuple[str, str, dict[str, str], list[str]] | None
     if len(opts) % 2 or not cmd:
         return None
     named = dict(zip(opts[::2], opts[1::2], strict=True))
-    if not set(named) <= {"--cgroup", "--log-max", "--log-files"}:
+    if not set(named) <= {"--cgroup", "--log-max", "--log-files", "--stdin", "--pty"}:
         return None
     return argv[0], argv[1], named, cmd
+
+
+#: Frame kinds in the stdin FIFO (runtime/stdin_frames.py writes them): a 1-byte kind, a 4-byte big-endian length.
+DATA, EOF, WINSIZE = b"D", b"E", b"W"
+HEADER = 5
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _relay_input(fifo: int, target: int, pty: bool) -> None:
+    """Frames from the agent -> the worker's stdin (a pipe, or the pty's master side), until the shim ends."""
+    buf = b""
+    open_ = True
+    while True:
+        try:
+            data = os.read(fifo, _READ)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        buf += data
+        while len(buf) >= HEADER:
+            kind, size = buf[:1], int.from_bytes(buf[1:HEADER], "big")
+            if len(buf) < HEADER + size:
+                break
+            payload, buf = buf[HEADER:HEADER + size], buf[HEADER + size:]
+            try:
+                if kind == DATA and open_:
+                    _write_all(target, payload)
+                elif kind == EOF and open_:
+                    if pty:
+                        _write_all(target, b"\x04")  # ^D: the terminal's end of input
+                    else:
+                        os.close(target)
+                        open_ = False
+                elif kind == WINSIZE and pty and size == 4:
+                    rows, cols = struct.unpack(">HH", payload)
+                    fcntl.ioctl(target, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            except OSError:  # the worker closed its stdin, or exited: drop what it will never read
+                if not pty and open_:
+                    try:
+                        os.close(target)
+                    except OSError:
+                        pass
+                open_ = False
 
 
 def main(argv: list[str]) -> int:
@@ -317,12 +385,29 @@ def main(argv: list[str]) -> int:
             except OSError:
                 pass  # not moved: child.json then says the process tree is the scope
 
+    pty = opts.get("--pty") == "1"
+
+    def prepare() -> None:  # in the child, before exec
+        into_cgroup()
+        if pty:  # its own session (start_new_session) gets the pty as its controlling terminal
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
     log = RotatingLog(log_path, int(opts.get("--log-max", LOG_MAX_BYTES)), int(opts.get("--log-files", LOG_FILES)))
-    read_end, write_end = os.pipe()
+    fifo = os.open(opts["--stdin"], os.O_RDWR) if "--stdin" in opts else None  # RDWR: no writer is no EOF
+    stdin_target: int | None = None
+    stdin: int = subprocess.DEVNULL
+    if pty:
+        read_end, write_end = os.openpty()  # (master, slave): the worker's terminal, and ours to read and write
+        stdin = write_end
+        stdin_target = os.dup(read_end)
+    else:
+        read_end, write_end = os.pipe()
+        if fifo is not None:
+            stdin, stdin_target = os.pipe()
     try:
         try:
-            child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,
-                                     start_new_session=True, preexec_fn=into_cgroup if cgroup is not None else None)
+            child = subprocess.Popen(cmd, stdin=stdin, stdout=write_end, stderr=write_end, start_new_session=True,
+                                     preexec_fn=prepare if cgroup is not None or pty else None)
         except (OSError, subprocess.SubprocessError) as e:
             log.write(f"corral: cannot start {cmd[0]!r}: {e}\n".encode())
             _remove_cgroup(cgroup)
@@ -330,8 +415,12 @@ def main(argv: list[str]) -> int:
             return 127
         finally:
             os.close(write_end)  # the worker (and what it starts) holds the only write end now
+            if stdin != subprocess.DEVNULL and not pty:
+                os.close(stdin)
         copier = threading.Thread(target=_copy, args=(read_end, log), daemon=True)
         copier.start()
+        if fifo is not None and stdin_target is not None:
+            threading.Thread(target=_relay_input, args=(fifo, stdin_target, pty), daemon=True).start()
         in_cgroup = cgroup is not None and _in_cgroup(child.pid, cgroup)
         scope = f"cgroup {cgroup}" if in_cgroup else "process tree" + (" (subreaper)" if subreaper else "")
         _write(os.path.join(wdir, "child.json"),

@@ -73,6 +73,8 @@ class JobStream:
     exited: set[tuple[int, int]] = field(default_factory=set)
     #: Only this rank (`corral logs --rank R -f`); None: every rank.
     only: int | None = None
+    #: Print bytes as they come, not whole lines (`corral run --pty`: a prompt has no newline).
+    raw: bool = False
 
     def place(self, job_id: str, attempt: int, placements: tuple[RankPlacement, ...]) -> None:
         for p in placements:
@@ -143,6 +145,10 @@ class JobStream:
     def _lines(self, ro: RankOutput, data: bytes) -> None:
         if not data:
             return
+        if self.raw:
+            self.out.write(data)
+            self.out.flush()
+            return
         text = ro.partial + data
         cut = text.rfind(b"\n") + 1
         ro.partial = text[cut:]
@@ -175,12 +181,13 @@ class Watched:
 
 
 async def follow_job(bus: Bus, job_id: str, stream: JobStream, *, attempt: int | None = None,
-                     stop: asyncio.Event | None = None) -> Watched:
+                     stop: asyncio.Event | None = None, poll_s: float = FOLLOW_POLL_S) -> Watched:
     """Print the job's output (all attempts, or only `attempt`) until it is over; what its events said.
 
     Over means its final event (or, with `attempt`, a newer attempt placed or every rank followed ended).
     `stop` set ends the wait
-    early (a second Ctrl-C): the output is then read to where it is.
+    early (a second Ctrl-C): the output is then read to where it is. `poll_s`: how often the ranks' output
+    is asked for (a terminal's echo, `--pty`, wants it often).
     """
     seen = Watched()
     changed = asyncio.Event()
@@ -225,7 +232,7 @@ async def follow_job(bus: Bus, job_id: str, stream: JobStream, *, attempt: int |
             changed.clear()
             woken = asyncio.create_task(changed.wait())
             try:
-                await asyncio.wait([woken, watcher, stopping], timeout=FOLLOW_POLL_S,
+                await asyncio.wait([woken, watcher, stopping], timeout=poll_s,
                                    return_when=asyncio.FIRST_COMPLETED)
             finally:
                 woken.cancel()

@@ -9,7 +9,7 @@ import errno
 import os
 import signal
 import socket
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,8 +27,10 @@ from nodeagent.runtime.base import Runtime
 from nodeagent.runtime.process import ProcessRuntime
 from nodeagent.runtime.shim import LOG_FILES, LOG_MAX_BYTES
 from nodeagent.runtime.simulated import SimulatedRuntime
+from nodeagent.shutdown import REPORT_S, SHUTDOWN_GRACE_S
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
+from orchestrator.cli.stop_signals import StopSignals
 from orchestrator.cli.timespec import seconds_arg
 from orchestrator.logging import configure_logging
 from orchestrator.scheduler.service import Scheduler, SchedulerConfig, default_scheduler_id
@@ -62,12 +64,33 @@ def cancel_on_signals(loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]
         loop.add_signal_handler(sig, stop)
 
 
-async def until_signalled(coro: Coroutine[Any, Any, None]) -> int:
-    """Run a service until it ends or SIGTERM/SIGINT arrives; a signal is a clean stop (exit 0)."""
+async def until_signalled(coro: Coroutine[Any, Any, None],
+                          graceful: Callable[[asyncio.Event], Awaitable[object]] | None = None,
+                          grace_s: float = 0.0) -> int:
+    """Run a service until it ends or SIGTERM/SIGINT arrives; a signal is a clean stop (exit 0).
+
+    `graceful(now)`: what the first signal runs before the service is cancelled (an agent's workers checkpoint,
+    nodeagent/shutdown.py), bounded by `grace_s`; a second signal sets `now` and ends it (cli/stop_signals.py).
+    """
     task = asyncio.ensure_future(coro)
     loop = asyncio.get_running_loop()
-    cancel_on_signals(loop, task)
+    stop: StopSignals | None = None
+    if graceful is None:
+        cancel_on_signals(loop, task)
+    else:
+        stop = StopSignals(loop, cast("asyncio.Future[object]", task), grace_s, _log_stop).install()
     try:
+        if stop is not None:
+            asked = asyncio.ensure_future(stop.requested.wait())
+            try:
+                await asyncio.wait({task, asked}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                asked.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asked
+            if not task.done():
+                await graceful(stop.now)
+                task.cancel()
         await task
     except asyncio.CancelledError:
         # A signal cancels the service's task; this one's own cancellation (a permission refused,
@@ -79,6 +102,13 @@ async def until_signalled(coro: Coroutine[Any, Any, None]) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return OK
+
+
+def _log_stop(first: bool) -> None:
+    if first:
+        log.info("stopping", how="gracefully: workers checkpoint first; signal again to stop now")
+    else:
+        log.warning("stopping_now", how="second signal: workers still running are killed")
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -230,6 +260,14 @@ def health_watch(args: argparse.Namespace, inventory: Inventory) -> GpuHealthWat
     return GpuHealthWatch(nvml, [g.uuid for g in inventory.gpus], policy)
 
 
+def add_shutdown_grace_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shutdown-grace", type=seconds_arg, default=SHUTDOWN_GRACE_S, metavar="S",
+                   help="on the first SIGINT/SIGTERM, each worker gets its checkpoint signal (SIGTERM if its job is not "
+                        "preemptible) and up to S seconds (or its job's grace_period_s, if less) to exit; its job is "
+                        "requeued from its checkpoint, restarts unspent. A second signal kills at once "
+                        "(default %(default)s)")
+
+
 def add_worker_env_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-env", action="append", default=[], metavar="VAR[,VAR=VALUE...]",
                    help="give every worker these variables of this environment (VAR=VALUE sets one), over what a "
@@ -258,7 +296,13 @@ def worker_env(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return tuple(named_variables(args.worker_env, os.environ, "--worker-env").items())
 
 
+def check_shutdown_grace(args: argparse.Namespace) -> None:
+    if not args.shutdown_grace >= 0:
+        raise CliError(f"--shutdown-grace is 0 or more seconds, got {args.shutdown_grace}", USAGE)
+
+
 async def run_agent(args: argparse.Namespace) -> int:
+    check_shutdown_grace(args)
     extra_env = worker_env(args)
     configure_logging(args.log_level)
     data_dir = Path(args.data_dir).resolve() / args.node_id
@@ -294,7 +338,8 @@ async def run_agent(args: argparse.Namespace) -> int:
         agent = Agent(bus, config, inventory, runtime, health=watch, history=archived(args, bus))
         metrics_server = await start_metrics(args, agents=[agent])
         try:
-            return await until_signalled(agent.run())
+            return await until_signalled(agent.run(), lambda now: agent.shut_down(args.shutdown_grace, now),
+                                         args.shutdown_grace + REPORT_S)
         finally:
             if metrics_server is not None:
                 await metrics_server.close()
@@ -387,6 +432,7 @@ async def run_up(args: argparse.Namespace) -> int:
     if args.demo and args.nodes < 2:
         raise CliError(f"the demo needs at least 2 nodes (--nodes {args.nodes})", USAGE)
     worker_env(args)  # a bad --worker-env exits 2 before anything starts
+    check_shutdown_grace(args)
     configure_logging(args.log_level)
     data = Path(args.data_dir).resolve()
     server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server, die_with_parent=True)
@@ -400,15 +446,17 @@ async def run_up(args: argparse.Namespace) -> int:
             raise CliError(port_taken(server.host, args.port), FAILURE) from None
         raise CliError(f"could not start nats-server: {e}", FAILURE) from None
     print(f"corral up: NATS at {server.url} (data in {data}); export CORRAL_NATS_URL={server.url}", flush=True)
-    # SIGTERM (a plain `kill`, a supervisor) stops as cleanly as Ctrl-C: workers, then NATS; a stop
-    # that hangs still ends, saying where it hung (orchestrator/cli/hard_stop.py), as every service's does.
+    # SIGTERM (a plain `kill`, a supervisor) stops as cleanly as Ctrl-C: workers checkpoint and stop, then NATS;
+    # a second signal stops at once (cli/stop_signals.py); a stop that hangs still ends, saying where it hung
+    # (orchestrator/cli/hard_stop.py), as every service's does.
     task = asyncio.current_task()
     assert task is not None
-    cancel_on_signals(asyncio.get_running_loop(), task)
+    grace = 0.0 if args.keep_workers else args.shutdown_grace + REPORT_S
+    stop = StopSignals(asyncio.get_running_loop(), task, grace, _say_stop(args)).install()
     try:
         bus = await Bus.connect(server.url, name="corral-up")
         try:
-            return await _run_cluster(args, bus, data, server.url)
+            return await _run_cluster(args, bus, data, server.url, stop)
         finally:
             await bus.close()
     except asyncio.CancelledError:
@@ -440,6 +488,16 @@ def check_port_free(host: str, port: int) -> None:
             if e.errno == errno.EADDRINUSE:
                 raise CliError(port_taken(host, port), FAILURE) from None
             raise CliError(f"cannot listen on {host}:{port}: {e.strerror or e}", FAILURE) from None
+def _say_stop(args: argparse.Namespace) -> Callable[[bool], None]:
+    def say(first: bool) -> None:
+        if not first:
+            print("corral up: stopping now (second Ctrl-C): workers still running are killed", flush=True)
+        elif args.keep_workers:
+            print("corral up: stopping; workers keep running (--keep-workers)", flush=True)
+        else:
+            print(f"corral up: stopping: jobs checkpoint and stop (up to {args.shutdown_grace:g}s); they resume on "
+                  "the next `corral up`. Ctrl-C again to stop now", flush=True)
+    return say
 
 
 def up_liveness(nodes: int, heartbeat_timeout: float) -> tuple[float, float]:
@@ -450,13 +508,13 @@ def up_liveness(nodes: int, heartbeat_timeout: float) -> tuple[float, float]:
     return heartbeat_s, max(heartbeat_timeout, 4 * heartbeat_s)
 
 
-async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str) -> int:
+async def _run_cluster(args: argparse.Namespace, bus: Bus, data: Path, url: str, stop: StopSignals) -> int:
     async with contextlib.AsyncExitStack() as stack:
-        return await _run_services(args, bus, data, url, stack)
+        return await _run_services(args, bus, data, url, stack, stop)
 
 
 async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str,
-                        stack: contextlib.AsyncExitStack) -> int:
+                        stack: contextlib.AsyncExitStack, stop: StopSignals) -> int:
     from events.archive import Archive
     from events.history import History
     from orchestrator.cli.demo import needs_small_workload, run_demo
@@ -495,17 +553,25 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
     try:
         stop_if_cancelled()  # a SIGTERM one of the start-up's nats waits swallowed
         async with asyncio.TaskGroup() as tg:
-            services = [tg.create_task(sched.run()), tg.create_task(index_beside(index))] + \
-                [tg.create_task(a.run()) for a in agents]
+            scheduler = tg.create_task(sched.run())
+            services = [scheduler, tg.create_task(index_beside(index))] + [tg.create_task(a.run()) for a in agents]
             if archiver is not None:
                 services.append(tg.create_task(archiver.run()))
             if args.demo:
                 small = (args.gpus_per_node, None) if needs_small_workload(args.nodes, args.gpus_per_node) else None
-                result = await run_demo(bus, url, duration=args.duration, small=small)
+                result = await until_stop(stop, run_demo(bus, url, duration=args.duration, small=small), OK)
             elif args.duration:
-                await asyncio.sleep(args.duration)
+                await until_stop(stop, asyncio.sleep(args.duration), None)
             else:
-                await asyncio.Event().wait()
+                await stop.requested.wait()
+            if not args.keep_workers:
+                # The scheduler first: it places nothing on nodes about to go, and the next `corral up`'s
+                # requeues the stopped gangs from their checkpoints (nodeagent/shutdown.py).
+                await _cancelled(scheduler)
+                n = sum(await asyncio.gather(*(a.shut_down(args.shutdown_grace, stop.now) for a in agents)))
+                if n:
+                    print(f"corral up: stopped {n} worker{'s' if n != 1 else ''} for the shutdown; their jobs resume "
+                          "from their checkpoints on the next `corral up`", flush=True)
             for t in services:
                 t.cancel()
     except* asyncio.CancelledError:
@@ -516,6 +582,27 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
         if metrics_server is not None:
             await metrics_server.close()
     return result
+
+
+async def until_stop(stop: StopSignals, coro: Coroutine[Any, Any, Any], stopped: Any) -> Any:
+    """`coro`'s result, or `stopped` once a stop signal came first (`coro` is then cancelled)."""
+    work = asyncio.ensure_future(coro)
+    asked = asyncio.ensure_future(stop.requested.wait())
+    try:
+        await asyncio.wait({work, asked}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (asked, work):
+            if not t.done():
+                t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+    return stopped if work.cancelled() else work.result()
+
+
+async def _cancelled(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 def _up_archiver(args: argparse.Namespace, bus: Bus, data: Path) -> Archiver | None:
@@ -630,6 +717,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     h.add_argument("--health-check-timeout", type=seconds_arg, default=60.0, metavar="S",
                    help="a check running longer fails (default %(default)s)")
     add_worker_env_arg(p)
+    add_shutdown_grace_arg(p)
     ds = p.add_argument_group("datasets", "the node-local cache jobs' datasets are staged into before their ranks "
                               "start (nodeagent/datasets/)")
     ds.add_argument("--dataset-cache", metavar="DIR", help="the cache directory (default DATA_DIR/datasets)")
@@ -749,6 +837,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="stop after S seconds (with --demo: at most S, ends earlier when the demo is done)")
     p.add_argument("--keep-workers", action="store_true",
                    help="leave workers running on exit; the next `corral up` on this data dir adopts them")
+    add_shutdown_grace_arg(p)
     add_worker_env_arg(p)
     r = p.add_argument_group("retention", "with --retention or --max-bytes, an archiver runs too, archiving to "
                              "DATA_DIR/archive (or the global --archive)")

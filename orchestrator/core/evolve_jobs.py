@@ -194,6 +194,7 @@ def gang_reserved(state: ClusterState, e: GangReserved, at: float) -> None:
         lost=0,
         failure="",
         gpu_fault="",
+        shutdown="",
         waiting=None,
         earmark=(),
     )
@@ -291,6 +292,7 @@ def requeue(
         lost=0,
         failure="",
         gpu_fault="",
+        shutdown="",
         resume_from=resume_from,
         preemptor="",
         preempt_at=0.0,
@@ -338,6 +340,7 @@ def gang_restarted(state: ClusterState, e: GangRestarted, at: float) -> None:
         exited_ok=0,
         lost=0,
         failure="",
+        shutdown="",
         resume_from=job.newest_checkpoint,
         not_before=rebased(e.not_before, e.occurred_at, at),
     )

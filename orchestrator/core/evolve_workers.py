@@ -5,7 +5,16 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_jobs import active
-from orchestrator.core.model.state import TERMINAL, UNSTARTABLE, Checkpoint, ClusterState, Job, RankState, WorkerId
+from orchestrator.core.model.state import (
+    SHUTDOWN,
+    TERMINAL,
+    UNSTARTABLE,
+    Checkpoint,
+    ClusterState,
+    Job,
+    RankState,
+    WorkerId,
+)
 from schemas.events import Checkpointed, WorkerExited, WorkerStarted
 
 
@@ -78,14 +87,17 @@ def worker_exited(state: ClusterState, e: WorkerExited, at: float) -> None:
                              restarts=e.restarts, started_at=started_at, exited_at=at)
     ok = e.exit_code == 0 and e.reason == "completed"
     lost = job.lost + (1 if e.reason == "lost" else 0)
+    # Stopped by its node's graceful shutdown: no failure, the gang is requeued (react.py, rule 1).
+    shutdown = job.shutdown or (e.node_id if e.reason == SHUTDOWN else "")
     failure = job.failure
     if not ok and not failure and e.reason == UNSTARTABLE:
         failure = f"rank {e.rank} cannot start: {e.log_tail[:500]}"
-    elif not ok and not failure and e.reason != "lost":
+    elif not ok and not failure and e.reason not in ("lost", SHUTDOWN):
         how = f"exit {e.exit_code}" if e.exit_code is not None else f"signal {e.signal}"
         failure = f"rank {e.rank} {e.reason} ({how})"
     state.jobs[e.job_id] = replace(
-        job, started=started, live=live, exited_ok=job.exited_ok + ok, lost=lost, failure=failure
+        job, started=started, live=live, exited_ok=job.exited_ok + ok, lost=lost, failure=failure,
+        shutdown=shutdown,
     )
 
 

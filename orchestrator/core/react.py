@@ -3,10 +3,12 @@
 Each gang holding GPUs is checked in a fixed order; at most one follow-up per
 gang per cycle, the next one comes once the first is folded:
 
-1. ranks lost (node failed, worker lost) or a GPU of the gang unhealthy
-   (GpuUnhealthy): a stopping gang ends, a preempting one is Preempted, any
-   other is requeued as attempt+1 from its newest checkpoint, the fault named
-   in the reason; a requeue spends none of the job's `max_restarts`;
+1. ranks lost (node failed, worker lost), a GPU of the gang unhealthy
+   (GpuUnhealthy) or a rank stopped by its node's graceful shutdown
+   (WorkerExited reason "shutdown"): a stopping gang ends, a preempting one is
+   Preempted, any other is requeued as attempt+1 from its newest checkpoint,
+   the cause named in the reason ("shutdown: ..."); a requeue spends none of
+   the job's `max_restarts`;
 2. stop requested (cancel, or the scheduler's own stop): once every worker
    exited, or grace + margin passed -> JobCancelled / JobFailed(reason);
 3. preempting: once every worker exited, or grace + margin passed ->
@@ -51,7 +53,7 @@ from typing import NamedTuple
 from orchestrator.core.backoff import restart_delay
 from orchestrator.core.cycle import Cycle
 from orchestrator.core.gating import INVALID_SPEC, NEVER_SATISFIED, invalid_reasons
-from orchestrator.core.model.state import FREE, SCHEDULER, UNSTARTABLE, ClusterState, Job
+from orchestrator.core.model.state import FREE, SCHEDULER, SHUTDOWN, UNSTARTABLE, ClusterState, Job
 from orchestrator.core.staging import failed_for_good
 from schemas.events import (
     CancelRequested,
@@ -170,7 +172,8 @@ def _capped(c: Cycle, look: dict[str, None], lost: dict[str, str], stopping: lis
 
 def _requeued(job: Job, failed_node: str | None) -> bool:
     """Whether `_follow_up` requeues it (its first rule, for a gang neither stopping nor preempting)."""
-    return (failed_node is not None or job.lost > 0 or bool(job.gpu_fault)) and job.stop is None \
+    return (failed_node is not None or job.lost > 0 or bool(job.gpu_fault) or bool(job.shutdown)) \
+        and job.stop is None \
         and job.status != "preempting"
 
 
@@ -221,12 +224,17 @@ def _never_satisfied(c: Cycle, job: Job) -> Event:
 def _follow_up(c: Cycle, job: Job, failed_node: str | None) -> Event | None:
     now, margin = c.now, c.policies.stop_margin_s
     spec = job.spec
-    if failed_node is not None or job.lost or job.gpu_fault:
+    if failed_node is not None or job.lost or job.gpu_fault or job.shutdown:
         if job.stop is not None:
             return _end(c, job)
         if job.status == "preempting":
             return _preempted(c, job)
-        why = f"node {failed_node} failed" if failed_node is not None else job.gpu_fault or f"{job.lost} rank(s) lost"
+        if failed_node is not None:
+            why = f"node {failed_node} failed"
+        elif job.gpu_fault or job.lost:
+            why = job.gpu_fault or f"{job.lost} rank(s) lost"
+        else:
+            why = f"{SHUTDOWN}: node {job.shutdown} stopped its workers"
         return JobRequeued(
             event_id=c.event_id("requeue", job),
             occurred_at=now,

@@ -256,7 +256,7 @@ class Up:
         for line in self.proc.stdout:
             self.lines.append(line)
 
-    def stop(self, timeout: float = 30) -> int:
+    def stop(self, timeout: float = 60) -> int:
         """SIGINT, as Ctrl-C would; the exit code."""
         assert self.proc is not None
         if self.proc.poll() is None:

@@ -56,7 +56,7 @@ from orchestrator.cli import hard_stop, main, services
 
 hard_stop.STOP_GRACE_S = 1.0
 
-async def stubborn_cluster(args, bus, data, url):
+async def stubborn_cluster(args, bus, data, url, stop):
     print("ready", flush=True)
     while True:
         try:
@@ -70,7 +70,10 @@ sys.exit(main(["up", "--port", "0", "--data-dir", sys.argv[1], "--log-level", "i
 
 
 def test_corral_up_whose_stop_hangs_ends_too(tmp_path: Path) -> None:
-    """`corral up` (its own signal handling, Ctrl-C as in tests/cli/conftest.py) has the same hard stop."""
+    """`corral up` (its own signal handling, Ctrl-C as in tests/cli/conftest.py) has the same hard stop.
+
+    Its first Ctrl-C asks for a graceful stop (workers checkpoint first, cli/stop_signals.py), which a
+    cluster that hangs never runs; the second, which forces the stop, says so and ends it within the grace."""
     proc = subprocess.Popen([sys.executable, "-c", UP, str(tmp_path / "up")], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -78,10 +81,14 @@ def test_corral_up_whose_stop_hangs_ends_too(tmp_path: Path) -> None:
         lines = [proc.stdout.readline() for _ in range(2)]
         assert lines[-1].strip() == "ready", lines
         proc.send_signal(signal.SIGINT)
+        lines.append(proc.stdout.readline())
+        assert "stopping: jobs checkpoint" in lines[-1] and "Ctrl-C again to stop now" in lines[-1], lines
+        proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     out = proc.stdout.read()
     assert code == 0, out
+    assert "corral up: stopping now (second Ctrl-C)" in out, out
     assert "stop_stuck" in out and "run_up" in out and '"grace_s": 1.0' in out, out

@@ -94,6 +94,26 @@ def test_failed_node_requeues_its_gangs_from_their_checkpoint() -> None:
     assert g.attempt == 2
 
 
+def test_ranks_stopped_by_a_shutdown_requeue_from_the_checkpoint_with_restarts_unspent() -> None:
+    """A graceful stop of a node (`corral up`'s Ctrl-C, `corral agent`'s SIGTERM) is no crash: the gang is
+    requeued from its newest checkpoint, reason "shutdown", and its `max_restarts` stay whole."""
+    s = two_node_sim()
+    s.submit("j", ranks=2, gpus_per_rank=8, max_restarts=1)
+    s.run()
+    s.checkpoint("j", step=40, path="/ckpt/40")
+    s.exit("j", rank=0, code=0, reason="shutdown")  # the shutdown's checkpoint, then exit 0
+    s.exit("j", rank=1, code=None, reason="shutdown")
+    (rq,) = of_type(s.decide(), JobRequeued)
+    assert rq.attempt == 2 and rq.resume_from == "/ckpt/40" and rq.reason.startswith("shutdown:")
+    job = s.job("j")
+    assert (job.status, job.restarts, job.failure, job.shutdown) == ("pending", 0, "", "")
+    (g,) = of_type(s.run(), GangReserved)
+    assert g.attempt == 2 and s.job("j").resume_from == "/ckpt/40"
+    s.exit("j", rank=1, code=1, reason="crashed")  # its one restart is still there to spend
+    (r,) = of_type(s.decide(), GangRestarted)
+    assert r.attempt == 3 and s.job("j").restarts == 1
+
+
 def test_cancel_pending_and_running() -> None:
     s = Sim()
     s.node("n0", gpus=1)

@@ -236,6 +236,11 @@ ACTIONS: dict[str, Action] = {
     "serve-own-node-logs": Action(lambda c: _subscribe(c, "corral-logs.n1")),
     "serve-other-node-logs": Action(lambda c: _subscribe(c, "corral-logs.n2")),
     "serve-every-node-logs": Action(lambda c: _subscribe(c, "corral-logs.*")),
+    # `corral run`'s input: users send it to rank 0's agent, which alone may hear its node's (the key is in it)
+    "send-input": Action(lambda c: _publish_core(c, "corral-stdin.n1.j-1")),
+    "serve-own-node-input": Action(lambda c: _subscribe(c, "corral-stdin.n1.*")),
+    "serve-other-node-input": Action(lambda c: _subscribe(c, "corral-stdin.n2.*")),
+    "sniff-every-input": Action(lambda c: _subscribe(c, "corral-stdin.>")),
     # the index (`corral index`): users ask it, the index service answers
     "ask-index": Action(lambda c: _publish_core(c, "corral-index.usage")),
     "serve-index": Action(lambda c: _subscribe(c, "corral-index.*")),
@@ -250,12 +255,13 @@ ACTIONS: dict[str, Action] = {
 EVERYONE = set(USERS)
 READS = {"replay-log", "tail-log", "read-stream-info", "read-heartbeat", "watch-heartbeats", "read-snapshot"}
 ALLOWED: dict[str, set[str]] = {
-    "client": READS | {"submit-job", "cancel-job", "request-logs", "ask-index"},
+    "client": READS | {"submit-job", "cancel-job", "request-logs", "send-input", "ask-index"},
     "admin": READS | {"submit-job", "cancel-job", "define-queue", "delete-queue", "cordon-node", "request-logs",
-                      "ask-index", "gpu-fault-own-node", "gpu-fault-other-node"},
+                      "send-input", "ask-index", "gpu-fault-own-node", "gpu-fault-other-node"},
     "agent": READS
     | {
         "serve-own-node-logs",
+        "serve-own-node-input",
         "register-own-node",
         "report-worker-started",
         "report-worker-exited",
@@ -279,6 +285,11 @@ ALLOWED: dict[str, set[str]] = {
         "serve-own-node-logs",
         "serve-other-node-logs",
         "serve-every-node-logs",
+        # A job's input is its submitter's to send and rank 0's agent's to hear.
+        "send-input",
+        "serve-own-node-input",
+        "serve-other-node-input",
+        "sniff-every-input",
         # The index is asked by users and answered by the index service.
         "ask-index",
         "serve-index",

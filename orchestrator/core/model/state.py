@@ -43,6 +43,9 @@ SCHEDULER = "corral-scheduler"
 #: WorkerExited.reason of a rank its agent could not start for a reason a retry would meet again (its
 #: workdir is not on that node): the job fails at once, with the agent's words (`log_tail`) as its reason.
 UNSTARTABLE = "unstartable"
+#: A WorkerExited reason: its agent stopped it because the node's agent (or `corral up`) was shutting down
+#: gracefully (nodeagent/shutdown.py). The gang is requeued from its newest checkpoint, its restarts unspent.
+SHUTDOWN = "shutdown"
 
 #: How many finished jobs the state keeps (`corral job` details, duplicate-submit
 #: detection). Older ones leave the state, deterministically by finish order, so
@@ -247,6 +250,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: A GPU of this attempt became unhealthy ("GPU n1:3 (GPU-...) unhealthy: Xid 79 ..."): the gang
     #: is requeued from its checkpoint, its restarts unspent. "" if none.
     gpu_fault: str = ""
+    #: A rank of this attempt was stopped by its node's graceful shutdown (WorkerExited reason SHUTDOWN):
+    #: the node's id. The gang is requeued from its newest checkpoint, its restarts unspent. "" if none.
+    shutdown: str = ""
     checkpoint: Checkpoint | None = None
     #: Where the current attempt resumes from (set by Preempted / JobRequeued).
     resume_from: str | None = None
@@ -330,6 +336,7 @@ def needs_look(job: Job) -> bool:
         or job.exited_ok >= job.spec.ranks
         or bool(job.failure)
         or bool(job.gpu_fault)
+        or bool(job.shutdown)
         or (job.status == "reserved" and job.started >= job.spec.ranks)
     )
 
