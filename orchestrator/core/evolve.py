@@ -131,7 +131,7 @@ from schemas.events import (
 #: trust. tests/core/test_memos.py checks both lists against every event of simulated logs.
 _ALLOCATION_UNTOUCHED = (
     WorkerStarted, WorkerExited, JobSubmitted, JobRunning, JobWaiting, Checkpointed,
-    QueueDefined, SchedulerElected, ClusterConfigured, Unknown, WorkAssigned, WorkChanged, JobUpdateRequested,
+    QueueDefined, SchedulerElected, ClusterConfigured, Unknown, WorkAssigned, WorkChanged,
 )
 #: Events about a job that never change what its nodes should be told (core/orders.py: `wanted`): the fold
 #: does not look at `orders_due` for them. (A start moves no rank out of "exited" in the orders' sense.)
