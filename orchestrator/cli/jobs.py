@@ -22,6 +22,7 @@ from orchestrator.cli.errors import DENIED, FAILURE, NOT_FOUND, OK, TIMEOUT, UNR
 from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import print_json
 from orchestrator.cli.render import line
+from orchestrator.cli.spec_extras import add_spec_extras, check_reservation, with_spec_extras
 from orchestrator.cli.specfile import load_jobspec
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.submitter import add_submitter_args, with_submitter
@@ -116,6 +117,7 @@ async def check_fits(bus: Bus, spec: JobSpec) -> None:
 
 async def submit(args: argparse.Namespace) -> int:
     spec = with_submitter(load_jobspec(args.file), args)  # its workdir and exports (orchestrator/cli/submitter.py)
+    spec = with_spec_extras(spec, args)  # --reservation, --notify-url (orchestrator/cli/spec_extras.py)
     try:
         array = parse_array(args.array) if args.array is not None else None
     except ArraySpecError as e:
@@ -129,6 +131,7 @@ async def submit(args: argparse.Namespace) -> int:
     async with connected(args) as bus:
         await check_queue(bus, spec)
         await check_fits(bus, spec)
+        await check_reservation(bus, spec, _client(bus, args).user)
         spec = await _gated(bus, spec, ok_ids, any_ids, hold=args.hold)
         client = _client(bus, args)
         with _refusals():
@@ -316,6 +319,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="wait, printing every rank's output as it is "
                    "written ('R: ' before each line), like `corral run`")
     add_submitter_args(p)
+    add_spec_extras(p)
     p.set_defaults(handler=submit)
 
     p = sub.add_parser("cancel", help="cancel jobs", description="Append CancelRequested for each job named or "

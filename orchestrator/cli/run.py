@@ -25,6 +25,7 @@ from orchestrator.cli.connect import add_connection_args, connected
 from orchestrator.cli.errors import INTERRUPTED, OK, USAGE, CliError
 from orchestrator.cli.jobs import _client, _refusals, _via_admission, check_queue
 from orchestrator.cli.render import line
+from orchestrator.cli.spec_extras import add_spec_extras, check_reservation, with_spec_extras
 from orchestrator.cli.submitter import add_submitter_args, with_submitter
 from schemas import InvalidJobSpec, JobCancelled, JobSpec, parse_jobspec
 
@@ -61,9 +62,10 @@ def _say(text: str) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    spec = with_submitter(spec_from_flags(args), args)
+    spec = with_spec_extras(with_submitter(spec_from_flags(args), args), args)
     async with connected(args) as bus:
         await check_queue(bus, spec)
+        await check_reservation(bus, spec, _client(bus, args).user)
         client = _client(bus, args)
         with _refusals():
             job_id = await client.submit(spec, job_id=args.id)
@@ -118,6 +120,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--image", help="container image (docker runtime agents)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where ranks checkpoint (CORRAL_CHECKPOINT_DIR)")
     add_submitter_args(p)
+    add_spec_extras(p)
     p.add_argument("--id", help="job id (default generated)")
     p.add_argument("--detach", "-d", action="store_true", help="print the job id and return at once")
     _via_admission(p)

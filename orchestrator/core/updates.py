@@ -31,6 +31,7 @@ from orchestrator.core.model.estimates import claim_of
 from orchestrator.core.model.state import HOLDING, TERMINAL, ClusterState, Job, UpdateAsk
 from orchestrator.core.model.usage import resolve_queue
 from schemas.events import FieldChange, JobUpdateByOperator, JobUpdated, JobUpdateRequested
+from schemas.jobspec import JobSpec
 
 #: Most unanswered update requests the fold keeps (a flood of them must not grow the state without bound).
 ASKS_KEPT = 10_000
@@ -119,13 +120,19 @@ def job_updated(state: ClusterState, e: JobUpdated) -> None:
             spec = replace(spec, queue=ch.new)
         elif ch.field == "time_limit_s":
             spec = replace(spec, time_limit_s=None if ch.new is None else float(ch.new))
+    shown = ", ".join(f"{c.field} {_shown(c.old)} -> {_shown(c.new)}" for c in e.changes)
+    job = replace(job, last_update=shown + (f" by {e.requested_by}" if e.requested_by else ""))
     if job.status == "pending":
         _repend(state, job, spec)
     else:
         _relimit(state, job, spec)
 
 
-def _repend(state: ClusterState, job: Job, spec: object) -> None:
+def _shown(v: object) -> str:
+    return "none" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _repend(state: ClusterState, job: Job, spec: JobSpec) -> None:
     """A pending job with a new spec: out of its line and back in at the place the new spec gives it."""
     in_line = job.job_id not in state.gated
     if in_line:
@@ -140,7 +147,7 @@ def _repend(state: ClusterState, job: Job, spec: object) -> None:
         state.unexplained.pop(job.job_id, None)
 
 
-def _relimit(state: ClusterState, job: Job, spec: object) -> None:
+def _relimit(state: ClusterState, job: Job, spec: JobSpec) -> None:
     """A gang holding GPUs with a new time limit: its end moves in `ends` (react stops it when passed)."""
     old = job.end_key
     job = state.jobs[job.job_id] = replace(job, spec=spec)

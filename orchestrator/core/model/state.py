@@ -305,6 +305,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     claim_from: str = ""
     #: Dataset staging of the newest attempt that staged (core/staging.py); None: none told yet.
     staging: Staging | None = None
+    #: The newest `corral update` applied to it ("priority 0 -> 10 by alice"; "" if none): core/updates.py.
+    last_update: str = ""
 
     @property
     def waiting_since(self) -> float:
