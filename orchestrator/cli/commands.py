@@ -27,6 +27,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "up": "embedded cluster: NATS + scheduler + simulated nodes in one command",
     },
     "archive": {"archive": "run the archiver: the log into compressed segment files, and stream retention"},
+    "notify": {"notifier": "run the end-of-job notifier: webhooks (--notify-url) and a command"},
     "jobs": {"submit": "submit a job spec (YAML or JSON file, - for stdin)", "cancel": "cancel jobs",
              "hold": "keep pending jobs from starting until `corral release`", "release": "let held jobs start again"},
     "listing": {
