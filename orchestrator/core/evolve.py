@@ -35,7 +35,7 @@ evolve_workers (agents' worker and checkpoint reports), evolve_cluster (nodes,
 queues, settings), evolve_fencing (stale epochs, elections), evolve_gpus
 (GPU owners, earmarks, gang ends), staging (datasets: warm nodes, each
 attempt's staging phase), and the day-two controls (issue #41): updates,
-requeues and reserved_nodes.
+requeues and evolve_reserved.
 """
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ from orchestrator.core.evolve_jobs import (
     unreadable,
 )
 from orchestrator.core.evolve_nodework import track_due, work_assigned, work_changed, worker_reported
+from orchestrator.core.evolve_reserved import reservation_created, reservation_deleted
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
 from orchestrator.core.model.state import ClusterState, needs_look
 from orchestrator.core.requeues import requeue_requested
-from orchestrator.core.reserved_nodes import reservation_created, reservation_deleted
 from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
 from orchestrator.core.updates import job_updated, update_requested
 from schemas.events import (

@@ -13,6 +13,7 @@ from msgspec.structs import replace
 from orchestrator.core import gating
 from orchestrator.core.evolve_fencing import stale, void
 from orchestrator.core.evolve_gpus import clear_earmark, end_changed, release, set_earmark, set_owner
+from orchestrator.core.evolve_reserved import placement_problem
 from orchestrator.core.model.eligibility import gpu_matches
 from orchestrator.core.model.estimates import claim_of
 from orchestrator.core.model.estimates import record as record_run
@@ -32,7 +33,6 @@ from orchestrator.core.model.state import (
     Waiting,
 )
 from orchestrator.core.model.usage import charge, first_over_limit, resolve_queue, tree_gpus
-from orchestrator.core.reserved_nodes import placement_problem
 from schemas.events import (
     REFUSED,
     CancelRequested,

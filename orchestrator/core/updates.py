@@ -20,10 +20,10 @@ What may change (`changes_for`):
 from __future__ import annotations
 
 from bisect import insort
+from typing import TYPE_CHECKING
 
 from msgspec.structs import replace
 
-from orchestrator.core.cycle import Cycle
 from orchestrator.core.evolve_fencing import stale, void
 from orchestrator.core.evolve_gpus import clear_earmark, end_changed
 from orchestrator.core.gating import line_in, line_out
@@ -32,6 +32,9 @@ from orchestrator.core.model.state import HOLDING, TERMINAL, ClusterState, Job, 
 from orchestrator.core.model.usage import resolve_queue
 from schemas.events import FieldChange, JobUpdateByOperator, JobUpdated, JobUpdateRequested
 from schemas.jobspec import JobSpec
+
+if TYPE_CHECKING:
+    from orchestrator.core.cycle import Cycle
 
 #: Most unanswered update requests the fold keeps (a flood of them must not grow the state without bound).
 ASKS_KEPT = 10_000
