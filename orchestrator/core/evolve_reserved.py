@@ -32,8 +32,14 @@ def reservation_created(state: ClusterState, e: ReservationCreated) -> None:
 
 
 def reservation_deleted(state: ClusterState, e: ReservationDeleted) -> None:
-    if state.reservations.pop(e.name, None) is not None:
-        state.freed_seq = state.seq  # its nodes are everyone's again
+    if state.reservations.pop(e.name, None) is None:
+        return
+    state.freed_seq = state.seq  # its nodes are everyone's again
+    # Its jobs waiting in line are looked at afresh, so decide rejects them (reserved_nodes.reject_unreservable
+    # reads the new jobs, and every pending one only while some reservation exists).
+    for jid, n in state.pending.items():
+        if jid not in state.gated and state.jobs[jid].spec.reservation_name == e.name:
+            state.unexplained[jid] = n
 
 
 def placement_problem(state: ClusterState, job: Job, e: GangReserved) -> str | None:

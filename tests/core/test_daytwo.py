@@ -230,8 +230,21 @@ def test_a_job_naming_a_reservation_it_cannot_use_is_rejected() -> None:
     s.submit("notyours", gpus_per_rank=1, reservation="event")
     rejected = {e.job_id: e.reasons[0] for e in of_type(s.run(), JobRejected)}
     assert "does not exist" in rejected["nope"] and "is for bob" in rejected["notyours"]
+    s.submit("mine", gpus_per_rank=1, reservation="event", time_limit_s=10.0)
+    s.emit(JobSubmitted(event_id=s.eid(), occurred_at=s.now, job_id="bobs", submitted_by="bob",
+                        spec=JobSpec(name="bobs", reservation="event")))
+    s.submit("filler", gpus_per_rank=1)
+    s.run()
+    assert s.job("bobs").status == "running" and s.job("filler").status == "pending"
+    s.submit("later", gpus_per_rank=1, reservation="event")
+    s.emit(JobSubmitted(event_id=s.eid(), occurred_at=s.now, job_id="bobs2", submitted_by="bob",
+                        spec=JobSpec(name="bobs2", reservation="event")))
+    s.run()
+    assert s.job("bobs2").status == "pending"  # waits for room in its reservation
     s.emit(ReservationDeleted(event_id=s.eid(), occurred_at=s.now, name="event"))
     assert not s.state.reservations
+    rejected = {e.job_id: e.reasons[0] for e in of_type(s.run(), JobRejected)}
+    assert "does not exist" in rejected["bobs2"]  # the job waiting in a deleted reservation is told
 
 
 def test_the_fold_voids_a_placement_inside_a_window_whoever_decided_it() -> None:
