@@ -170,6 +170,10 @@ def test_a_reservation_keeps_its_nodes_free_of_other_work_over_its_window(up: Up
     assert "rs-long" in assert_one_line_error(over, 1)
     corral("reservation", "create", "late", "--nodes", busy, "--start", "now+1h", "--duration", "1h", "--ignore-jobs",
            url=url)
+    picked = corral_json("reservation", "create", "two", "--count", "2", "--start", "now+1h", "--end", "now+2h",
+                         "--json", url=url)
+    assert len(picked["nodes"]) == 2 and busy not in picked["nodes"]  # free of work reaching the window, and of "late"
+    corral("reservation", "delete", "two", url=url)
     corral("cancel", "rs-long", url=url)
     corral("reservation", "delete", "late", url=url)
     corral("reservation", "delete", "maint", url=url)

@@ -76,6 +76,23 @@ def test_a_pending_jobs_new_priority_moves_it_ahead_in_line() -> None:
     assert s.job("a").status == "pending"
 
 
+def test_a_pending_job_moves_to_another_queues_line() -> None:
+    s = Sim()
+    s.queue("default")
+    s.queue("research")
+    s.node("n1", gpus=1)
+    s.submit("busy", gpus_per_rank=1)
+    s.run()
+    s.submit("a", gpus_per_rank=1, queue="default")
+    s.run()
+    ans = _asked(s, "a", queue="research")
+    assert [(c.field, c.old, c.new) for c in ans.changes] == [("queue", "default", "research")]
+    assert [k[3] for k in s.state.lines["research"]] == ["a"] and "default" not in s.state.lines
+    s.finish("busy")
+    s.run()
+    assert s.job("a").status == "running" and s.job("a").queue == "research"
+
+
 def test_a_running_jobs_limit_only_goes_down_unless_an_operator_asks() -> None:
     s = Sim()
     s.node("n1", gpus=1)
