@@ -183,7 +183,8 @@ class Notifier:
                 async for batch in batches:
                     events.extend(batch)
             note = note_of(events, end)
-            if note is None:
+            if note is None:  # (its submission left the stream, or was never readable: nothing to say who to tell)
+                log.info("notify_skipped", job_id=job_id, seq=end.seq, reason="the log holds no submission of it")
                 return
             spec = next(e.event.spec for e in events if isinstance(e.event, JobSubmitted))
             url = spec.notify_to
