@@ -6,6 +6,7 @@ What ran where and when is checked from the log itself (the events, read here), 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -14,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from schemas import GangReserved, JobRequeued, JobSubmitted
-from schemas.events import Checkpointed, JobUpdated, ReservationCreated
+from events.bus import Bus
+from events.server import NatsServer
+from schemas import GangReserved, JobRequeued, JobSpec, JobSubmitted
+from schemas.events import Checkpointed, JobUpdated, JobUpdateRequested, ReservationCreated
 from tests.cli.conftest import (
     Up,
     assert_one_line_error,
@@ -184,3 +187,21 @@ def test_a_reservation_keeps_its_nodes_free_of_other_work_over_its_window(up: Up
     assert_one_line_error(corral("reservation", "create", "x", "--count", "1", "--start", "soon", "--duration", "1h",
                                  url=url, check=2), 2)
     _ = time  # (times are read from the log, never the test's clock)
+
+
+def test_update_without_a_scheduler_says_so_and_leaves_the_request_in_the_log(tmp_path: Path) -> None:
+    async def submitted(url: str) -> None:
+        bus = await Bus.connect(url)
+        try:
+            await bus.append(JobSubmitted(event_id="submit:lonely", occurred_at=1.0, job_id="lonely",
+                                          spec=JobSpec(name="lonely")))
+        finally:
+            await bus.close()
+
+    with NatsServer(tmp_path / "nats") as server:
+        asyncio.run(submitted(server.url))
+        proc = corral("update", "lonely", "--priority", "3", "--timeout", "0.5", url=server.url, check=5)
+        assert "the scheduler has not answered in 0.5s" in proc.stdout
+        asked = [e.event for e in log_of(server.url) if isinstance(e.event, JobUpdateRequested)]
+        assert [(a.job_id, a.priority) for a in asked] == [("lonely", 3)]
+        assert "asked, not answered by the scheduler yet" in corral("job", "lonely", url=server.url).stdout
