@@ -50,16 +50,17 @@ from schemas.events import REFUSED
 #: config change); the others only theirs, each on its own entity's subject. tests/test_authorship.py
 #: checks that every type has an author and that the rendered permissions and `judged` agree.
 AUTHORS: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "client": ("JobSubmitted", "CancelRequested", "JobHeld", "JobReleased"),
-    # (admins also append GpuUnhealthy / GpuHealthy for any node: `corral gpu drain|undrain`)
-    "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned"),
+    "client": ("JobSubmitted", "CancelRequested", "JobHeld", "JobReleased", "JobUpdateRequested", "RequeueRequested"),
+    # (admins also append GpuUnhealthy / GpuHealthy for any node: `corral gpu drain|undrain`, and every client type)
+    "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned", "JobUpdateByOperator",
+              "ReservationCreated", "ReservationDeleted"),
     "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed", "GpuUnhealthy",
               "GpuHealthy", "NodeHealthChecked", "DatasetStaging", "DatasetReady", "DatasetFailed", "DatasetEvicted",
               "NodeDatasets"),
     "scheduler": (
         "GangReserved", "PreemptionRequested", "Preempted", "JobRunning", "JobCompleted", "JobFailed",
         "JobCancelled", "JobRejected", "JobWaiting", "JobRequeued", "GangRestarted", "NodeFailed",
-        "SchedulerElected", "ClusterConfigured", "WorkAssigned", "WorkChanged",
+        "SchedulerElected", "ClusterConfigured", "WorkAssigned", "WorkChanged", "JobUpdated",
     ),
 })  # fmt: skip
 

@@ -213,6 +213,90 @@ class JobReleased(Event, tag="JobReleased", frozen=True):
     requested_by: str = ""
 
 
+# --- day-two controls (issue #41) ---------------------------------------------
+# `corral update`, `corral requeue`, `corral reservation`: requests a client (or an operator) appends, and
+# the scheduler's fenced answer where the change needs one (README, "Day-two controls").
+
+
+class FieldChange(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One field of a job changed by JobUpdated: its name (a JobSpec field) and its value before and after
+    (None: no limit, for `time_limit_s`)."""
+
+    field: str
+    old: int | float | str | None = None
+    new: int | float | str | None = None
+
+
+class JobUpdateRequested(Event, tag="JobUpdateRequested", frozen=True, omit_defaults=True):
+    """A user asks to change a job (`corral update`, like Slurm's `scontrol update`): None leaves a field as it is.
+
+    The scheduler answers with JobUpdated (applied, old -> new) or JobUpdated.refused. A pending job may
+    change its priority, time limit and queue; a running one its time limit, lower only (raising it is
+    JobUpdateByOperator's: Slurm lets only an operator raise a running job's limit).
+    """
+
+    job_id: str
+    requested_by: str = ""
+    priority: int | None = None
+    time_limit_s: float | None = None
+    queue: str | None = None
+    reason: str = ""
+
+
+class JobUpdateByOperator(JobUpdateRequested, tag="JobUpdateByOperator", frozen=True, omit_defaults=True):
+    """JobUpdateRequested from an operator (`corral update --operator`, the admin role's subject only): it may
+    also raise a running job's time limit."""
+
+
+class JobUpdated(Event, tag="JobUpdated", frozen=True, omit_defaults=True):
+    """The scheduler's answer to a JobUpdateRequested (`request_id`): the fields it changed, old -> new, or
+    `refused` (why nothing changed). Fenced by epoch; void if the job changed meanwhile so the change no
+    longer holds (the fold checks it again)."""
+
+    job_id: str
+    request_id: str
+    epoch: int
+    requested_by: str = ""
+    changes: tuple[FieldChange, ...] = ()
+    refused: str = ""
+
+
+class RequeueRequested(Event, tag="RequeueRequested", frozen=True, omit_defaults=True):
+    """A user puts a job back in the queue (`corral requeue`, like Slurm's `scontrol requeue`).
+
+    A job holding GPUs is stopped (signal, grace, kill) and the scheduler appends JobRequeued: it waits again
+    as its next attempt, from its newest checkpoint, its restarts unspent. A finished one (completed, failed,
+    cancelled; not an array element) is pending again at once as its next attempt. No change for others.
+    """
+
+    job_id: str
+    requested_by: str = ""
+    reason: str = ""
+
+
+class ReservationCreated(Event, tag="ReservationCreated", frozen=True, omit_defaults=True):
+    """Nodes set aside over [start, end) (`corral reservation create`, like Slurm's `scontrol create
+    reservation`): no new work lands on them over the window, nor work whose time limit would reach into it,
+    except jobs that name the reservation (JobSpec.reservation) from its users (any user when empty) and
+    queue (any when None). Times are Unix seconds. A second one with the same name replaces it."""
+
+    name: str
+    nodes: tuple[str, ...]
+    start: float
+    end: float
+    users: tuple[str, ...] = ()
+    queue: str | None = None
+    created_by: str = ""
+    reason: str = ""
+
+
+class ReservationDeleted(Event, tag="ReservationDeleted", frozen=True, omit_defaults=True):
+    """The reservation's nodes are back to everyone; jobs that name it are rejected."""
+
+    name: str
+    deleted_by: str = ""
+
+
 # --- node --------------------------------------------------------------------
 
 
@@ -530,6 +614,12 @@ AnyEvent = (
     | NodeDatasets
     | WorkAssigned
     | WorkChanged
+    | JobUpdateRequested
+    | JobUpdateByOperator
+    | JobUpdated
+    | RequeueRequested
+    | ReservationCreated
+    | ReservationDeleted
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__

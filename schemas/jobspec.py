@@ -30,6 +30,10 @@ MAX_NAME_LEN = 128
 #: Largest job spec file read: a spec is a few hundred bytes, and the event carrying it must fit in one
 #: NATS message (1 MiB by default). Checked before parsing, so a 50 MB file is refused at once.
 MAX_JOBSPEC_BYTES = 1 << 20
+#: A reservation's name: one subject-safe token (it is not in a subject, but it is typed on command lines).
+_RESERVATION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NOTIFY_URL = re.compile(r"https?://[^\s]+")
+MAX_NOTIFY_URL = 2048
 
 
 class Topology(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -139,6 +143,21 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Rank 0's stdin comes from its submitter (`corral run`, not `--detach`). UNSET, like `gates`, so a spec
     #: without it encodes byte-for-byte as before it existed: rank 0 reads /dev/null.
     interactive: Interactive | UnsetType = UNSET
+    #: The node reservation it runs in (`--reservation`, README "Day-two controls"): only on its nodes, only
+    #: over its window. UNSET, like `gates`, so a spec without one encodes as before reservations existed.
+    reservation: str | UnsetType = UNSET
+    #: Where the notifier POSTs a JSON note when the job ends (`--notify-url`, an http(s) URL). UNSET: none.
+    notify_url: str | UnsetType = UNSET
+
+    @property
+    def reservation_name(self) -> str | None:
+        """`reservation`, or None when the spec names none."""
+        return self.reservation if isinstance(self.reservation, str) else None
+
+    @property
+    def notify_to(self) -> str | None:
+        """`notify_url`, or None when the spec has none."""
+        return self.notify_url if isinstance(self.notify_url, str) else None
 
     @property
     def dataset_list(self) -> tuple[Dataset, ...]:
@@ -448,6 +467,15 @@ def jobspec_problems(obj: Any) -> list[Problem]:
         _gates_problems(obj["gates"], out)
     if "interactive" in obj:
         _interactive_problems(obj["interactive"], out)
+    if obj.get("reservation") is not None:
+        r = obj["reservation"]
+        if not isinstance(r, str) or not _RESERVATION_NAME.fullmatch(r):
+            out.append(Problem("reservation", f"must be a reservation name (letters, digits, '-', '_'), got {_show(r)}"))
+    if obj.get("notify_url") is not None:
+        u = obj["notify_url"]
+        if not isinstance(u, str) or not _NOTIFY_URL.fullmatch(u) or len(u) > MAX_NOTIFY_URL:
+            out.append(Problem("notify_url", f"must be an http:// or https:// URL of at most {MAX_NOTIFY_URL} "
+                                             f"characters, got {_show(u)}"))
     _text_problems(obj, "", out)
     return out
 
@@ -462,7 +490,7 @@ def parse_jobspec(obj: Any) -> JobSpec:
         obj["command"] = ["sh", "-c", obj["command"]]
     if isinstance(obj.get("topology"), str):
         obj["topology"] = {"level": obj["topology"]}
-    for key in ("workdir", "datasets", "locality"):
+    for key in ("workdir", "datasets", "locality", "reservation", "notify_url"):
         if key in obj and (obj[key] is None or obj[key] == []):  # `workdir: null` in a file: none, as if not written
             del obj[key]
     if isinstance(obj.get("env"), dict):

@@ -192,6 +192,9 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
             "corral.node.*.NodeUncordoned",
             "corral.node.*.GpuUnhealthy",  # corral gpu drain / undrain
             "corral.node.*.GpuHealthy",
+            "corral.job.*.JobUpdateByOperator",  # corral update --operator (issue #41)
+            "corral.sched.ReservationCreated",  # corral reservation create / delete
+            "corral.sched.ReservationDeleted",
         ]
     elif role == "scheduler":
         writes = [

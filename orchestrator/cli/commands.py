@@ -27,6 +27,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "up": "embedded cluster: NATS + scheduler + simulated nodes in one command",
     },
     "archive": {"archive": "run the archiver: the log into compressed segment files, and stream retention"},
+    "notify": {"notifier": "run the end-of-job notifier: webhooks (--notify-url) and a command"},
     "jobs": {"submit": "submit a job spec (YAML or JSON file, - for stdin)", "cancel": "cancel jobs",
              "hold": "keep pending jobs from starting until `corral release`", "release": "let held jobs start again"},
     "listing": {
@@ -36,6 +37,9 @@ COMMANDS: dict[str, dict[str, str]] = {
         "queues": "list queues",
         "datasets": "which node caches which dataset",
     },
+    "controls": {"update": "change a job's priority, time limit or queue (like scontrol update)",
+                 "requeue": "put jobs back in the queue (like scontrol requeue)",
+                 "reservation": "reserve nodes for a window (maintenance, an event)"},
     "usage": {"usage": "GPU-hours per queue, user or state from the whole log (like sacct)"},
     "logs": {"logs": "a worker's output (stdout and stderr), like kubectl logs [-f]"},
     "completion": {"completion": "print a shell completion script (bash or zsh)"},

@@ -23,6 +23,7 @@ from orchestrator.cli.jobflags import add_job_args, dependencies, spec_with_flag
 from orchestrator.cli.listing import checked_id, parse_states
 from orchestrator.cli.output import print_json
 from orchestrator.cli.render import line
+from orchestrator.cli.spec_extras import add_spec_extras, check_reservation, with_spec_extras
 from orchestrator.cli.specfile import load_jobspec
 from orchestrator.cli.state_view import load_state
 from orchestrator.cli.submitter import add_submitter_args, with_submitter
@@ -125,6 +126,7 @@ async def submit(args: argparse.Namespace) -> int:
     # the file's fields, those the flags override, then its workdir and exports (orchestrator/cli/submitter.py)
     told: list[str] = []  # what the export left out, said once the job is in
     spec = with_submitter(spec_with_flags(load_jobspec(args.file), args, args.file), args, notice=told.append)
+    spec = with_spec_extras(spec, args)  # --reservation, --notify-url (orchestrator/cli/spec_extras.py)
     try:
         array = parse_array(args.array) if args.array is not None else None
     except ArraySpecError as e:
@@ -136,6 +138,7 @@ async def submit(args: argparse.Namespace) -> int:
     async with connected(args) as bus:
         await check_queue(bus, spec)
         await check_fits(bus, spec)
+        await check_reservation(bus, spec, _client(bus, args).user)
         spec = await gated(bus, spec, ok_ids, any_ids, hold=args.hold)
         client = _client(bus, args)
         with _refusals():
@@ -338,6 +341,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="wait, printing every rank's output as it is "
                    "written ('R: ' before each line), like `corral run`")
     add_submitter_args(p)
+    add_spec_extras(p)
     p.set_defaults(handler=submit)
 
     p = sub.add_parser("cancel", help="cancel jobs", description="Append CancelRequested for each job named or "

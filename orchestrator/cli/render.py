@@ -29,6 +29,9 @@ from schemas import (
     JobRunning,
     JobSpec,
     JobSubmitted,
+    JobUpdateByOperator,
+    JobUpdated,
+    JobUpdateRequested,
     JobWaiting,
     NodeCordoned,
     NodeDatasets,
@@ -42,6 +45,9 @@ from schemas import (
     QueueDefined,
     QueueDeleted,
     RankPlacement,
+    RequeueRequested,
+    ReservationCreated,
+    ReservationDeleted,
     SchedulerElected,
     Unknown,
     WorkAssigned,
@@ -168,10 +174,45 @@ def essentials(event: AnyEvent | Unknown) -> str:
                     f"intent={event.intent}")
         case WorkChanged():
             return f"attempt={event.attempt} epoch={event.epoch} {event.job_id} intent={event.intent} {event.reason}".rstrip()
+        case JobUpdateRequested():  # (JobUpdateByOperator too)
+            return update_request_text(event)
+        case JobUpdated():
+            return updated_text(event)
+        case RequeueRequested():
+            return "requeue requested" + (f" by {event.requested_by}" if event.requested_by else "") + (
+                f": {event.reason}" if event.reason else "")
+        case ReservationCreated():
+            who = ",".join(event.users) or "any user"
+            queue = f" queue={event.queue}" if event.queue else ""
+            return (f"{event.name}: nodes {','.join(event.nodes)} t={event.start:.0f}..{event.end:.0f} "
+                    f"users={who}{queue}" + (f" by {event.created_by}" if event.created_by else ""))
+        case ReservationDeleted():
+            return f"{event.name}: deleted" + (f" by {event.deleted_by}" if event.deleted_by else "")
         case Unknown():
             return printable(event.error, WHY_CHARS)
         case _:
             assert_never(event)
+
+
+def limit_text(v: object) -> str:
+    """A FieldChange value for people: a time limit of None is "none"."""
+    return "none" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def update_request_text(e: JobUpdateRequested) -> str:
+    asked = [f"{k}={limit_text(v) if k != 'time_limit_s' or v else 'none'}"
+             for k, v in (("priority", e.priority), ("time_limit_s", e.time_limit_s), ("queue", e.queue))
+             if v is not None]
+    who = " as operator" if isinstance(e, JobUpdateByOperator) else ""
+    by = f" by {e.requested_by}" if e.requested_by else ""
+    return f"update requested{by}{who}: {' '.join(asked) or 'nothing'}"
+
+
+def updated_text(e: JobUpdated) -> str:
+    by = f" (asked by {e.requested_by})" if e.requested_by else ""
+    if e.refused:
+        return f"update refused{by}: {e.refused}"
+    return "updated " + ", ".join(f"{c.field} {limit_text(c.old)} -> {limit_text(c.new)}" for c in e.changes) + by
 
 
 def mb(n: int) -> str:

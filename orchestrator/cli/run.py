@@ -46,6 +46,7 @@ from orchestrator.cli.jobs import (
 )
 from orchestrator.cli.logs import FOLLOW_POLL_S
 from orchestrator.cli.render import line
+from orchestrator.cli.spec_extras import add_spec_extras, check_reservation, with_spec_extras
 from orchestrator.cli.submitter import add_submitter_args, with_submitter
 from schemas import JobCancelled, JobSpec
 
@@ -82,7 +83,7 @@ async def run(args: argparse.Namespace) -> int:
     if args.pty and (args.detach or args.no_stdin):
         raise CliError("--pty gives rank 0 your terminal: not with --detach or --no-stdin", USAGE)
     told: list[str] = []  # what the export left out, said once the job is in
-    spec = with_submitter(spec_from_flags(args), args, notice=told.append)
+    spec = with_spec_extras(with_submitter(spec_from_flags(args), args, notice=told.append), args)
     ok_ids, any_ids = checked_dependencies(args)  # (bad ids refused before connecting)
     key = ""
     if not args.detach and not args.no_stdin:  # rank 0 reads our stdin (`srun`s default)
@@ -90,6 +91,7 @@ async def run(args: argparse.Namespace) -> int:
         spec = replace(spec, interactive=it)
     async with connected(args) as bus:
         await check_queue(bus, spec)
+        await check_reservation(bus, spec, _client(bus, args).user)
         await check_fits(bus, spec)
         spec = await gated(bus, spec, ok_ids, any_ids, hold=args.hold)
         client = _client(bus, args)
@@ -157,6 +159,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_args(p)
     add_job_args(p, run=True)
     add_submitter_args(p)
+    add_spec_extras(p)
     p.add_argument("--id", help="job id (default generated)")
     p.add_argument("--detach", "-d", action="store_true", help="print the job id and return at once")
     p.add_argument("--pty", action="store_true",

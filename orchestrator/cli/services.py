@@ -30,6 +30,7 @@ from nodeagent.runtime.simulated import SimulatedRuntime
 from nodeagent.shutdown import REPORT_S, SHUTDOWN_GRACE_S
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
+from orchestrator.cli.notify import add_notifier_args
 from orchestrator.cli.stop_signals import StopSignals
 from orchestrator.cli.timespec import seconds_arg
 from orchestrator.logging import configure_logging
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from nodeagent.runtime.docker_options import DockerOptions
     from orchestrator.archiver import Archiver
     from orchestrator.index.service import IndexService
+    from orchestrator.notifier import Notifier
 
 log = structlog.get_logger("corral.cli")
 
@@ -544,6 +546,7 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
     # The agents' own connections (PER_CONNECTION to one), closed after everything else stopped.
     agents = await connect_agents(stack, lambda k: connection(url, f"corral-up-agents-{k}"), args.nodes, make)
     index = IndexService(bus, data / "index", history=None if archive is None else History(bus, archive))
+    notifier = up_notifier(args, bus, data)
     print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"({args.runtime} runtime) + the index; Ctrl-C stops", flush=True)
     result = OK
@@ -557,6 +560,7 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
             services = [scheduler, tg.create_task(index_beside(index))] + [tg.create_task(a.run()) for a in agents]
             if archiver is not None:
                 services.append(tg.create_task(archiver.run()))
+            services.append(tg.create_task(notifier.run()))  # end-of-job notes (orchestrator/notifier.py)
             if args.demo:
                 small = (args.gpus_per_node, None) if needs_small_workload(args.nodes, args.gpus_per_node) else None
                 result = await until_stop(stop, run_demo(bus, url, duration=args.duration, small=small), OK)
@@ -603,6 +607,14 @@ async def _cancelled(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+def up_notifier(args: argparse.Namespace, bus: Bus, data: Path) -> Notifier:
+    """The notifier of `corral up`, its position kept in DATA_DIR/notifier.json."""
+    from orchestrator.cli.notify import notifier_config
+    from orchestrator.notifier import Notifier, NotifierConfig
+
+    config = notifier_config(args, data / "notifier.json")
+    assert isinstance(config, NotifierConfig)
+    return Notifier(bus, config)
 
 
 def _up_archiver(args: argparse.Namespace, bus: Bus, data: Path) -> Archiver | None:
@@ -839,6 +851,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="leave workers running on exit; the next `corral up` on this data dir adopts them")
     add_shutdown_grace_arg(p)
     add_worker_env_arg(p)
+    add_notifier_args(p.add_argument_group("notifier", "end-of-job notes: jobs' --notify-url, and --notify-cmd"))  # type: ignore[arg-type]
     r = p.add_argument_group("retention", "with --retention or --max-bytes, an archiver runs too, archiving to "
                              "DATA_DIR/archive (or the global --archive)")
     add_retention_args(r)  # type: ignore[arg-type]

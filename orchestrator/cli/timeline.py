@@ -15,7 +15,15 @@ from typing import Any, NamedTuple, assert_never
 import msgspec
 
 from events.bus import Envelope
-from orchestrator.cli.render import gates_text, mb, placement_summary, printable, unreadable
+from orchestrator.cli.render import (
+    gates_text,
+    mb,
+    placement_summary,
+    printable,
+    unreadable,
+    update_request_text,
+    updated_text,
+)
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
 from orchestrator.core.model.state import UNSTARTABLE, ClusterState, Job
@@ -41,6 +49,8 @@ from schemas import (
     JobRequeued,
     JobRunning,
     JobSubmitted,
+    JobUpdated,
+    JobUpdateRequested,
     JobWaiting,
     NodeCordoned,
     NodeDatasets,
@@ -53,6 +63,9 @@ from schemas import (
     PreemptionRequested,
     QueueDefined,
     QueueDeleted,
+    RequeueRequested,
+    ReservationCreated,
+    ReservationDeleted,
     SchedulerElected,
     Unknown,
     WorkAssigned,
@@ -184,13 +197,21 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
                     or before.staging.attempt != ev.attempt):
                 line += f"; all datasets ready on every node after {stg.ready_at - stg.started_at:.1f}s of staging"
             return line
+        case JobUpdateRequested():
+            return update_request_text(ev)
+        case JobUpdated():
+            return updated_text(ev)
+        case RequeueRequested():
+            return "requeue requested" + (f" by {ev.requested_by}" if ev.requested_by else "") + (
+                f": {ev.reason}" if ev.reason else "")
         case WorkAssigned() | WorkChanged():
             return None  # a node's copy of the scheduler's decision, already told by the decision itself
         case DatasetFailed():
             return f"dataset {ev.dataset} failed on {ev.node_id} (attempt {ev.attempt}): {printable(ev.reason, 300)}"
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
               | QueueDeleted() | SchedulerElected() | ClusterConfigured() | GpuUnhealthy() | GpuHealthy()
-              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets()):
+              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets() | ReservationCreated()
+              | ReservationDeleted()):
             return None  # about no job: the job_id test above has already left
         case _:
             assert_never(ev)

@@ -308,6 +308,10 @@ def job_detail(state: ClusterState, job: Job, now: float) -> dict[str, Any]:
         "resume_from": job.resume_from,
         "preemptor": job.preemptor or None,
         "stop": _builtins(job.stop),
+        "time_limit_s": job.spec.time_limit_s,
+        "reservation": job.spec.reservation_name,
+        "last_update": job.last_update or None,
+        "update_asked": [_builtins(a) for a in state.update_asks.values() if a.job_id == job.job_id],
         "failure": job.failure or None,
         "staging": _builtins(job.staging),
         "earmark": _builtins(job.earmark),
@@ -316,6 +320,21 @@ def job_detail(state: ClusterState, job: Job, now: float) -> dict[str, Any]:
         "rank_states": rank_rows,
         "spec": _builtins(job.spec),
     }
+
+
+def daytwo_lines(state: ClusterState, job: Job) -> list[tuple[str, str]]:
+    """`corral job`: its time limit, reservation, and `corral update` applied or asked (README "Day-two controls")."""
+    out: list[tuple[str, str]] = []
+    limit = job.spec.time_limit_s
+    if limit is not None:
+        out.append(("time limit", human_duration(limit)))
+    if job.spec.reservation_name is not None:
+        out.append(("reservation", job.spec.reservation_name))
+    if job.last_update:
+        out.append(("updated", job.last_update))
+    if any(a.job_id == job.job_id for a in state.update_asks.values()):
+        out.append(("update", "asked, not answered by the scheduler yet"))
+    return out
 
 
 def staging_lines(job: Job) -> list[tuple[str, str]]:
@@ -366,6 +385,7 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
         ("priority", f"{spec.priority}{'' if spec.preemptible else ' (not preemptible)'}"),
         ("attempt", f"{job.attempt} (gang restarts {job.restarts}/{spec.max_restarts})"),
     ]
+    kv.extend(daytwo_lines(state, job))
     if spec.working_dir is not None:
         kv.append(("workdir", spec.working_dir))
     if job.placement:

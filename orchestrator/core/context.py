@@ -20,6 +20,7 @@ from orchestrator.core.model.capacity import FreeIndex
 from orchestrator.core.model.plan import Plan, QueueLoad
 from orchestrator.core.model.running import RunningGangs, running_gangs
 from orchestrator.core.model.state import Job, attained_service
+from orchestrator.core.reserved_nodes import restricted
 from orchestrator.policies import Candidate, Ending
 from orchestrator.policies.links import Links
 from orchestrator.policies.placement import GangRequest, Placement
@@ -84,14 +85,15 @@ class AdmitContext:
         self._caches: dict[str, list[str]] | None = None
 
     def request(self, job: Job) -> GangRequest:
-        """`Policies.request`, with the nodes holding the job's datasets (core/locality.py) when it names any."""
+        """`Policies.request`, with the nodes holding the job's datasets (core/locality.py) when it names any,
+        and only the nodes the node reservations leave it."""
         req = self.c.policies.request(job)
-        if not job.spec.dataset_list:
-            return req
-        if self._caches is None:
-            self._caches = cache_index(self.c.state)
-        return located(req, job.spec, self.c.state, self._caches, self.plan.eligible(req.cls),
-                       prefer=self.c.policies.prefer_warm)
+        if job.spec.dataset_list:
+            if self._caches is None:
+                self._caches = cache_index(self.c.state)
+            req = located(req, job.spec, self.c.state, self._caches, self.plan.eligible(req.cls),
+                          prefer=self.c.policies.prefer_warm)
+        return restricted(self.c.state, job, req, self.c.now)  # node reservations (core/reserved_nodes.py)
 
     # Free GPUs only shrink during admission (placements take, holds take, victims' GPUs go to
     # their preemptor), so a gang shape that found no room in the plan's shared index finds

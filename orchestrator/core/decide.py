@@ -22,7 +22,9 @@ from orchestrator.core.model.state import ClusterState
 from orchestrator.core.model.topology import topology_of
 from orchestrator.core.react import react
 from orchestrator.core.reject import Rejecter, reject_unreadable
+from orchestrator.core.reserved_nodes import reject_unreservable
 from orchestrator.core.tentative import tentative_plan
+from orchestrator.core.updates import answer_updates
 from orchestrator.policies import DEFAULT_POLICIES, Policies
 from schemas.events import Event, JobRunning
 
@@ -71,7 +73,11 @@ def decide_cycle(state: ClusterState, now: float, *, epoch: int, policies: Polic
     if reaction.capped:
         return Decision(followups, False, True)
     #    ... and the answer to each submission no one can read: a rejection with why.
-    unreadable = reject_unreadable(c) if c.state.unreadable_submissions else []
+    unreadable: list[Event] = [*reject_unreadable(c)] if c.state.unreadable_submissions else []
+    #    ... the answers to `corral update` (core/updates.py), and the rejection of jobs naming a node
+    #    reservation they can never run in (core/reserved_nodes.py).
+    unreadable += answer_updates(c) if c.state.update_asks else []
+    unreadable += reject_unreservable(c, backlog.fresh)
     if after_complete and not backlog.fresh and all(isinstance(e, JobRunning) for e in followups):
         return Decision([*followups, *unreadable], True)  # stages 2-6 would decide nothing more (completeness.complete)
     # 2. Tentative plan: free GPUs per node and domain, queue usage -- with the GPUs

@@ -33,8 +33,9 @@ This module holds the one exhaustive match over event types; each case's fold
 lives by what it is about: evolve_jobs (a job's lifecycle and its queue line),
 evolve_workers (agents' worker and checkpoint reports), evolve_cluster (nodes,
 queues, settings), evolve_fencing (stale epochs, elections), evolve_gpus
-(GPU owners, earmarks, gang ends) and staging (datasets: warm nodes, each
-attempt's staging phase).
+(GPU owners, earmarks, gang ends), staging (datasets: warm nodes, each
+attempt's staging phase), and the day-two controls (issue #41): updates,
+requeues and evolve_reserved.
 """
 
 from __future__ import annotations
@@ -72,9 +73,12 @@ from orchestrator.core.evolve_jobs import (
     unreadable,
 )
 from orchestrator.core.evolve_nodework import track_due, work_assigned, work_changed, worker_reported
+from orchestrator.core.evolve_reserved import reservation_created, reservation_deleted
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
 from orchestrator.core.model.state import ClusterState, needs_look
+from orchestrator.core.requeues import requeue_requested
 from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
+from orchestrator.core.updates import job_updated, update_requested
 from schemas.events import (
     AnyEvent,
     CancelRequested,
@@ -97,6 +101,8 @@ from schemas.events import (
     JobRequeued,
     JobRunning,
     JobSubmitted,
+    JobUpdated,
+    JobUpdateRequested,
     JobWaiting,
     NodeCordoned,
     NodeDatasets,
@@ -109,6 +115,9 @@ from schemas.events import (
     PreemptionRequested,
     QueueDefined,
     QueueDeleted,
+    RequeueRequested,
+    ReservationCreated,
+    ReservationDeleted,
     SchedulerElected,
     Unknown,
     WorkAssigned,
@@ -127,7 +136,7 @@ _ALLOCATION_UNTOUCHED = (
 #: Events about a job that never change what its nodes should be told (core/orders.py: `wanted`): the fold
 #: does not look at `orders_due` for them. (A start moves no rank out of "exited" in the orders' sense.)
 _WANT_UNTOUCHED = (JobSubmitted, JobWaiting, WorkerStarted, Checkpointed, DatasetStaging, JobHeld, JobReleased,
-                   JobRunning)
+                   JobRunning, JobUpdateRequested)
 _NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUncordoned, GpuUnhealthy, GpuHealthy,
                 NodeHealthChecked, DatasetReady, DatasetEvicted, NodeDatasets)
 
@@ -226,6 +235,16 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
             work_assigned(state, event, state.seq)
         case WorkChanged():
             work_changed(state, event)
+        case JobUpdateRequested():  # (JobUpdateByOperator too: core/updates.py tells them apart)
+            update_requested(state, event)
+        case JobUpdated():
+            job_updated(state, event)
+        case RequeueRequested():
+            requeue_requested(state, event, t)
+        case ReservationCreated():
+            reservation_created(state, event)
+        case ReservationDeleted():
+            reservation_deleted(state, event)
         case Unknown():
             unreadable(state, event)
         case _:

@@ -13,6 +13,7 @@ from msgspec.structs import replace
 from orchestrator.core import gating
 from orchestrator.core.evolve_fencing import stale, void
 from orchestrator.core.evolve_gpus import clear_earmark, end_changed, release, set_earmark, set_owner
+from orchestrator.core.evolve_reserved import placement_problem
 from orchestrator.core.model.eligibility import gpu_matches
 from orchestrator.core.model.estimates import claim_of
 from orchestrator.core.model.estimates import record as record_run
@@ -157,6 +158,10 @@ def reservation_problem(state: ClusterState, e: GangReserved) -> str | None:
             for g in rp.gpus:
                 if g < len(gpus) and not gpu_matches(gpus[g], spec.gpu_model, spec.min_gpu_memory_mib):
                     return f"GPU {rp.node_id}/{g} is not a {spec.gpu_model or 'GPU'} with {spec.min_gpu_memory_mib} MiB"
+    if state.reservations or spec.reservation_name is not None:
+        barred = placement_problem(state, job, e)
+        if barred is not None:
+            return barred
     queue = resolve_queue(state, spec.queue)
     over = first_over_limit(state.queues, tree_gpus(state), queue, spec.total_gpus)
     if over is not None:
@@ -319,7 +324,11 @@ def job_requeued(state: ClusterState, e: JobRequeued, at: float) -> None:
     job = active(state, e.job_id, e.attempt - 1)
     if job is None:
         return
-    requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, at, rejoin=False)
+    asked = job.stop is not None and job.stop.requeue  # a user's requeue (core/requeues.py): it chose to leave
+    requeue(state, job, e.attempt, e.resume_from or job.newest_checkpoint, at, rejoin=asked)
+    if asked:
+        state.stopping.pop(e.job_id, None)
+        state.jobs[e.job_id] = replace(state.jobs[e.job_id], stop=None)
 
 
 def gang_restarted(state: ClusterState, e: GangRestarted, at: float) -> None:
@@ -408,8 +417,8 @@ def cancel_requested(state: ClusterState, e: CancelRequested, at: float) -> None
     if stale(state, e.event_id, e.epoch, unstamped_ok=True):
         return  # (a user's cancel is unstamped; the scheduler's own stops carry its epoch)
     job = state.jobs.get(e.job_id)
-    if job is None or job.status in TERMINAL or job.stop is not None:
-        return
+    if job is None or job.status in TERMINAL or (job.stop is not None and not job.stop.requeue):
+        return  # (a cancel overrides a requeue under way: core/requeues.py)
     stop = Stop(
         reason=e.reason, requested_by=e.requested_by, requested_at=at, fail=e.requested_by == SCHEDULER
     )

@@ -24,12 +24,13 @@ from __future__ import annotations
 import math
 
 from orchestrator.core.context import AdmitContext, shape_of
-from orchestrator.core.explain import BACKFILL, PLACED, PREEMPTING, QUOTA, Outcome
+from orchestrator.core.explain import BACKFILL, CAPACITY, PLACED, PREEMPTING, QUOTA, Outcome
 from orchestrator.core.locality import locality_outcome
 from orchestrator.core.model.capacity import FreeIndex
 from orchestrator.core.model.state import BIG_GANG_GPUS, Job
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
+from orchestrator.core.reserved_nodes import waiting_note
 from orchestrator.core.starving import is_starving
 from orchestrator.policies import Ending
 from orchestrator.policies.placement import GangRequest, Placement
@@ -117,6 +118,9 @@ def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, b
         ids = [h.job_id for h in plan.holds]
         more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
         return Outcome(BACKFILL, f"free GPUs are reserved by backfill for job {ids[0]}{more}")
+    note = waiting_note(adm.c.state, job, adm.c.now) if req.only is not None else None
+    if note is not None:  # node reservations keep it off nodes (core/reserved_nodes.py)
+        return Outcome(CAPACITY, note)
     if req.only is not None:  # locality: require, and the nodes holding its datasets have no room
         return locality_outcome(req, job.spec, base)
     return adm.capacity_outcome(req, base, job.spec.gpu_model, shared=not job.earmark)

@@ -37,6 +37,8 @@ from schemas.events import (
     DatasetFailed,
     DatasetReady,
     DatasetStaging,
+    ReservationCreated,
+    ReservationDeleted,
     SchedulerElected,
     Unknown,
     WorkAssigned,
@@ -82,8 +84,11 @@ def view_bytes(view: NodeView) -> bytes:
     return _ENCODER.encode(view.facts())
 
 
-#: Job events of the node's own reports that change nothing here (the scheduler's fold reads them).
-_REPORTS_ONLY_FOR_THE_SCHEDULER = (Checkpointed, DatasetStaging, DatasetFailed)
+#: Job events of the node's own reports that change nothing here (the scheduler's fold reads them), and the
+#: node reservations (corral.sched.<Tag>, which the agent reads): the scheduler places by them, a node's work
+#: does not change (issue #41).
+_REPORTS_ONLY_FOR_THE_SCHEDULER = (Checkpointed, DatasetStaging, DatasetFailed, ReservationCreated,
+                                   ReservationDeleted)
 
 
 def evolve_node(view: NodeView, event: AnyEvent | Unknown, seq: int = 0, at: float | None = None) -> NodeView:

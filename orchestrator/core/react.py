@@ -303,8 +303,13 @@ def _stop_and_fail(c: Cycle, job: Job, reason: str) -> Event:
 
 
 def _end(c: Cycle, job: Job) -> Event:
-    """The end of a stopped job: JobFailed for the scheduler's stops, JobCancelled for users'."""
+    """The end of a stopped job: JobFailed for the scheduler's stops, JobCancelled for users', JobRequeued for
+    a user's requeue."""
     assert job.stop is not None
+    if job.stop.requeue:  # a user's requeue (core/requeues.py): back in line as the next attempt
+        return JobRequeued(event_id=c.event_id("requeue", job), occurred_at=c.now, job_id=job.job_id,
+                           attempt=job.attempt + 1, reason=job.stop.reason, resume_from=job.newest_checkpoint,
+                           epoch=c.epoch)
     if job.stop.fail:
         return JobFailed(event_id=c.event_id("failed", job), occurred_at=c.now, job_id=job.job_id, attempt=job.attempt,
                          reason=job.stop.reason, epoch=c.epoch)

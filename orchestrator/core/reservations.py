@@ -37,6 +37,7 @@ from orchestrator.core.model.plan import Hold
 from orchestrator.core.model.running import ends_at
 from orchestrator.core.model.state import FREE, HOLDING, RESERVING, Job, Waiting
 from orchestrator.core.model.usage import ancestors, resolve_queue
+from orchestrator.core.reserved_nodes import waiting_note
 from orchestrator.policies import Ending
 from orchestrator.policies.fairshare import JobKey, arrival_order_key
 from orchestrator.policies.placement import GangRequest
@@ -125,8 +126,9 @@ def give_reservation(adm: AdmitContext, job: Job, queue: str, req: GangRequest, 
     plan.charge_share(queue, req.gpus)
     when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else _estimated_start(adm, hold)
     why = f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}"
-    if req.only is not None:  # it waits for the nodes holding its datasets: say so (core/locality.py)
-        why += f"; {locality_note(req, job.spec, adm.c.topo.order)}"
+    if req.only is not None:  # node reservations keep it off nodes, or it waits for the nodes holding its datasets
+        note = waiting_note(adm.c.state, job, adm.c.now)
+        why += f"; {note or locality_note(req, job.spec, adm.c.topo.order)}"
     return Outcome(BACKFILL_HEAD, why, hold if math.isfinite(hold.until) else None, replanned)
 
 

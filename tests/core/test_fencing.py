@@ -24,6 +24,7 @@ from schemas.events import (
     CancelRequested,
     ClusterConfigured,
     Event,
+    FieldChange,
     GangReserved,
     GangRestarted,
     JobCancelled,
@@ -32,6 +33,8 @@ from schemas.events import (
     JobRejected,
     JobRequeued,
     JobRunning,
+    JobUpdated,
+    JobUpdateRequested,
     JobWaiting,
     NodeFailed,
     Preempted,
@@ -194,10 +197,18 @@ def _work_changed() -> tuple[Sim, Make]:
                                      epoch=ep, intent="stop", grace_s=5.0)
 
 
+@case(JobUpdated)
+def _job_updated() -> tuple[Sim, Make]:
+    s = _cluster()
+    s.emit(JobUpdateRequested(event_id="ask-1", occurred_at=s.now, job_id="a", requested_by="alice", priority=7))
+    return s, lambda ep: JobUpdated(event_id=s.eid(), occurred_at=s.now, job_id="a", request_id="ask-1", epoch=ep,
+                                    changes=(FieldChange(field="priority", old=0, new=7),))
+
+
 #: Types that carried an epoch from v1 (or from their first version): the scheduler always stamped them, so
 #: 0 is simply old.
 STAMPED_SINCE_V1 = {GangReserved, JobWaiting, PreemptionRequested, GangRestarted, JobRequeued, WorkAssigned,
-                    WorkChanged}
+                    WorkChanged, JobUpdated}
 
 
 def _normalized(s: Sim) -> bytes:

@@ -39,10 +39,12 @@ PASSWORDS = passwords(NODES)
 #: Entity of each tag the `client` and `admin` roles may append.
 _ENTITY = {"JobSubmitted": "job", "CancelRequested": "job", "QueueDefined": "queue", "QueueDeleted": "queue",
            "NodeCordoned": "node", "NodeUncordoned": "node", "JobHeld": "job", "JobReleased": "job",
-           "GpuUnhealthy": "node", "GpuHealthy": "node"}
+           "GpuUnhealthy": "node", "GpuHealthy": "node", "JobUpdateRequested": "job", "RequeueRequested": "job",
+           "JobUpdateByOperator": "job", "ReservationCreated": "sched", "ReservationDeleted": "sched"}
 #: What each role may append, from the permissions themselves (deploy/nats/permissions.py), so a tag given to
 #: `client` or `admin` later is poisoned too; `admin` publishes only what `client` may not.
-SUBJECTS = {role: [f"corral.{_ENTITY[tag]}.p-{{i}}.{tag}" for tag in APPENDS[role]] for role in ("client", "admin")}
+SUBJECTS = {role: [f"corral.sched.{tag}" if _ENTITY[tag] == "sched" else f"corral.{_ENTITY[tag]}.p-{{i}}.{tag}"
+                   for tag in APPENDS[role]] for role in ("client", "admin")}
 KINDS = ("invalid_utf8", "truncated", "garbage", "unknown_type", "wrong_types")
 POISONED = sum(len(subjects) for subjects in SUBJECTS.values()) * len(KINDS)
 GARBAGE_BYTES = 1_000_000

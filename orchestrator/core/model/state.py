@@ -22,6 +22,7 @@ from typing import Literal
 import msgspec
 
 from orchestrator.core.model.arrays import ArrayTally
+from orchestrator.core.model.reserved import Reservation
 from orchestrator.core.model.slices import NodeSlice, RankState, RankStatus, WorkerId
 from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS, CachedDataset, RankPlacement
 from schemas.inventory import Inventory
@@ -174,6 +175,22 @@ class Stop(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     requested_by: str
     requested_at: float
     fail: bool = False
+    #: A user's requeue (RequeueRequested): once the workers are gone the job waits again (JobRequeued).
+    requeue: bool = False
+
+
+class UpdateAsk(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A JobUpdateRequested (or JobUpdateByOperator: `operator`) not answered yet (core/updates.py)."""
+
+    job_id: str
+    requested_by: str = ""
+    operator: bool = False
+    priority: int | None = None
+    #: 0: no limit.
+    time_limit_s: float | None = None
+    queue: str | None = None
+    #: Log position of the request.
+    seq: int = 0
 
 
 class Waiting(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -294,6 +311,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     claim_from: str = ""
     #: Dataset staging of the newest attempt that staged (core/staging.py); None: none told yet.
     staging: Staging | None = None
+    #: The newest `corral update` applied to it ("priority 0 -> 10 by alice"; "" if none): core/updates.py.
+    last_update: str = ""
 
     @property
     def waiting_since(self) -> float:
@@ -445,6 +464,10 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: job -> (position, why): submissions no one can read on corral.job.<job>.JobSubmitted (`Unknown.submitted_as`)
     #: of jobs the log does not know, until the scheduler's JobRejected for them (core/reject.py) is folded.
     unreadable_submissions: dict[str, tuple[int, str]] = msgspec.field(default_factory=dict)
+    #: Node reservations by name (model/reserved.py), until deleted or replaced.
+    reservations: dict[str, Reservation] = msgspec.field(default_factory=dict)
+    #: Update requests (by event id) the scheduler has not answered yet (core/updates.py).
+    update_asks: dict[str, UpdateAsk] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Rebuild the fold's derived indexes when a snapshot written before they existed is loaded.
@@ -549,6 +572,8 @@ class ClusterState(msgspec.Struct, kw_only=True):
             unknown_events=self.unknown_events,
             refused_events=self.refused_events,
             unreadable_submissions=dict(self.unreadable_submissions),
+            reservations=dict(self.reservations),
+            update_asks=dict(self.update_asks),
         )
 
 
