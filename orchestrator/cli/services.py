@@ -149,7 +149,8 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
     # Before the services run, so their catch-up is counted too; each registers its own collectors.
     registry = ServiceRegistry([*([scheduler.bus] if scheduler is not None else []), *(a.bus for a in agents)])
     if scheduler is not None:
-        watch_scheduler(registry, scheduler.follower, scheduler.heartbeat_ages)
+        watch_scheduler(registry, scheduler.follower, scheduler.heartbeat_ages,
+                        lambda: (scheduler.config.scheduler_id, scheduler.leading))
         registry.require("scheduler", scheduler.cannot_lead)  # /readyz: 503 while it cannot lead (says why)
     watch_agents(registry, agents)
     if archiver:
