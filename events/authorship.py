@@ -52,7 +52,7 @@ from schemas.events import REFUSED
 AUTHORS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "client": ("JobSubmitted", "CancelRequested", "JobHeld", "JobReleased"),
     # (admins also append GpuUnhealthy / GpuHealthy for any node: `corral gpu drain|undrain`)
-    "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned"),
+    "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned", "DatasetEvictRequested"),
     "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed", "GpuUnhealthy",
               "GpuHealthy", "NodeHealthChecked", "DatasetStaging", "DatasetReady", "DatasetFailed", "DatasetEvicted",
               "NodeDatasets"),

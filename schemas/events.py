@@ -417,6 +417,19 @@ class DatasetEvicted(Event, tag="DatasetEvicted", frozen=True):
     reason: str = ""
 
 
+class DatasetEvictRequested(Event, tag="DatasetEvictRequested", frozen=True):
+    """An operator asks a node to drop a dataset from its cache (`corral datasets evict`, #41).
+
+    The node's agent evicts it once no job placed on the node uses it, and says so with a DatasetEvicted of
+    the key (a key it does not hold: at once, 0 bytes), which ends the request in every fold.
+    """
+
+    node_id: str
+    key: str
+    requested_by: str = ""
+    reason: str = ""
+
+
 class CachedDataset(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One entry of a node's dataset cache."""
 
@@ -524,6 +537,7 @@ AnyEvent = (
     | DatasetFailed
     | DatasetEvicted
     | NodeDatasets
+    | DatasetEvictRequested
     | WorkAssigned
     | WorkChanged
 )

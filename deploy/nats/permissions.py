@@ -183,6 +183,7 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
             "corral.node.*.NodeUncordoned",
             "corral.node.*.GpuUnhealthy",  # corral gpu drain / undrain
             "corral.node.*.GpuHealthy",
+            "corral.node.*.DatasetEvictRequested",  # corral datasets evict
         ]
     elif role == "scheduler":
         writes = [

@@ -14,6 +14,7 @@ import msgspec
 from msgspec.structs import replace
 
 from events.bus import Bus
+from events.fingerprint import with_fingerprints
 from events.sdk import FINAL, AdmissionRefused, Client, default_user, new_job_id
 from events.subjects import type_filters
 from orchestrator.cli.arrays import ArraySpecError, parse_array
@@ -116,6 +117,9 @@ async def check_fits(bus: Bus, spec: JobSpec) -> None:
 
 async def submit(args: argparse.Namespace) -> int:
     spec = with_submitter(load_jobspec(args.file), args)  # its workdir and exports (orchestrator/cli/submitter.py)
+    spec, notes = with_fingerprints(spec)  # local datasets as they are now: an edit is a new cache entry (#41)
+    for note in notes:
+        print(f"corral: note: {note}", file=sys.stderr)
     try:
         array = parse_array(args.array) if args.array is not None else None
     except ArraySpecError as e:

@@ -25,6 +25,7 @@ from schemas import (
     Checkpointed,
     ClusterConfigured,
     DatasetEvicted,
+    DatasetEvictRequested,
     DatasetFailed,
     DatasetReady,
     DatasetStaging,
@@ -190,7 +191,7 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
             return f"dataset {ev.dataset} failed on {ev.node_id} (attempt {ev.attempt}): {printable(ev.reason, 300)}"
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
               | QueueDeleted() | SchedulerElected() | ClusterConfigured() | GpuUnhealthy() | GpuHealthy()
-              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets()):
+              | NodeHealthChecked() | DatasetEvicted() | NodeDatasets() | DatasetEvictRequested()):
             return None  # about no job: the job_id test above has already left
         case _:
             assert_never(ev)

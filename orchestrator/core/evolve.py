@@ -74,13 +74,21 @@ from orchestrator.core.evolve_jobs import (
 from orchestrator.core.evolve_nodework import track_due, work_assigned, work_changed, worker_reported
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
 from orchestrator.core.model.state import ClusterState, needs_look
-from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
+from orchestrator.core.staging import (
+    dataset_evicted,
+    dataset_failed,
+    dataset_ready,
+    dataset_staging,
+    evict_requested,
+    node_datasets,
+)
 from schemas.events import (
     AnyEvent,
     CancelRequested,
     Checkpointed,
     ClusterConfigured,
     DatasetEvicted,
+    DatasetEvictRequested,
     DatasetFailed,
     DatasetReady,
     DatasetStaging,
@@ -129,7 +137,7 @@ _ALLOCATION_UNTOUCHED = (
 _WANT_UNTOUCHED = (JobSubmitted, JobWaiting, WorkerStarted, Checkpointed, DatasetStaging, JobHeld, JobReleased,
                    JobRunning)
 _NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUncordoned, GpuUnhealthy, GpuHealthy,
-                NodeHealthChecked, DatasetReady, DatasetEvicted, NodeDatasets)
+                NodeHealthChecked, DatasetReady, DatasetEvicted, NodeDatasets, DatasetEvictRequested)
 
 
 def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: float | None = None) -> ClusterState:
@@ -222,6 +230,8 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
         case NodeDatasets():
             node_datasets(state, event)
             cache_listed(state, event)
+        case DatasetEvictRequested():
+            evict_requested(state, event, state.seq)
         case WorkAssigned():
             work_assigned(state, event, state.seq)
         case WorkChanged():
