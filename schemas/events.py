@@ -77,6 +77,9 @@ class JobWaiting(Event, tag="JobWaiting", frozen=True, omit_defaults=True):
     #: The log keeps the reservation, so every scheduler (a restarted one too) plans around it.
     hold_ranks: tuple[RankPlacement, ...] = ()
     hold_until: float = 0.0
+    #: Code "backfill_head" without a time-limited end: the running gangs its start waits for (#41), so a
+    #: reader tells the start from their ends as they are now (`corral job`, `corral explain`).
+    behind: tuple[str, ...] = ()
 
 
 class WorkerStarted(Event, tag="WorkerStarted", frozen=True):

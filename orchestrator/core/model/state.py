@@ -191,6 +191,8 @@ class Waiting(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: A backfill reservation told with the reason (JobWaiting.hold_ranks / hold_until).
     hold_ranks: tuple[RankPlacement, ...] = ()
     hold_until: float = 0.0
+    #: JobWaiting.behind: the gangs a reservation without a time-limited end waits for.
+    behind: tuple[str, ...] = ()
     #: Log position of the JobWaiting.
     seq: int = 0
 
