@@ -278,3 +278,30 @@ def _one_first_per_queue(s: Sim) -> None:
             if place == "first in line":
                 firsts[queue].append(jid)
     assert all(len(v) == 1 for v in firsts.values()), firsts
+
+
+def test_an_expected_start_is_never_a_moment_already_past() -> None:
+    """#41: a reservation behind a gang past its time limit (being killed) starts now, not at the limit's moment;
+    behind gangs that have all ended, and nothing told since, it is not known; a job holding none has none."""
+    state = ClusterState()
+    spec = JobSpec(name="w", gpus_per_rank=8, time_limit_s=100)
+    state.jobs["late"] = Job(job_id="late", spec=spec, submitted_at=0.0, queue="default", status="running", gpus=8,
+                             reserved_at=0.0, submitted_by="al")
+    state.jobs["done"] = Job(job_id="done", spec=spec, submitted_at=0.0, queue="default", status="completed",
+                             submitted_by="al")
+    wait = Job(job_id="big", spec=JobSpec(name="big", gpus_per_rank=8), submitted_at=0.0,
+               waiting=Waiting(code="backfill_head", message="a reservation for 8 GPUs: holding 0 free",
+                               behind=("late",)))
+    start = expected_start(state, wait, 5000.0)
+    assert start is not None and start.at == 5000.0 and "job late, whose GPUs it waits for, is past its time limit" in start.why
+    gone = replace_waiting(wait, ("done",))
+    start = expected_start(state, gone, 5000.0)
+    assert start is not None and start.at is None and "have ended" in start.why
+    assert expected_start(state, state.jobs["late"], 5000.0) is None
+
+
+def replace_waiting(job: Job, behind: tuple[str, ...]) -> Job:
+    import msgspec
+
+    assert job.waiting is not None
+    return msgspec.structs.replace(job, waiting=msgspec.structs.replace(job.waiting, behind=behind))

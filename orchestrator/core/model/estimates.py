@@ -180,11 +180,12 @@ def expected_start(state: ClusterState, job: Job, now: float, margin_s: float = 
     if not gangs:
         return Start(None, "not known: the scheduler told no gang it waits for") if not w.hold_ranks else \
             Start(now, "any moment: the GPUs it holds are free")
-    start, last = now, ""
+    start, last, ended = now, "", 0
     for jid in gangs:
         other = state.jobs.get(jid)
         if other is None or other.status not in HOLDING:
-            continue  # (ended: its GPUs are back)
+            ended += 1  # (its GPUs are back)
+            continue
         end = ends_at(other, margin_s)
         how = "by its time limit"
         if not math.isfinite(end):
@@ -197,6 +198,12 @@ def expected_start(state: ClusterState, job: Job, now: float, margin_s: float = 
             end, how = told, f"by its estimate, {est.describe()}" if est is not None else how
         if end >= start:
             start, last = end, f"when job {jid} ends {how}"
+        elif not last:
+            last = f"any moment: job {jid}, whose GPUs it waits for, is past its time limit"
+    if not last and ended and not w.hold_ranks:
+        # The gangs the scheduler named have ended, and it has not told what the job waits for since.
+        return Start(None, "not known: the gangs it waited for have ended; it starts when the scheduler next "
+                           "finds room")
     return Start(start, last or "any moment: the gangs it waits for have ended")
 
 
