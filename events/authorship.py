@@ -53,7 +53,7 @@ AUTHORS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "client": ("JobSubmitted", "CancelRequested", "JobHeld", "JobReleased", "JobUpdateRequested", "RequeueRequested"),
     # (admins also append GpuUnhealthy / GpuHealthy for any node: `corral gpu drain|undrain`, and every client type)
     "admin": ("QueueDefined", "QueueDeleted", "NodeCordoned", "NodeUncordoned", "JobUpdateByOperator",
-              "ReservationCreated", "ReservationDeleted"),
+              "ReservationCreated", "ReservationDeleted", "DatasetEvictRequested"),
     "agent": ("NodeRegistered", "NodeRecovered", "WorkerStarted", "WorkerExited", "Checkpointed", "GpuUnhealthy",
               "GpuHealthy", "NodeHealthChecked", "DatasetStaging", "DatasetReady", "DatasetFailed", "DatasetEvicted",
               "NodeDatasets"),

@@ -34,6 +34,7 @@ from events.bus import Bus, Envelope
 from events.subjects import check_id, job_filter
 from schemas import (
     CancelRequested,
+    DatasetEvictRequested,
     GpuHealthy,
     GpuUnhealthy,
     JobHeld,
@@ -228,6 +229,15 @@ class Client:
         return await self.bus.append(
             NodeUncordoned(event_id=f"uncordon:{node_id}:{secrets.token_hex(6)}", occurred_at=time.time(),
                            node_id=node_id)
+        )
+
+    async def evict_dataset(self, node_id: str, key: str, reason: str = "") -> int:
+        """Ask `node_id`'s agent to drop the cache entry `key` (once no job there uses it): DatasetEvictRequested."""
+        check_id(node_id, "node id")
+        return await self.bus.append(
+            DatasetEvictRequested(event_id=f"dataset-evict:{node_id}:{key}:{secrets.token_hex(6)}",
+                                  occurred_at=time.time(), node_id=node_id, key=key, requested_by=self.user,
+                                  reason=reason)
         )
 
     async def drain_gpu(self, node_id: str, gpu_index: int, reason: str = "", gpu_uuid: str = "") -> int:

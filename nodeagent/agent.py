@@ -391,6 +391,7 @@ class Agent:
             return  # its workers are the shutdown's now (nodeagent/shutdown.py)
         state = self.follower.state
         await self._recover(state)
+        self.stager.evict_requested(state.node)  # `corral datasets evict` (once no job here uses the dataset)
         work = node_work(state)
         now = time.monotonic()
         if self._failed_starts:

@@ -6,7 +6,8 @@ a pure function of the spec's entry, so the agent that stages it, the fold
 that records which node holds it and the scheduler that prefers warm nodes
 all name it alike: `sha256-<hex>` for an entry with a digest (the same bytes
 from any source are one entry), else `src-<hash of the source>` (the same
-source is one entry).
+source is one entry) -- and of its `fingerprint` when the submitter took one
+(a local directory as it was at submit: an edited one is another entry).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ LOCALITIES = ("prefer", "require")
 NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 #: A digest: sha256 of the archive (a URL) or of the directory's manifest (a path), as `sha256:<64 hex>`.
 DIGEST_RE = re.compile(r"(?:sha256:)?([0-9a-fA-F]{64})")
+#: A local source's fingerprint, taken at submit (events/fingerprint.py): sha256 of each file's relative path,
+#: type, size, mtime_ns and ctime_ns, as `stat:<64 hex>`.
+FINGERPRINT_RE = re.compile(r"stat:[0-9a-f]{64}")
 #: Source schemes the schema accepts (s3:// needs the optional `corral[s3]` on the agents).
 SCHEMES = ("file://", "http://", "https://", "s3://")
 #: Most datasets one job may name, and the longest source or mount.
@@ -47,6 +51,10 @@ class Dataset(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults
     mount: str
     #: `sha256:<hex>` of the archive (or of the directory's manifest); "" for none (then the source names it).
     digest: str = ""
+    #: A local source without a digest: its fingerprint as the submitter saw it (`corral submit` fills it in;
+    #: FINGERPRINT_RE), so an edited directory gets a new cache key and the next job stages it afresh.
+    #: "" (omitted): none, the source alone names it (a spec written before #41 encodes as before).
+    fingerprint: str = ""
 
     @property
     def env_name(self) -> str:
@@ -62,15 +70,17 @@ class Dataset(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaults
     @property
     def key(self) -> str:
         """Its cache key: the same on every node and every reader (a file name: [a-z0-9-])."""
-        return cache_key(self.source, self.digest)
+        return cache_key(self.source, self.digest, self.fingerprint)
 
 
-def cache_key(source: str, digest: str = "") -> str:
-    """`sha256-<hex>` for a digest, else `src-<first 32 hex of sha256(source)>`."""
+def cache_key(source: str, digest: str = "", fingerprint: str = "") -> str:
+    """`sha256-<hex>` for a digest, else `src-<first 32 hex of sha256(source)>` (of `source NUL fingerprint`
+    when it has a fingerprint)."""
     m = DIGEST_RE.fullmatch(digest) if digest else None
     if m:
         return f"sha256-{m.group(1).lower()}"
-    return "src-" + hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    named = source if not fingerprint else f"{source}\0{fingerprint}"
+    return "src-" + hashlib.sha256(named.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def source_scheme(source: str) -> str:
@@ -98,7 +108,7 @@ def dataset_problems(v: Any, out: list[tuple[str, str]]) -> None:
             out.append((p, "must be a mapping {name, source, mount, digest}"))
             continue
         for k in d:
-            if k not in ("name", "source", "mount", "digest"):
+            if k not in ("name", "source", "mount", "digest", "fingerprint"):
                 out.append((f"{p}.{_show(k) if not isinstance(k, str) else k}",
                             "unknown field; expected name, source, mount, digest"))
         name = d.get("name")
@@ -124,6 +134,10 @@ def dataset_problems(v: Any, out: list[tuple[str, str]]) -> None:
         if not isinstance(digest, str) or (digest and not DIGEST_RE.fullmatch(digest)):
             out.append((f"{p}.digest", "must be sha256:<64 hex digits> (sha256 of the archive, or of the "
                                        f"directory's manifest), got {_show(digest)}"))
+        fingerprint = d.get("fingerprint", "")
+        if not isinstance(fingerprint, str) or (fingerprint and not FINGERPRINT_RE.fullmatch(fingerprint)):
+            out.append((f"{p}.fingerprint", "must be stat:<64 lower-case hex digits> (corral submit takes it; "
+                                            f"leave it out), got {_show(fingerprint)}"))
 
 
 def _source_problems(src: Any, path: str, out: list[tuple[str, str]]) -> None:

@@ -78,6 +78,9 @@ class JobWaiting(Event, tag="JobWaiting", frozen=True, omit_defaults=True):
     #: The log keeps the reservation, so every scheduler (a restarted one too) plans around it.
     hold_ranks: tuple[RankPlacement, ...] = ()
     hold_until: float = 0.0
+    #: Code "backfill_head" without a time-limited end: the running gangs its start waits for (#41), so a
+    #: reader tells the start from their ends as they are now (`corral job`, `corral explain`).
+    behind: tuple[str, ...] = ()
 
 
 class WorkerStarted(Event, tag="WorkerStarted", frozen=True):
@@ -505,6 +508,19 @@ class DatasetEvicted(Event, tag="DatasetEvicted", frozen=True):
     reason: str = ""
 
 
+class DatasetEvictRequested(Event, tag="DatasetEvictRequested", frozen=True):
+    """An operator asks a node to drop a dataset from its cache (`corral datasets evict`, #41).
+
+    The node's agent evicts it once no job placed on the node uses it, and says so with a DatasetEvicted of
+    the key (a key it does not hold: at once, 0 bytes), which ends the request in every fold.
+    """
+
+    node_id: str
+    key: str
+    requested_by: str = ""
+    reason: str = ""
+
+
 class CachedDataset(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One entry of a node's dataset cache."""
 
@@ -612,6 +628,7 @@ AnyEvent = (
     | DatasetFailed
     | DatasetEvicted
     | NodeDatasets
+    | DatasetEvictRequested
     | WorkAssigned
     | WorkChanged
     | JobUpdateRequested

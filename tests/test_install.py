@@ -157,6 +157,10 @@ def test_a_new_users_first_jobs_run_where_they_were_submitted(installed: Install
     # 1. The examples ship in the package.
     run([corral, "examples"], proj, env)
     assert (proj / "examples" / "jobs" / "single-gpu.yaml").is_file() and (proj / "examples" / "worker.py").is_file()
+    # ... and so do the dashboard and alert rules (#41): the checkout's deploy/monitoring/, byte for byte.
+    run([corral, "monitoring", "--out", "mon"], proj, env)
+    for name in ("prometheus-rules.yaml", "grafana-dashboard.json"):
+        assert (proj / "mon" / name).read_bytes() == (ROOT / "deploy" / "monitoring" / name).read_bytes(), name
 
     # 2. `corral up` by the venv binary's path, from a directory of its own.
     with open(tmp_path / "up.err", "w") as err:

@@ -195,6 +195,7 @@ def role_permissions(role: str, user: str, node: str | None = None) -> dict[str,
             "corral.job.*.JobUpdateByOperator",  # corral update --operator (issue #41)
             "corral.sched.ReservationCreated",  # corral reservation create / delete
             "corral.sched.ReservationDeleted",
+            "corral.node.*.DatasetEvictRequested",  # corral datasets evict
         ]
     elif role == "scheduler":
         writes = [

@@ -36,6 +36,7 @@ from nodeagent.datasets.fetch import HTTP_TIMEOUT_S, DiskFull, Refused, StagingE
 from nodeagent.datasets.limits import Limits
 from nodeagent.datasets.supervise import size_in_child, stage_in_child
 from orchestrator.core.model.slices import NodeJob
+from orchestrator.core.model.state import EvictRequest, Node
 from orchestrator.core.node_view import NodeView
 from schemas import Event, Mount
 from schemas.datasets import Dataset, source_scheme
@@ -79,6 +80,8 @@ class Stager:
         self._progress: dict[str, tuple[int, int]] = {}
         self._requests: dict[RequestKey, asyncio.Task[object]] = {}
         self._room = asyncio.Lock()
+        #: Evictions asked by the log (`corral datasets evict`), by the request's position: acted on once each.
+        self._evictions: dict[int, asyncio.Task[object]] = {}
         self._stop = threading.Event()
         self._n = 0
 
@@ -144,6 +147,31 @@ class Stager:
         for job in self._state().work.values():
             keys.update(ds.key for ds in job.spec.dataset_list)
         return keys
+
+    def evict_requested(self, node: Node | None) -> None:
+        """Act on the evictions the log asks of this node (DatasetEvictRequested): each one once no job placed
+        here uses its dataset (nor a staging); until then it waits, and the next pass looks again."""
+        asked = {r.seq: r for r in node.evict_requests} if node is not None else {}
+        for seq in [s for s, t in self._evictions.items() if s not in asked and t.done()]:
+            del self._evictions[seq]  # (told and folded)
+        busy = self.in_use()
+        for seq, r in asked.items():
+            if seq not in self._evictions and r.key not in busy:
+                self._evictions[seq] = self._spawn(self._evict_on_request(r))
+
+    async def _evict_on_request(self, r: EvictRequest) -> None:
+        async with self._room:
+            if r.key in self.in_use():  # a gang placed here meanwhile: a later pass asks again
+                self._evictions.pop(r.seq, None)
+                return
+            gone = await asyncio.to_thread(self.cache.evict, r.key)
+        by = f" by {r.requested_by}" if r.requested_by else ""
+        log.info("dataset_evicted", node_id=self.node_id, key=r.key, bytes=gone.size_bytes if gone else 0,
+                 requested_by=r.requested_by, held=gone is not None)
+        await self._append(DatasetEvicted(
+            event_id=f"dataset-evicted:{self.node_id}:{r.key}:request-{r.seq}", occurred_at=time.time(),
+            node_id=self.node_id, key=r.key, size_bytes=gone.size_bytes if gone else 0,
+            reason=f"asked{by} (corral datasets evict)" + ("" if gone else "; this node's cache did not hold it")))
 
     # --- one dataset of one attempt ---------------------------------------------------------
 

@@ -51,6 +51,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "sim": {"sim": "simulate a workload trace under scheduling policies (virtual clock)"},
     "run": {"run": "submit a job from flags and stay attached: every rank's output, its exit status"},
     "examples": {"examples": "write the example jobs, queues and workers into a directory"},
+    "monitoring": {"monitoring": "write the Grafana dashboard and Prometheus alert rules into a directory"},
 }
 
 

@@ -8,10 +8,13 @@ hash of the source: schemas/datasets.py).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from orchestrator.cli.errors import NOT_FOUND, CliError
 from orchestrator.cli.output import human_duration
 from orchestrator.core.model.state import ClusterState, Node
+from schemas.datasets import DIGEST_RE
 
 
 def bytes_text(n: int) -> str:
@@ -80,3 +83,34 @@ def datasets_rows(summary: list[dict[str, Any]], now: float) -> list[list[Any]]:
         used = f"{human_duration(max(0.0, now - d['last_used']))} ago" if d["last_used"] else "-"
         rows.append([", ".join(d["names"]) or "-", d["key"], size, " ".join(n["node_id"] for n in d["nodes"]), used])
     return rows
+
+
+_KEY_RE = re.compile(r"(?:sha256|src)-[0-9a-f]{32,64}")
+
+
+def evict_targets(state: ClusterState, what: str, node_id: str | None = None) -> list[tuple[str, str]]:
+    """(node, cache key) of each cached copy `corral datasets evict WHAT [--node N]` asks to drop.
+
+    WHAT is a cache key (`src-...`, `sha256-...`), a digest (`sha256:<hex>`) or a dataset's name in job specs:
+    a name covers every key jobs gave it (a local directory edited between jobs is one key per version).
+    Only copies the log says a node holds (on `node_id` alone with --node); none is a NOT_FOUND error.
+    """
+    digest = DIGEST_RE.fullmatch(what)
+    if _KEY_RE.fullmatch(what):
+        keys = {what}
+    elif digest:
+        keys = {f"sha256-{digest.group(1).lower()}"}
+    else:
+        keys = {k for k, names in names_by_key(state).items() if what in names}
+        if not keys:
+            raise CliError(f"no dataset named {what!r} in the log's jobs; give a name, a cache key or a digest "
+                           "(`corral datasets` lists them)", NOT_FOUND)
+    if node_id is not None and node_id not in state.nodes:
+        raise CliError(f"unknown node {node_id!r}; known: {', '.join(state.nodes) or 'none registered'}", NOT_FOUND)
+    nodes = [node_id] if node_id is not None else sorted(state.nodes)
+    out = [(n, k) for n in nodes for k in sorted(keys) if k in state.nodes[n].datasets]
+    if not out:
+        holder = f"node {node_id} does not hold" if node_id is not None else "no node holds"
+        raise CliError(f"{holder} {what} in its dataset cache (`corral datasets` lists what each node holds)",
+                       NOT_FOUND)
+    return out

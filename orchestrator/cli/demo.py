@@ -15,6 +15,14 @@ WORKER_IN_IMAGE). A cluster smaller than 4 nodes x 8 GPUs (`corral demo`, or
 `corral up --demo --nodes 2 --gpus-per-node 4`) gets the small workload: a
 two-node gang that an urgent production job preempts, and that resumes from its
 checkpoint.
+
+The demo never touches a cluster it did not make (#41): it defines the queues
+prod and research and shares the GPUs, so on a cluster whose log holds other
+queues, other definitions of those two, or jobs of anyone but the demo it
+refuses (exit 2, saying what it found) before writing anything; a run on a
+cluster of its own (`corral up --demo`) or on one only demos used goes ahead.
+`corral demo` narrates only what it does (from the log's end), never the
+cluster's earlier history.
 """
 
 from __future__ import annotations
@@ -23,11 +31,11 @@ import asyncio
 import sys
 import time
 from contextlib import aclosing
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from events.bus import Bus
 from events.sdk import FINAL, Client
-from orchestrator.cli.errors import FAILURE, OK
+from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.cli.render import line
 from schemas import (
     Checkpointed,
@@ -42,6 +50,9 @@ from schemas import (
     PreemptionRequested,
     tag_of,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.core.model.state import ClusterState
 
 #: The toy worker, a module of the installed package (orchestrator/demo_worker.py).
 WORKER_MODULE = "orchestrator.demo_worker"
@@ -65,6 +76,56 @@ def _job(name: str, queue: str, ranks: int, gpus: int, steps: int, image: str | 
 
 def needs_small_workload(nodes: int, gpus_per_node: int) -> bool:
     return nodes < FULL_NODES or gpus_per_node < FULL_GPUS_PER_NODE
+
+
+#: Who the demo submits as (`submitted_by`): its own jobs, told apart from anyone else's.
+DEMO_USER = "demo"
+
+#: A queue's definition as the demo compares it: (weight, guaranteed GPUs, limit, parent).
+Definition = tuple[float, int, int | None, str | None]
+
+
+def demo_queues(small: tuple[int, str | None] | None) -> dict[str, Definition]:
+    """The queues the workload defines (`_submit_small_workload`, `_submit_workload`): what it would write."""
+    if small is None:
+        return {"prod": (2.0, 16, None, None), "research": (1.0, 8, None, None)}
+    return {"prod": (2.0, small[0], None, None), "research": (1.0, 0, None, None)}
+
+
+def not_the_demos(state: ClusterState, queues: dict[str, Definition]) -> list[str]:
+    """What the log holds that the demo did not make, one phrase each ([]: a cluster of its own, or only demos')."""
+    out: list[str] = []
+    others = sorted(q for q in state.queues if q not in queues)
+    if others:
+        out.append(f"queue(s) {', '.join(others)}")
+    changed = [f"{q} (weight {d.weight:g}, guarantee {d.guaranteed_gpus}, limit "
+               f"{'none' if d.limit_gpus is None else d.limit_gpus})"
+               for q, d in sorted(state.queues.items())
+               if q in queues and (d.weight, d.guaranteed_gpus, d.limit_gpus, d.parent) != queues[q]]
+    if changed:
+        out.append(f"its queue names defined otherwise: {', '.join(changed)}")
+    users: dict[str, int] = {}
+    for job in state.jobs.values():
+        if job.submitted_by != DEMO_USER:
+            users[job.submitted_by or "?"] = users.get(job.submitted_by or "?", 0) + 1
+    if users:
+        n = sum(users.values())
+        out.append(f"{n} job{'' if n == 1 else 's'} of " + ", ".join(sorted(users)))
+    return out
+
+
+async def refuse_a_cluster_not_its_own(bus: Bus, small: tuple[int, str | None] | None) -> None:
+    """Raise CliError (exit 2) when the cluster holds queues or jobs the demo did not make: nothing is written."""
+    from orchestrator.cli.state_view import load_state
+
+    if await bus.last_seq() == 0:
+        return
+    found = not_the_demos(await load_state(bus), demo_queues(small))
+    if found:
+        raise CliError("the demo runs only on a cluster of its own, and this one holds " + "; ".join(found)
+                       + ": it would redefine queues prod and research and take GPUs from those jobs, so nothing "
+                         "was submitted or changed; run it on a cluster of its own: corral up --demo --data-dir "
+                         ".corral/demo", USAGE)
 
 
 class Workload(NamedTuple):
@@ -166,7 +227,7 @@ async def _fresh_start(bus: Bus, client: Client) -> tuple[int, str]:
               for name in ("urgent-eval", "ddp-2node", "bert-2x8")):
         n += 1
     run = "" if n == 1 else f"-{n}"
-    left = sorted(j.job_id for j in state.jobs.values() if j.submitted_by == "demo" and j.status not in TERMINAL)
+    left = sorted(j.job_id for j in state.jobs.values() if j.submitted_by == DEMO_USER and j.status not in TERMINAL)
     if not run and not left:
         return 0, ""  # no demo ran here before: narrate the whole log, the cluster's start included
     print(f"demo: the log already holds an earlier demo run ({start} events): this is "
@@ -183,14 +244,20 @@ async def _fresh_start(bus: Bus, client: Client) -> tuple[int, str]:
 URGENT_AFTER_S = 2.0
 
 
-async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[int, str | None] | None = None) -> int:
+async def run_demo(bus: Bus, url: str, *, duration: float = 0.0, small: tuple[int, str | None] | None = None,
+                   from_end: bool = False) -> int:
     """Submit and narrate; `small` = (GPUs per node, image): the small workload (see the module note).
 
     OK when every job completed; FAILURE, naming them, when any did not (failed, rejected,
-    cancelled, or unfinished when `duration` ran out).
+    cancelled, or unfinished when `duration` ran out). Raises CliError (exit 2) before writing anything on a
+    cluster it did not make (`refuse_a_cluster_not_its_own`). `from_end`: narrate only from the log's end
+    (`corral demo`: the cluster's own start is not the demo's story).
     """
-    client = Client(bus, user="demo")
+    await refuse_a_cluster_not_its_own(bus, small)
+    client = Client(bus, user=DEMO_USER)
     start, run = await _fresh_start(bus, client)
+    if from_end:
+        start = max(start, await bus.last_seq())
     print(f"demo: submitting the workload (watch it too: corral --nats {url} tail)", flush=True)
     if small is None:
         ids, urgent = await _submit_workload(client, run)

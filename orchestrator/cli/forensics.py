@@ -31,8 +31,10 @@ from orchestrator.cli.views import (
     gpu_map,
     job_estimate,
     job_line,
+    job_start,
     line_lines,
     queues_rows,
+    start_lines,
 )
 from orchestrator.core.gating import gate_reason, has_gates
 from orchestrator.core.model.state import TERMINAL
@@ -179,19 +181,24 @@ async def explain(args: argparse.Namespace) -> int:
             story = await _read_story(bus, job_id, at.seq)
             if not story.entries:
                 raise CliError(f"job {job_id!r} has no event up to #{at.seq} (--at {args.at})", NOT_FOUND)
+        # The present `corral job` counts from (the server's clock, or --at's moment), not the log's newest event:
+        # on a quiet log that is minutes old, and the two commands told one job's end or start differently.
+        now = (await resolve_at(bus, args.at, clock)).time
     job, entries = story.job, story.entries
     summary = story_summary(job, job_id, entries)
     pending = pending_by_reason(entries, story.end)
     # A job's first reason names its estimate only if it queued behind others; say it for any job not over,
-    # as of the log's newest event (the story's "now").
-    estimate = job_estimate(story.state, job, story.end) if job is not None else None
+    # with the functions `corral job` tells it by, on the fold's record of the job.
+    live = story.state.jobs.get(job_id, job)
+    estimate = job_estimate(story.state, live, now) if live is not None else None
+    start = job_start(story.state, live, now) if live is not None else None
     # Held, waiting for the jobs it depends on, or for a slot of its array (core/gating.py).
     gate = gate_reason(story.state, story.state.jobs[job_id]) if job_id in story.state.gated else None
-    line = job_line(job, story.end) if job is not None else None
+    line = job_line(live, now) if live is not None else None
     if args.json:
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
-                    "summary": summary, "pending_s": pending, "estimate": estimate, "gate": gate, "line": line,
-                    "timeline": [e.to_dict() for e in entries]})
+                    "summary": summary, "pending_s": pending, "estimate": estimate, "expected_start": start,
+                    "gate": gate, "line": line, "timeline": [e.to_dict() for e in entries]})
         return OK if job is not None else NOT_FOUND
     print(summary)
     if gate is not None:
@@ -199,11 +206,14 @@ async def explain(args: argparse.Namespace) -> int:
     if pending:
         reasons = ", ".join(f"{human_duration(t)} {code}" for code, t in pending.items())
         print(f"  pending {human_duration(sum(pending.values()))} in all: {reasons}")
-    if job is not None and estimate is not None:  # no history yet: the story has nothing to add
-        for key, value in estimate_lines(estimate, job, story.end):
+    if live is not None:
+        for key, value in start_lines(start, now):
             print(f"  {key}: {value}")
-    if job is not None:
-        for key, value in line_lines(line, job, story.end):
+    if live is not None and estimate is not None:  # not known: the story has nothing to add
+        for key, value in estimate_lines(estimate, live, now):
+            print(f"  {key}: {value}")
+    if live is not None:
+        for key, value in line_lines(line, live, now):
             print(f"  {key}: {value}")
     print("\n".join(story_lines(entries, clock, every=args.all)))
     return OK if job is not None else NOT_FOUND  # a story without its submission is not the job's story

@@ -14,6 +14,7 @@ import msgspec
 from msgspec.structs import replace
 
 from events.bus import Bus
+from events.fingerprint import with_fingerprints
 from events.sdk import FINAL, AdmissionRefused, Client, default_user, new_job_id
 from events.subjects import type_filters
 from orchestrator.cli.arrays import ArraySpecError, parse_array
@@ -127,6 +128,9 @@ async def submit(args: argparse.Namespace) -> int:
     told: list[str] = []  # what the export left out, said once the job is in
     spec = with_submitter(spec_with_flags(load_jobspec(args.file), args, args.file), args, notice=told.append)
     spec = with_spec_extras(spec, args)  # --reservation, --notify-url (orchestrator/cli/spec_extras.py)
+    spec, notes = with_fingerprints(spec)  # local datasets as they are now: an edit is a new cache entry (#41)
+    for note in notes:
+        print(f"corral: note: {note}", file=sys.stderr)
     try:
         array = parse_array(args.array) if args.array is not None else None
     except ArraySpecError as e:

@@ -10,7 +10,15 @@ import msgspec
 from events.subjects import InvalidId, check_id
 from orchestrator.cli import jobcolumns
 from orchestrator.cli.connect import add_connection_args, connected
-from orchestrator.cli.datasets_view import DATASETS_HEADERS, cache_text, datasets_rows, datasets_summary, node_datasets
+from orchestrator.cli.datasets_view import (
+    DATASETS_HEADERS,
+    cache_text,
+    datasets_rows,
+    datasets_summary,
+    evict_targets,
+    names_by_key,
+    node_datasets,
+)
 from orchestrator.cli.errors import FAILURE, NOT_FOUND, OK, USAGE, CliError
 from orchestrator.cli.indexed import add_index_arg, asked, job_of, wants_index
 from orchestrator.cli.output import print_json, print_table
@@ -228,6 +236,28 @@ async def datasets(args: argparse.Namespace) -> int:
     return OK
 
 
+async def datasets_evict(args: argparse.Namespace) -> int:
+    """`corral datasets evict NAME|KEY|DIGEST [--node N]`: DatasetEvictRequested to each node holding a copy."""
+    from events.sdk import Client
+
+    if args.node is not None:
+        checked_id(args.node, "node id")
+    async with connected(args) as bus:
+        state = await load_state(bus)
+        targets = evict_targets(state, args.dataset, args.node)
+        client = Client(bus)
+        asked = [(node, key, await client.evict_dataset(node, key, reason=args.reason)) for node, key in targets]
+    names = names_by_key(state)
+    if args.json:
+        print_json({"requests": [{"node_id": n, "key": k, "names": names.get(k, []), "seq": seq}
+                                 for n, k, seq in asked]})
+        return OK
+    for node, key, seq in asked:
+        named = f" ({', '.join(names[key])})" if names.get(key) else ""
+        print(f"{node}: evict {key}{named} asked (#{seq}); its agent drops it once no job there uses it")
+    return OK
+
+
 async def queues(args: argparse.Namespace) -> int:
     state, now = await state_at(args)
     summaries = queue_summaries(state, now)
@@ -287,9 +317,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("datasets", help="which node caches which dataset",
                        description="Every dataset a node's cache holds, folded from the log (the agents' "
                                    "NodeDatasets, DatasetReady and DatasetEvicted): its names in job specs, cache "
-                                   "key, size, the nodes holding it, and when a job last used it.")
+                                   "key, size, the nodes holding it, and when a job last used it. "
+                                   "`corral datasets evict` drops one from the nodes' caches.")
     common(p)
     p.set_defaults(handler=datasets)
+    dsub = p.add_subparsers(dest="datasets_command", metavar="ACTION")
+    e = dsub.add_parser("evict", help="drop a dataset from the nodes' caches (the next job stages it again)",
+                        description="Ask each node whose cache holds the dataset (or only --node N) to drop it "
+                                    "(DatasetEvictRequested); its agent deletes it once no job placed there uses "
+                                    "it and tells DatasetEvicted. The next job naming it stages it afresh.")
+    add_connection_args(e)
+    e.add_argument("dataset", metavar="NAME|KEY|DIGEST", help="a dataset's name in job specs (every cached "
+                   "version of it), a cache key (src-..., sha256-...) or a digest (sha256:<hex>)")
+    e.add_argument("--node", metavar="N", help="only on this node")
+    e.add_argument("--reason", default="", help="why (kept in the log)")
+    e.add_argument("--json", action="store_true", help="machine-readable output (each request's log position)")
+    e.set_defaults(handler=datasets_evict)
 
     p = sub.add_parser("queues", help="list queues", description="Queues: GPUs used vs guarantee vs limit, "
                        "weight, pending and active jobs.")

@@ -12,6 +12,7 @@ from schemas import (
     Checkpointed,
     ClusterConfigured,
     DatasetEvicted,
+    DatasetEvictRequested,
     DatasetFailed,
     DatasetReady,
     DatasetStaging,
@@ -164,6 +165,9 @@ def essentials(event: AnyEvent | Unknown) -> str:
             return f"attempt={event.attempt} {event.dataset} on {event.node_id}: {event.reason}"
         case DatasetEvicted():
             return f"{event.key} {mb(event.size_bytes)} {event.reason}".rstrip()
+        case DatasetEvictRequested():
+            by = f" by {event.requested_by}" if event.requested_by else ""
+            return f"{event.key} evict asked{by} {event.reason}".rstrip()
         case NodeDatasets():
             cap = f" of {mb(event.capacity_bytes)}" if event.capacity_bytes else ""
             used = sum(d.size_bytes for d in event.datasets)

@@ -9,6 +9,7 @@ import errno
 import os
 import signal
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -183,7 +184,8 @@ async def start_metrics(args: argparse.Namespace, *, scheduler: Scheduler | None
     # Before the services run, so their catch-up is counted too; each registers its own collectors.
     registry = ServiceRegistry([*([scheduler.bus] if scheduler is not None else []), *(a.bus for a in agents)])
     if scheduler is not None:
-        watch_scheduler(registry, scheduler.follower, scheduler.heartbeat_ages)
+        watch_scheduler(registry, scheduler.follower, scheduler.heartbeat_ages,
+                        lambda: (scheduler.config.scheduler_id, scheduler.leading))
         registry.require("scheduler", scheduler.cannot_lead)  # /readyz: 503 while it cannot lead (says why)
     watch_agents(registry, agents)
     if archiver:
@@ -419,7 +421,8 @@ async def run_demo_on_cluster(args: argparse.Namespace) -> int:
         if len(nodes) < 2:
             raise CliError(f"the demo needs two registered nodes, found {len(nodes)} after {args.wait:g} s", FAILURE)
         gpus = min(n.inventory.gpu_count for n in nodes)
-        return await run_demo(bus, getattr(args, "nats", ""), duration=args.duration, small=(gpus, args.image))
+        return await run_demo(bus, getattr(args, "nats", ""), duration=args.duration, small=(gpus, args.image),
+                              from_end=True)
 
 
 # --- corral up ---------------------------------------------------------------------
@@ -563,7 +566,11 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
             services.append(tg.create_task(notifier.run()))  # end-of-job notes (orchestrator/notifier.py)
             if args.demo:
                 small = (args.gpus_per_node, None) if needs_small_workload(args.nodes, args.gpus_per_node) else None
-                result = await until_stop(stop, run_demo(bus, url, duration=args.duration, small=small), OK)
+                try:
+                    result = await until_stop(stop, run_demo(bus, url, duration=args.duration, small=small), OK)
+                except CliError as e:  # a data dir with queues or jobs of someone else's: the demo refused
+                    print(f"corral: error: {e}", file=sys.stderr, flush=True)
+                    result = e.code
             elif args.duration:
                 await until_stop(stop, asyncio.sleep(args.duration), None)
             else:
@@ -817,7 +824,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="submit the small demo workload to a running cluster and narrate it",
                        description="A two-node gang that an urgent production job preempts and that resumes from "
                                    "its checkpoint, sized to the registered nodes' GPUs (docker compose runs it). "
-                                   "Defines the queues prod and research: connect as a user that may (admin).")
+                                   "Defines the queues prod and research: connect as a user that may (admin). "
+                                   "Refuses (exit 2, changing nothing) a cluster whose log holds other queues, "
+                                   "other definitions of those two, or jobs of anyone but the demo.")
     add_connection_args(p)
     p.add_argument("--image", help="run the workers as containers of IMAGE (it must hold the toy worker, "
                                    "orchestrator/demo_worker.py, at /opt/corral/worker.py: deploy/Dockerfile --target "

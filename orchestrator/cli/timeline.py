@@ -33,6 +33,7 @@ from schemas import (
     Checkpointed,
     ClusterConfigured,
     DatasetEvicted,
+    DatasetEvictRequested,
     DatasetFailed,
     DatasetReady,
     DatasetStaging,
@@ -211,7 +212,7 @@ def _text(ev: AnyEvent, job_id: str, before: Job | None, state: ClusterState) ->
         case (NodeRegistered() | NodeFailed() | NodeRecovered() | NodeCordoned() | NodeUncordoned() | QueueDefined()
               | QueueDeleted() | SchedulerElected() | ClusterConfigured() | GpuUnhealthy() | GpuHealthy()
               | NodeHealthChecked() | DatasetEvicted() | NodeDatasets() | ReservationCreated()
-              | ReservationDeleted()):
+              | ReservationDeleted() | DatasetEvictRequested()):
             return None  # about no job: the job_id test above has already left
         case _:
             assert_never(ev)

@@ -36,7 +36,15 @@ from orchestrator.cli.render import line
 from orchestrator.cli.state_view import load_state, log_now
 from orchestrator.cli.timespec import seconds_arg
 from orchestrator.cli.top_scroll import Scroll, keys, visible
-from orchestrator.cli.views import job_queue, job_shape, node_state, queue_summaries, readable, sorted_nodes
+from orchestrator.cli.views import (
+    job_queue,
+    job_shape,
+    node_state,
+    queue_summaries,
+    readable,
+    sorted_nodes,
+    waiting_text,
+)
 from orchestrator.core.evolve import evolve
 from orchestrator.core.gating import gate_reason
 from orchestrator.core.model.state import FREE, ClusterState
@@ -153,7 +161,7 @@ def _pending(state: ClusterState, limit: int, now: float) -> RenderableType:
         job = state.jobs[jid]
         w, gate = job.waiting, gate_reason(state, job)
         t.add_row(jid, job_queue(state, job), str(job.spec.priority), job_shape(job),
-                  f"gated: {gate}" if gate is not None else f"{w.code}: {readable(w.message, now)}" if w
+                  f"gated: {gate}" if gate is not None else readable(waiting_text(state, job), now) if w
                   else "not looked at yet")
     more = len(state.pending) - limit
     return Group(t, Text(f"... and {more} more", style="dim")) if more > 0 else t

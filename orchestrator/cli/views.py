@@ -16,7 +16,14 @@ from orchestrator.cli.output import human_duration
 from orchestrator.cli.render import placement_summary
 from orchestrator.cli.timespec import SIMULATED_BEFORE_S, LogClock
 from orchestrator.core.gating import gate_reason
-from orchestrator.core.model.estimates import LIMIT, estimated_end
+from orchestrator.core.model.estimates import (
+    LIMIT,
+    MIN_SAME_NAME,
+    MIN_SAME_SIZE,
+    expected_start,
+    line_place,
+    told_end,
+)
 from orchestrator.core.model.plan import QueueLoad
 from orchestrator.core.model.state import (
     FINAL_RANKS_KEPT,
@@ -69,8 +76,23 @@ def job_note(job: Job, state: ClusterState | None = None) -> str:
     if job.status == "pending":
         if job.waiting is None:
             return "waiting for the scheduler"
-        return f"{job.waiting.code}: {job.waiting.message}"
+        return waiting_text(state, job)
     return job.end_reason or job.failure
+
+
+def waiting_text(state: ClusterState, job: Job) -> str:
+    """A pending job's reason, `code: message`; a reservation holder's with its place in its queue's line as the
+    state is now (estimates.line_place: exactly one holder per queue is first in line)."""
+    w = job.waiting
+    if w is None:
+        return "not looked at by the scheduler yet"
+    place = line_place(state, job)
+    if place is None:
+        return f"{w.code}: {w.message}"
+    message = w.message
+    if message.startswith("first in line for "):  # (written before #41, its place then)
+        return f"{w.code}: {place} {message.removeprefix('first in line ')}"
+    return f"{w.code}: {place} with {message}"
 
 
 def job_age(job: Job, now: float) -> float:
@@ -186,12 +208,13 @@ _ENDS_BY_ESTIMATE = frozenset({"reserved", "running"})
 
 
 def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | None:
-    """The run time the scheduler expects of a job not yet finished, learned from the log, and its source.
+    """The run time corral tells of a job not yet finished, learned from the log, and its source.
 
-    The same estimate backfill plans with (`Policies.estimate`, core/model/estimates.py): the median
-    of the newest completed runs of the job's name by its user in its queue, else of its queue.
-    A placed gang's `expected_end` is when backfill counts on its GPUs coming back (never
-    before `now`). None: the job is over, or nothing like it has completed yet.
+    The one the scheduler tells (`Policies.estimate`, core/model/estimates.py `told_estimate`): the median
+    of at least MIN_SAME_NAME completed runs of the job's name by its user in its queue, else of at least
+    MIN_SAME_SIZE of its user's jobs of its GPU count there. A placed gang's `expected_end` is when it should
+    let its GPUs go (None once it has outrun the estimate: `outrun`). None: the job is over, or too few runs
+    like it completed (not known).
     """
     if job.status in TERMINAL:
         return None
@@ -200,14 +223,10 @@ def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | 
     est = DEFAULT_POLICIES.estimate(state, job, job_queue(state, job))
     if est is None:
         return None
-    end = estimated_end(est, job, now) if job.status in _ENDS_BY_ESTIMATE else None
-    # Its queue's median is other jobs' run time: say so, and that this one has outrun it once it has.
-    text = est.describe()
-    if est.source != "job":
-        text += f" (no completed run of {job.spec.name!r} of its own yet)"
-    outrun = end is None and est.source != "job" and job.status in _ENDS_BY_ESTIMATE
+    end = told_end(est, job, now) if job.status in _ENDS_BY_ESTIMATE else None
+    outrun = end is None and job.status in _ENDS_BY_ESTIMATE
     return {"seconds": est.seconds, "source": est.source, "samples": est.samples, "about": est.about,
-            "text": text, "expected_end": end, "outrun": outrun}
+            "text": est.describe(), "expected_end": end, "outrun": outrun}
 
 
 def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> list[tuple[str, str]]:
@@ -215,16 +234,38 @@ def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> lis
     if job.status in TERMINAL:
         return []
     if estimate is None:
-        return [("estimate", f"none yet: no completed run of {job.spec.name!r} or in its queue")]
+        who = f" by {job.submitted_by}" if job.submitted_by else ""
+        return [("estimate", f"not known: fewer than {MIN_SAME_NAME} completed runs of {job.spec.name!r}{who} in "
+                             f"its queue, and fewer than {MIN_SAME_SIZE} of its user's {job.spec.total_gpus}-GPU "
+                             "jobs there")]
     out = [("estimate", estimate["text"])]
     end = estimate["expected_end"]
     if estimate["outrun"]:
-        out.append(("ends", "not known: it has run longer than its queue's median, which is no guide to it"))
+        out.append(("ends", "not known: it has run longer than its estimate, which is no guide to it"))
     elif end is not None:
         clock = LogClock(simulated=now < SIMULATED_BEFORE_S)
-        late = "now: it has run past its estimate" if end <= now else f"in {human_duration(end - now)}, by the estimate"
-        out.append(("ends", f"{clock.instant(end)} ({late})"))
+        out.append(("ends", f"{clock.instant(end)} (in {human_duration(end - now)}, by the estimate)"))
     return out
+
+
+def job_start(state: ClusterState, job: Job, now: float) -> dict[str, Any] | None:
+    """When a pending job holding a reservation is expected to start, as of `now` (estimates.expected_start:
+    never a moment already past; `at` None: not known), for `corral job` and `corral explain` alike."""
+    from orchestrator.policies import DEFAULT_POLICIES
+
+    start = expected_start(state, job, now, DEFAULT_POLICIES.stop_margin_s, DEFAULT_POLICIES.estimate)
+    return None if start is None else {"at": start.at, "why": start.why}
+
+
+def start_lines(start: dict[str, Any] | None, now: float) -> list[tuple[str, str]]:
+    """`starts` (key, value) for the human views of a reservation holder."""
+    if start is None:
+        return []
+    if start["at"] is None:
+        return [("starts", start["why"])]
+    clock = LogClock(simulated=now < SIMULATED_BEFORE_S)
+    when = "now" if start["at"] <= now else f"in {human_duration(start['at'] - now)}"
+    return [("starts", f"{clock.instant(start['at'])} ({when}, {start['why']})")]
 
 
 _CLAIM_FROM = {LIMIT: "its time limit", "job": "the learned run time of its name's past runs",
@@ -316,6 +357,7 @@ def job_detail(state: ClusterState, job: Job, now: float) -> dict[str, Any]:
         "staging": _builtins(job.staging),
         "earmark": _builtins(job.earmark),
         "estimate": job_estimate(state, job, now),
+        "expected_start": job_start(state, job, now),
         "line": job_line(job, now),
         "rank_states": rank_rows,
         "spec": _builtins(job.spec),
@@ -395,8 +437,8 @@ def job_lines(state: ClusterState, job: Job, now: float) -> list[str]:
     if gate is not None:
         kv.append(("pending", f"gated: {gate}"))
     elif job.status == "pending":
-        w = job.waiting
-        kv.append(("pending", f"{w.code}: {readable(w.message, now)}" if w else "not looked at by the scheduler yet"))
+        kv.append(("pending", readable(waiting_text(state, job), now)))
+    kv.extend(start_lines(d["expected_start"], now))
     kv.extend(estimate_lines(d["estimate"], job, now))
     kv.extend(line_lines(d["line"], job, now))
     if job.status == "preempting":
@@ -617,6 +659,7 @@ def pending_summaries(state: ClusterState) -> list[dict[str, Any]]:
             "attempt": job.attempt,
             "code": "gated" if gate is not None else w.code if w else None,
             "message": gate if gate is not None else w.message if w else None,
+            "place": line_place(state, job),
         })
     return out
 

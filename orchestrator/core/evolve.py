@@ -77,7 +77,14 @@ from orchestrator.core.evolve_reserved import reservation_created, reservation_d
 from orchestrator.core.evolve_workers import checkpointed, worker_exited, worker_started
 from orchestrator.core.model.state import ClusterState, needs_look
 from orchestrator.core.requeues import requeue_requested
-from orchestrator.core.staging import dataset_evicted, dataset_failed, dataset_ready, dataset_staging, node_datasets
+from orchestrator.core.staging import (
+    dataset_evicted,
+    dataset_failed,
+    dataset_ready,
+    dataset_staging,
+    evict_requested,
+    node_datasets,
+)
 from orchestrator.core.updates import job_updated, update_requested
 from schemas.events import (
     AnyEvent,
@@ -85,6 +92,7 @@ from schemas.events import (
     Checkpointed,
     ClusterConfigured,
     DatasetEvicted,
+    DatasetEvictRequested,
     DatasetFailed,
     DatasetReady,
     DatasetStaging,
@@ -138,7 +146,7 @@ _ALLOCATION_UNTOUCHED = (
 _WANT_UNTOUCHED = (JobSubmitted, JobWaiting, WorkerStarted, Checkpointed, DatasetStaging, JobHeld, JobReleased,
                    JobRunning, JobUpdateRequested)
 _NODE_EVENTS = (NodeRegistered, NodeFailed, NodeRecovered, NodeCordoned, NodeUncordoned, GpuUnhealthy, GpuHealthy,
-                NodeHealthChecked, DatasetReady, DatasetEvicted, NodeDatasets)
+                NodeHealthChecked, DatasetReady, DatasetEvicted, NodeDatasets, DatasetEvictRequested)
 
 
 def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: float | None = None) -> ClusterState:
@@ -231,6 +239,8 @@ def evolve(state: ClusterState, event: AnyEvent | Unknown, seq: int = 0, at: flo
         case NodeDatasets():
             node_datasets(state, event)
             cache_listed(state, event)
+        case DatasetEvictRequested():
+            evict_requested(state, event, state.seq)
         case WorkAssigned():
             work_assigned(state, event, state.seq)
         case WorkChanged():

@@ -224,7 +224,7 @@ def job_waiting(state: ClusterState, e: JobWaiting, at: float) -> None:
     state.jobs[e.job_id] = replace(job, waiting=Waiting(code=e.code, message=e.message, at=at,
                                                             hold_ranks=e.hold_ranks,
                                                             hold_until=rebased(e.hold_until, e.occurred_at, at),
-                                                            seq=state.seq))
+                                                            behind=e.behind, seq=state.seq))
     if e.code == RESERVING:
         if e.job_id not in state.holders:
             state.holders.append(e.job_id)

@@ -9,8 +9,10 @@ per decision (measured: 92% of a 400-job log), and the log, every replay and
 every tail pay for numbers nobody reads. Messages avoid relative times so
 they do not change every tick. A job's first "queued" reason tells its
 expected run time learned from the log (core/model/estimates.py) and where it comes
-from; a reservation behind gangs without time limits names an estimated start
-(reservations._estimated_start).
+from; a reservation names the gangs it waits for (its GPUs' holders, `behind`), from
+which `corral job` and `corral explain` tell its start as of the moment they are asked
+(core/model/estimates.py: `expected_start`): a start written into the message would be past
+within minutes.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Outcome(NamedTuple):
     hold: Hold | None = None
     #: The told reservation was planned afresh because GPUs came back since (reservations._came_back).
     replanned: bool = False
+    #: BACKFILL_HEAD without a time-limited start: the running gangs it waits for (JobWaiting.behind).
+    behind: tuple[str, ...] = ()
 
 
 def capacity_outcome(req: GangRequest, index: FreeIndex, model: str | None) -> Outcome:
@@ -119,6 +123,8 @@ def due(job: Job, o: Outcome, now: float, settle_at: float, unexplained: bool) -
         # it instead of planning it again (measured: half of all plans in a busy cluster).
         told = (w.hold_ranks, w.hold_until)
         return (o.hold.ranks, o.hold.until) != told or now - w.at >= REFRESH_S or o.replanned
+    if w.code == o.code == BACKFILL_HEAD and w.behind != o.behind:
+        return now - w.at >= REFRESH_S  # the gangs it waits for move like numbers: refreshed as they are
     if w.code == o.code and w.message == o.message:
         return False
     if w.code != o.code and not (w.code in _TURN and o.code in _TURN):
@@ -136,4 +142,5 @@ def _waiting(c: Cycle, job: Job, o: Outcome) -> JobWaiting:
         epoch=c.epoch,
         hold_ranks=o.hold.ranks if o.hold is not None else (),
         hold_until=o.hold.until if o.hold is not None else 0.0,
+        behind=o.behind,
     )

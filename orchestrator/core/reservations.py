@@ -32,10 +32,9 @@ from orchestrator.core.explain import BACKFILL_HEAD, Outcome
 from orchestrator.core.lines import Line
 from orchestrator.core.locality import locality_note
 from orchestrator.core.model.capacity import FreeIndex
-from orchestrator.core.model.estimates import estimated_end
 from orchestrator.core.model.plan import Hold
 from orchestrator.core.model.running import ends_at
-from orchestrator.core.model.state import FREE, HOLDING, RESERVING, Job, Waiting
+from orchestrator.core.model.state import FREE, RESERVING, Job, Waiting
 from orchestrator.core.model.usage import ancestors, resolve_queue
 from orchestrator.core.reserved_nodes import waiting_note
 from orchestrator.policies import Ending
@@ -124,12 +123,14 @@ def give_reservation(adm: AdmitContext, job: Job, queue: str, req: GangRequest, 
     # Charged to its queue's share: a queue does not get the next GPUs as well as a reservation
     # for its gang, so on a full cluster, where every freed GPU is reserved, fair share still holds.
     plan.charge_share(queue, req.gpus)
-    when = f"at t={hold.until:.0f}" if math.isfinite(hold.until) else _estimated_start(adm, hold)
-    why = f"first in line for {req.gpus} GPUs: holding {held} free, expected to start {when}"
+    # No place in line ("first in line": two holders of a queue both said so) and no start in the message:
+    # readers tell both from the state as it is when asked (estimates.py: `line_place`, `expected_start`).
+    why = f"a reservation for {req.gpus} GPUs: holding {held} free"
     if req.only is not None:  # node reservations keep it off nodes, or it waits for the nodes holding its datasets
         note = waiting_note(adm.c.state, job, adm.c.now)
         why += f"; {note or locality_note(req, job.spec, adm.c.topo.order)}"
-    return Outcome(BACKFILL_HEAD, why, hold if math.isfinite(hold.until) else None, replanned)
+    finite = math.isfinite(hold.until)
+    return Outcome(BACKFILL_HEAD, why, hold if finite else None, replanned, () if finite else _behind(adm, hold))
 
 
 def _endings(adm: AdmitContext) -> Iterator[Ending]:
@@ -176,16 +177,12 @@ def _without(e: Ending, held: dict[str, set[int]]) -> Ending:
     return e._replace(placement=ranks)
 
 
-def _estimated_start(adm: AdmitContext, hold: Hold) -> str:
-    """When a reservation behind gangs without a time limit should start, by their learned run times.
-
-    Each GPU it will start on that is not free now comes free when its gang ends:
-    by the gang's time limit if it has one, else by its estimate (`Policies.estimate`,
-    core/model/estimates.py). The latest of those ends, with the estimate it came from; no
-    estimate for one of the gangs: "when running jobs end", as without history.
-    """
+def _behind(adm: AdmitContext, hold: Hold) -> tuple[str, ...]:
+    """The gangs a reservation without a time-limited start waits for: those holding (or placed this cycle on)
+    the GPUs it will start on that are not free now, in placement order. Readers tell its start from their
+    ends as they are when asked (core/model/estimates.py: `expected_start`), not from a moment in the message."""
     c, plan = adm.c, adm.plan
-    state, now, margin = c.state, c.now, c.policies.stop_margin_s
+    state = c.state
     placed: dict[tuple[str, int], str] | None = None
     gangs: dict[str, None] = {}
     for rp in hold.ranks:
@@ -201,30 +198,7 @@ def _estimated_start(adm: AdmitContext, hold: Hold) -> str:
                 owner = placed.get((rp.node_id, g), FREE)
             if owner != FREE:
                 gangs[owner] = None
-    start, source = now, ""
-    for jid in gangs:
-        job = state.jobs.get(jid)
-        if job is None:
-            continue
-        if job.status in HOLDING:
-            end = ends_at(job, margin)
-        else:  # placed in this cycle
-            limit = job.spec.time_limit_s
-            end = now + limit + job.spec.grace_period_s + margin if limit is not None else math.inf
-        if not math.isfinite(end):
-            est = c.policies.estimate(state, job, job.queue or resolve_queue(state, job.spec.queue))
-            if est is None:
-                return "when running jobs end"
-            told = estimated_end(est, job, now)
-            if told is None:  # a queue's median this gang outran: no estimate
-                return "when running jobs end"
-            end = told
-            if end >= start:
-                source = f" (job {jid} ends then by its learned run time: {est.describe()})"
-        elif end >= start:
-            source = f" (job {jid} ends then by its time limit)"
-        start = max(start, end)
-    return f"at about t={start:.0f}{source}"
+    return tuple(gangs)
 
 
 def _told_hold(adm: AdmitContext, job: Job) -> Hold | None:

@@ -5,7 +5,8 @@ tell the log: DatasetStaging (progress), DatasetReady, DatasetFailed; their
 caches' contents with NodeDatasets and DatasetEvicted. The fold keeps
 
 - per node, the cache keys it holds (`Node.datasets`), which placement reads
-  to prefer warm nodes;
+  to prefer warm nodes, and the evictions an operator asked of it
+  (DatasetEvictRequested) until its DatasetEvicted (`Node.evict_requests`);
 - per job, the current attempt's staging (`Job.staging`): when it began, each
   (node, dataset)'s progress, and when the last one was ready, which is when
   the agents may start the gang's ranks (`staged`);
@@ -25,8 +26,15 @@ from __future__ import annotations
 from msgspec.structs import replace
 
 from orchestrator.core.evolve_jobs import active
-from orchestrator.core.model.state import ClusterState, Job, StagedDataset, Staging
-from schemas.events import DatasetEvicted, DatasetFailed, DatasetReady, DatasetStaging, NodeDatasets
+from orchestrator.core.model.state import ClusterState, EvictRequest, Job, StagedDataset, Staging
+from schemas.events import (
+    DatasetEvicted,
+    DatasetEvictRequested,
+    DatasetFailed,
+    DatasetReady,
+    DatasetStaging,
+    NodeDatasets,
+)
 
 #: Most characters of an agent's reason kept in a job's failure.
 REASON_CHARS = 500
@@ -116,15 +124,29 @@ def failed_for_good(job: Job) -> bool:
 
 
 def dataset_evicted(state: ClusterState, e: DatasetEvicted) -> None:
+    """The entry is gone: from the node's keys, and any request to evict it is done."""
     node = state.nodes.get(e.node_id)
-    if node is not None and e.key in node.datasets:
-        state.nodes[e.node_id] = replace(node, datasets=tuple(k for k in node.datasets if k != e.key))
+    if node is not None and (e.key in node.datasets or any(r.key == e.key for r in node.evict_requests)):
+        state.nodes[e.node_id] = replace(node, datasets=tuple(k for k in node.datasets if k != e.key),
+                                         evict_requests=tuple(r for r in node.evict_requests if r.key != e.key))
 
 
 def node_datasets(state: ClusterState, e: NodeDatasets) -> None:
     node = state.nodes.get(e.node_id)
     if node is not None:
-        state.nodes[e.node_id] = replace(node, datasets=tuple(sorted({d.key for d in e.datasets})))
+        keys = {d.key for d in e.datasets}
+        # (a request for a key the cache no longer holds is moot: its agent restarted without it)
+        state.nodes[e.node_id] = replace(node, datasets=tuple(sorted(keys)),
+                                         evict_requests=tuple(r for r in node.evict_requests if r.key in keys))
+
+
+def evict_requested(state: ClusterState, e: DatasetEvictRequested, seq: int) -> None:
+    """Remember the request until the node's DatasetEvicted of the key (one per key: the first one stands)."""
+    node = state.nodes.get(e.node_id)
+    if node is None or not e.key or any(r.key == e.key for r in node.evict_requests):
+        return
+    request = EvictRequest(key=e.key, requested_by=e.requested_by, seq=seq)
+    state.nodes[e.node_id] = replace(node, evict_requests=(*node.evict_requests, request))
 
 
 def _hold(state: ClusterState, node_id: str, key: str) -> None:

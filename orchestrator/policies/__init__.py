@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.core.model.capacity import FreeIndex
-from orchestrator.core.model.estimates import Estimate, learned_estimate
+from orchestrator.core.model.estimates import Estimate, told_estimate
 from orchestrator.core.model.facts import ClusterFacts
 from orchestrator.core.model.plan import Hold, QueueLoad
 from orchestrator.core.model.state import ClusterState, Job
@@ -112,7 +112,7 @@ class Policies:
     may_use_held: Callable[[float, Hold], bool] | None = None
     #: A job's run time learned from the log (state, job, its queue): backfill names an estimated
     #: start from it where running gangs have no time limit (core/model/estimates.py). None: no estimate.
-    estimate: Callable[[ClusterState, Job, str], Estimate | None] = learned_estimate
+    estimate: Callable[[ClusterState, Job, str], Estimate | None] = told_estimate
     reject: Callable[[Job, ClusterFacts], tuple[str, ...]] = unfit_reasons
     #: Blocked heads tried per queue per cycle (placements do not count): bounds a cycle's work.
     heads_per_queue: int = 32

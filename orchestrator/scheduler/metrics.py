@@ -13,13 +13,15 @@ Two kinds, for two reasons:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from events.telemetry import ServiceRegistry, count_folded, digest, fold_gauges, gauge
-from orchestrator.core.model.state import FREE, ClusterState, Job, snapshot
+from orchestrator.core import explain
+from orchestrator.core.locality import LOCALITY
+from orchestrator.core.model.state import FREE, ClusterState, Job, JobStatus, snapshot
 from orchestrator.core.model.usage import ancestors, resolve_queue
 from schemas import DatasetReady, GangReserved, GangRestarted, PreemptionRequested, WorkerStarted
 
@@ -64,6 +66,15 @@ DATASET_BYTES_STAGED = Counter("corral_dataset_bytes_staged", "Bytes agents copi
 
 SCHEDULER_METRICS = (DECIDE_SECONDS, PREEMPTIONS, RESTARTS, JOBS_FINISHED, QUEUE_WAIT, QUEUE_GPU_SECONDS,
                      ELECTIONS_REFUSED, STAGING_SECONDS, DATASETS_READY, DATASET_BYTES_STAGED)
+
+
+#: Every label value a labelled gauge is told at, 0 included: a series at 0 is a panel's 0, not its "no data",
+#: and an alert such as `corral_node_condition{condition="failed"} == 1` reads a series that exists.
+JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
+NODE_CONDITIONS = ("ready", "cordoned", "drained", "failed")
+#: The reason codes `decide` tells (orchestrator/core/explain.py, locality.py), and a job not told one yet.
+PENDING_REASONS = (explain.QUEUED, explain.CAPACITY, explain.QUOTA, explain.PREEMPTING, explain.BACKFILL,
+                   explain.BACKFILL_HEAD, explain.NO_NODES, LOCALITY, "unexplained")
 
 
 def count_outcomes(follower: Follower[ClusterState]) -> None:
@@ -164,7 +175,8 @@ def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None =
         node_gpus.add_metric([nid, "free"], free)
         node_gpus.add_metric([nid, "unhealthy"], len(sick))
         cond = "failed" if node.failed else "cordoned" if node.cordoned else "drained" if node.drained else "ready"
-        node_cond.add_metric([nid, cond], 1)
+        for c in NODE_CONDITIONS:
+            node_cond.add_metric([nid, c], 1 if c == cond else 0)
         for g in node.inventory.gpus:
             gpu_healthy.add_metric([nid, str(g.index), g.uuid], 0 if g.index in sick else 1)
         if node.schedulable:
@@ -203,13 +215,13 @@ def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None =
         q_pending.add_metric([name], pending_by_queue.get(name, 0))
 
     pending = gauge("corral_pending_jobs", "Pending jobs by the scheduler's reason code", ["reason"])
-    for code, n in sorted(pending_by_reason.items()):
-        pending.add_metric([code], n)
+    for code in dict.fromkeys([*PENDING_REASONS, *sorted(pending_by_reason)]):
+        pending.add_metric([code], pending_by_reason.get(code, 0))
     jobs = gauge("corral_jobs", "Jobs by status", ["status"])
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = dict.fromkeys(JOB_STATUSES, 0)
     for job in state.jobs.values():
         counts[job.status] = counts.get(job.status, 0) + 1
-    for status, n in sorted(counts.items()):
+    for status, n in counts.items():
         jobs.add_metric([status], n)
     # A counter: the fold only ever adds to it (exposed as corral_void_decisions_total).
     voids = CounterMetricFamily("corral_void_decisions", "Decisions the fold recorded as void (stale epoch, GPUs "
@@ -227,24 +239,43 @@ def state_metrics(state: ClusterState, heartbeat_ages: dict[str, float] | None =
     return out
 
 
+def leader_metric(scheduler_id: str, leading: bool) -> Metric:
+    """`corral_scheduler_leader{scheduler}`: 1 while this scheduler leads, 0 while it stands by.
+
+    Only a scheduler exports it, so the alert rules tell "no scheduler leads" by this metric alone
+    (`absent(corral_scheduler_leader == 1)`), whatever job name the scrape config gives the target.
+    """
+    up = gauge("corral_scheduler_leader", "1 while this scheduler holds the leader lease and decides, 0 while it "
+               "stands by", ["scheduler"])
+    up.add_metric([scheduler_id], 1 if leading else 0)
+    return up
+
+
 class StateCollector:
     """Gauges from a live state, computed when scraped."""
 
     def __init__(self, state: Callable[[], ClusterState],
-                 heartbeat_ages: Callable[[], dict[str, float] | None] = lambda: None) -> None:
+                 heartbeat_ages: Callable[[], dict[str, float] | None] = lambda: None,
+                 leader: Callable[[], tuple[str, bool]] | None = None) -> None:
         self._state = state
         self._heartbeat_ages = heartbeat_ages
+        self._leader = leader
 
     def collect(self) -> Iterable[Metric]:
-        return state_metrics(self._state(), self._heartbeat_ages())
+        out = state_metrics(self._state(), self._heartbeat_ages())
+        if self._leader is not None:
+            out.append(leader_metric(*self._leader()))
+        return out
 
 
 def watch_scheduler(registry: CollectorRegistry, follower: Follower[ClusterState],
-                    heartbeat_ages: Callable[[], dict[str, float] | None]) -> None:
+                    heartbeat_ages: Callable[[], dict[str, float] | None],
+                    leader: Callable[[], tuple[str, bool]] | None = None) -> None:
     """Register the scheduler's metrics in `registry` and count what its `follower` folds.
 
     `heartbeat_ages`: per live node, seconds since its heartbeat was received (None before the
-    monitor runs). Call before the scheduler runs so its catch-up is counted too.
+    monitor runs). `leader`: the scheduler's id and whether it leads now. Call before the scheduler
+    runs so its catch-up is counted too.
     """
     for metric in SCHEDULER_METRICS:
         registry.register(metric)
@@ -253,4 +284,8 @@ def watch_scheduler(registry: CollectorRegistry, follower: Follower[ClusterState
     count_folded(follower, "scheduler")
     count_cluster_facts(follower)
     count_outcomes(follower)
-    registry.register(StateCollector(lambda: follower.state, heartbeat_ages))
+    for kind in ("gang", "rank"):  # counters at 0 too (see JOB_STATUSES)
+        RESTARTS.labels(kind)
+    for cached in ("true", "false"):
+        DATASETS_READY.labels(cached)
+    registry.register(StateCollector(lambda: follower.state, heartbeat_ages, leader))

@@ -22,3 +22,5 @@ async def test_demo_on_a_two_node_cluster_preempts_and_resumes(bus: Bus, nats_se
     assert "gang demo-ddp-2node: all 2 ranks reserved at once across 2 nodes" in text, text
     assert "preempting demo-ddp-2node for demo-urgent-eval" in text, text
     assert "demo-ddp-2node resumed as attempt 2 from its checkpoint" in text, text
+    # #41: it narrates what it does, from the log's end, not the cluster's own start as if it were the demo.
+    assert "NodeRegistered" not in text and "SchedulerElected" not in text, text

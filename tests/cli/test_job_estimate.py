@@ -1,10 +1,11 @@
-"""`corral job` and `corral explain` show the run time the scheduler expects of a job and where it comes from.
+"""`corral job` and `corral explain` show the run time corral expects of a job and where it comes from.
 
-The estimate is the one backfill plans with (core/model/estimates.py): the median of the job's own
-completed runs (same name, user and queue), else of its queue's. Read in-process through the
-parser from a folded log file: three completed runs of alice's `train` (500, 600, 700 s) and one
-of bob's `eval` (300 s) in queue q, then a running and a pending `train`, a pending job of a new
-name (its queue's estimate) and one in a queue without history (none).
+The estimate is the one the scheduler tells (core/model/estimates.py `told_estimate`, #41): the median of
+at least 2 completed runs of the job's own name (same user and queue), else of at least 3 of its user's
+jobs of its size in its queue; else not known. Read in-process through the parser from a folded log
+file: three completed runs of alice's `train` (500, 600, 700 s) and one of bob's `eval` (300 s) in queue
+q, then a running and a pending `train`, a pending job of a new name (alice's 1-GPU jobs' estimate), one
+in a queue without history (not known), and a reservation holder waiting for the running `train`.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def _history() -> list[Event]:
         _submit("outran", "sweep", "alice", NOW - 1000), *_start("outran", NOW - 1000, gpu=1),
         JobWaiting(event_id="w", occurred_at=NOW + 120, job_id="waiting", code="capacity",
                    message="needs 1 GPU, 0 free", epoch=1),
+        # #41: a reservation waiting for `running` (no time limit): its start is told from that job's estimate.
+        _submit("holder", "eval", "bob", NOW + 60),
+        JobWaiting(event_id="wh", occurred_at=NOW + 120, job_id="holder", code="backfill_head",
+                   message="first in line for 1 GPUs: holding 0 free", epoch=1, behind=("running",)),
     ]
     return out
 
@@ -113,13 +118,16 @@ def test_job_shows_the_estimate_its_source_and_a_running_jobs_end(log: Path, cap
     assert waiting["estimate"] == "~600 s, median of 3 runs of name 'train' of alice in queue q"
     assert "ends" not in waiting  # not placed: no end to expect yet
 
-    by_queue = _fields(corral(capsys, "job", "--log", str(log), "new-name"))
-    assert by_queue["estimate"] == ("~550 s, median of 4 runs of 1-GPU jobs in queue q "
-                                    "(no completed run of 'sweep' of its own yet)")
-    assert _fields(corral(capsys, "job", "--log", str(log), "lonely"))["estimate"].startswith("none yet")
-    # Running 1,120 s with no run of its own: its queue's 550 s says nothing of when it ends.
+    by_size = _fields(corral(capsys, "job", "--log", str(log), "new-name"))
+    assert by_size["estimate"] == "~600 s, median of 3 runs of 1-GPU jobs of alice in queue q"
+    assert _fields(corral(capsys, "job", "--log", str(log), "lonely"))["estimate"] == (
+        "not known: fewer than 2 completed runs of 'train' by alice in its queue, and fewer than 3 of its user's "
+        "1-GPU jobs there")
+    # bob ran `eval` once: one run is no estimate (nor are alice's runs one for bob).
+    assert _fields(corral(capsys, "job", "--log", str(log), "holder"))["estimate"].startswith("not known")
+    # Running 1,120 s, its estimate 600 s: its end is not known (never "now", never a moment already past).
     outran = _fields(corral(capsys, "job", "--log", str(log), "outran"))
-    assert outran["ends"] == "not known: it has run longer than its queue's median, which is no guide to it"
+    assert outran["ends"] == "not known: it has run longer than its estimate, which is no guide to it"
     assert "estimate" not in _fields(corral(capsys, "job", "--log", str(log), "d1"))  # finished
 
 
@@ -130,10 +138,10 @@ def test_job_json_has_the_estimate(log: Path, capsys: pytest.CaptureFixture[str]
                        "expected_end": NOW + 600, "outrun": False}
     waiting = json.loads(corral(capsys, "job", "--log", str(log), "waiting", "--json"))["estimate"]
     assert (waiting["seconds"], waiting["source"], waiting["expected_end"]) == (600.0, "job", None)
-    by_queue = json.loads(corral(capsys, "job", "--log", str(log), "new-name", "--json"))["estimate"]
-    assert (by_queue["seconds"], by_queue["source"], by_queue["samples"]) == (550.0, "gpus", 4)
+    by_size = json.loads(corral(capsys, "job", "--log", str(log), "new-name", "--json"))["estimate"]
+    assert (by_size["seconds"], by_size["source"], by_size["samples"]) == (600.0, "user_gpus", 3)
     outran = json.loads(corral(capsys, "job", "--log", str(log), "outran", "--json"))["estimate"]
-    assert (outran["source"], outran["expected_end"], outran["outrun"]) == ("gpus", None, True)
+    assert (outran["source"], outran["expected_end"], outran["outrun"]) == ("user_gpus", None, True)
     for job_id in ("lonely", "d1"):
         assert json.loads(corral(capsys, "job", "--log", str(log), job_id, "--json"))["estimate"] is None
 
@@ -148,7 +156,22 @@ def test_explain_tells_the_estimate_of_a_job_not_over(log: Path, capsys: pytest.
     assert "estimate" not in corral(capsys, "explain", "--log", str(log), "d1")
     assert "estimate" not in corral(capsys, "explain", "--log", str(log), "lonely")  # no history: nothing to add
     story = json.loads(corral(capsys, "explain", "--log", str(log), "new-name", "--json"))
-    assert (story["estimate"]["seconds"], story["estimate"]["source"]) == (550.0, "gpus")
+    assert (story["estimate"]["seconds"], story["estimate"]["source"]) == (600.0, "user_gpus")
+
+
+def test_job_and_explain_tell_a_reservations_start_alike(log: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """#41: one function tells both commands when a reservation holder starts, as of the same moment."""
+    fields = _fields(corral(capsys, "job", "--log", str(log), "holder"))
+    want = (f"{LogClock().instant(NOW + 600)} (in 8m00s, when job running ends by its estimate, ~600 s, median of "
+            "3 runs of name 'train' of alice in queue q)")
+    assert fields["starts"] == want
+    assert f"  starts: {want}\n" in corral(capsys, "explain", "--log", str(log), "holder")
+    job = json.loads(corral(capsys, "job", "--log", str(log), "holder", "--json"))["expected_start"]
+    story = json.loads(corral(capsys, "explain", "--log", str(log), "holder", "--json"))["expected_start"]
+    assert job == story == {"at": NOW + 600, "why": want.split("(in 8m00s, ", 1)[1].rstrip(")")}
+    # A job holding no reservation is told no start.
+    assert json.loads(corral(capsys, "job", "--log", str(log), "waiting", "--json"))["expected_start"] is None
+    assert "starts" not in _fields(corral(capsys, "job", "--log", str(log), "waiting"))
 
 
 def test_job_and_explain_show_a_pending_jobs_claim_and_a_big_gangs_starvation_bound(

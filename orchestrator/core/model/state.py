@@ -100,6 +100,15 @@ class GpuFault(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     seq: int = 0
 
 
+class EvictRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A dataset a node was asked to drop from its cache (`corral datasets evict`), until it says it did."""
+
+    key: str
+    requested_by: str = ""
+    #: Log position of the DatasetEvictRequested (the agent's DatasetEvicted names it in its event id).
+    seq: int = 0
+
+
 class Node(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     node_id: str
     incarnation: str
@@ -121,6 +130,8 @@ class Node(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: Cache keys of the datasets its agent holds (schemas/datasets.py), sorted: NodeDatasets, then
     #: DatasetReady adds and DatasetEvicted removes (core/staging.py). Placement prefers such warm nodes.
     datasets: tuple[str, ...] = ()
+    #: Evictions asked of its agent (DatasetEvictRequested) not yet told done by a DatasetEvicted, by key.
+    evict_requests: tuple[EvictRequest, ...] = ()
 
     @property
     def schedulable(self) -> bool:
@@ -200,6 +211,8 @@ class Waiting(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: A backfill reservation told with the reason (JobWaiting.hold_ranks / hold_until).
     hold_ranks: tuple[RankPlacement, ...] = ()
     hold_until: float = 0.0
+    #: JobWaiting.behind: the gangs a reservation without a time-limited end waits for.
+    behind: tuple[str, ...] = ()
     #: Log position of the JobWaiting.
     seq: int = 0
 
