@@ -24,7 +24,7 @@ from orchestrator.cli.listing import checked_id
 from orchestrator.cli.output import human_duration, print_json
 from orchestrator.cli.render import limit_text
 from orchestrator.cli.state_view import load_state
-from orchestrator.cli.timespec import parse_duration
+from orchestrator.cli.timespec import parse_duration, parse_span, seconds_arg
 from orchestrator.core.model.reserved import Reservation
 from orchestrator.core.model.state import HOLDING, ClusterState, Job
 from orchestrator.core.requeues import REOPENED
@@ -35,10 +35,13 @@ _RELATIVE = re.compile(r"(?:now)?\s*\+\s*(.+)", re.IGNORECASE)
 
 
 def time_limit_arg(text: str) -> float:
-    """Seconds of a `--time-limit` (the CLI's duration forms); 0 for UNLIMITED/none."""
+    """Seconds of a `--time-limit` (Slurm's forms, a plain number in minutes); 0 for UNLIMITED/none."""
     if text.strip().lower() in _NO_LIMIT:
         return 0.0
-    seconds = parse_duration(text)
+    try:
+        seconds = parse_span(text, bare_s=60)  # Slurm's: `scontrol update timelimit=60` is an hour
+    except ValueError as e:
+        raise CliError(f"bad time limit {text!r}: {e}", USAGE) from None
     if seconds <= 0:
         raise CliError(f"bad time limit {text!r}: must be positive (or UNLIMITED)", USAGE)
     return seconds
@@ -290,7 +293,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="ask as an operator (JobUpdateByOperator, which only the admin role may append): may raise "
                         "a running job's time limit")
     p.add_argument("--reason", default="", help="recorded in the log")
-    p.add_argument("--timeout", type=float, default=15.0, metavar="S",
+    p.add_argument("--timeout", type=seconds_arg, default=15.0, metavar="S",
                    help="wait at most S seconds for the scheduler's answer (0: do not wait); exit 5 when it ran out")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=update)
@@ -318,8 +321,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("name", help="the reservation's name (jobs name it with --reservation)")
     c.add_argument("--nodes", metavar="N1,N2", help="the nodes to reserve")
     c.add_argument("--count", type=int, metavar="K", help="reserve K nodes free of work at the window's start")
-    c.add_argument("--start", default="now", metavar="TIME", help="now (default), now+DURATION, or an ISO time")
-    c.add_argument("--end", metavar="TIME", help="now+DURATION or an ISO time")
+    c.add_argument("--start", default="now", metavar="WHEN", help="now (default), now+DURATION, or an ISO time")
+    c.add_argument("--end", metavar="WHEN", help="now+DURATION or an ISO time")
     c.add_argument("--duration", metavar="DURATION", help="instead of --end: how long (4h, 2d)")
     c.add_argument("--users", metavar="U1,U2", help="only their jobs may use it (default: any job naming it)")
     c.add_argument("--queue", metavar="Q", help="only jobs of queue Q may use it")

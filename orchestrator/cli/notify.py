@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from orchestrator.cli.errors import USAGE, CliError
+from orchestrator.cli.timespec import seconds_arg
 
 
 def add_notifier_args(p: argparse.ArgumentParser) -> None:
@@ -14,7 +15,7 @@ def add_notifier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--notify-cmd", metavar="CMD",
                    help="run CMD (no shell) for every ended job, the note as JSON on its stdin and CORRAL_JOB_ID, "
                         "CORRAL_JOB_STATE, CORRAL_JOB_EXIT_CODE, CORRAL_NOTIFY_DEDUPE_KEY set")
-    p.add_argument("--notify-timeout", type=float, default=5.0, metavar="S",
+    p.add_argument("--notify-timeout", type=seconds_arg, default=5.0, metavar="S",
                    help="seconds one delivery try may take (default %(default)s)")
     p.add_argument("--notify-tries", type=int, default=3, metavar="N",
                    help="tries per note, 1 s then 2 s, 4 s ... apart (default %(default)s)")

@@ -146,6 +146,12 @@ def test_top_once_against_the_cluster(cluster: Up) -> None:
 def test_top_live_in_a_terminal_quits_on_ctrl_c(cluster: Up) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # the child: `corral top` with the pty as its controlling terminal
+        import fcntl
+        import termios
+
+        # Its size before top starts (top scrolls a frame taller than the terminal: a default 24 rows would hide
+        # "recent events" on a cluster the other tests filled with queues).
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 120, 0, 0))
         os.chdir(ROOT)
         os.environ["CORRAL_NATS_URL"] = cluster.url
         os.execv(sys.executable, [*CORRAL, "top"])

@@ -40,7 +40,8 @@ PASSWORDS = passwords(NODES)
 _ENTITY = {"JobSubmitted": "job", "CancelRequested": "job", "QueueDefined": "queue", "QueueDeleted": "queue",
            "NodeCordoned": "node", "NodeUncordoned": "node", "JobHeld": "job", "JobReleased": "job",
            "GpuUnhealthy": "node", "GpuHealthy": "node", "JobUpdateRequested": "job", "RequeueRequested": "job",
-           "JobUpdateByOperator": "job", "ReservationCreated": "sched", "ReservationDeleted": "sched"}
+           "JobUpdateByOperator": "job", "ReservationCreated": "sched", "ReservationDeleted": "sched",
+           "DatasetEvictRequested": "node"}
 #: What each role may append, from the permissions themselves (deploy/nats/permissions.py), so a tag given to
 #: `client` or `admin` later is poisoned too; `admin` publishes only what `client` may not.
 SUBJECTS = {role: [f"corral.sched.{tag}" if _ENTITY[tag] == "sched" else f"corral.{_ENTITY[tag]}.p-{{i}}.{tag}"
