@@ -82,8 +82,8 @@ def queue_payload(state: ClusterState, now: float) -> list[dict[str, Any]]:
     demand: dict[str, int] = {}
     for jid in state.pending:
         job = state.jobs[jid]
-        q = job_queue(state, job)
-        demand[q] = demand.get(q, 0) + job.spec.total_gpus
+        name = job_queue(state, job)
+        demand[name] = demand.get(name, 0) + job.spec.total_gpus
     borrowed_all = sum(max(0, q["gpus"] - q["guaranteed_gpus"]) for q in summaries)
     for q in summaries:
         q["borrowed"] = max(0, q["gpus"] - q["guaranteed_gpus"])
