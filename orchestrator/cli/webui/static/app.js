@@ -2,8 +2,9 @@
 // No framework, no build step; every text from the log goes in through textContent, never as HTML.
 "use strict";
 
-const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
-                 "#7f7f7f", "#bcbd22", "#393b79", "#637939"];
+// Queue colours; none is the red of an unhealthy GPU.
+const PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22",
+                 "#393b79", "#637939", "#7f7f7f", "#5b8fa8"];
 const live = { cluster: null, jobs: new Map(), events: [], samples: [], seq: 0, now: 0, at: 0, connected: false };
 let page = null;          // the page shown: {update()}
 let redraw = false;
@@ -40,7 +41,12 @@ function dur(s) {
   if (s < 86400) return `${Math.floor(s / 3600)}h${String(Math.floor(s % 3600 / 60)).padStart(2, "0")}m`;
   return `${Math.floor(s / 86400)}d${Math.floor(s % 86400 / 3600)}h`;
 }
-function clock(t) { return t ? new Date(t * 1000).toLocaleTimeString() : "-"; }
+function clock(t, withDay) {
+  if (!t) return "-";
+  const d = new Date(t * 1000);
+  const time = d.toLocaleTimeString([], { hour12: false });
+  return withDay ? `${d.toLocaleDateString([], { month: "short", day: "numeric" })} ${time}` : time;
+}
 function queueColor(q) {
   const order = live.cluster ? live.cluster.queue_order : [];
   let i = order.indexOf(q);
@@ -211,7 +217,9 @@ function lineChart(series, opts) {
     svg.append(sv("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#eceff3" }));
     svg.append(sv("text", { x: 4, y: y(v) + 4, text: opts.fmt ? opts.fmt(v) : v.toFixed(v < 10 ? 1 : 0) }));
   }
-  svg.append(sv("text", { x: L, y: H - 6, text: clock(t0) }), sv("text", { x: W - R - 60, y: H - 6, text: clock(t1) }));
+  const days = t1 - t0 > 20 * 3600;
+  svg.append(sv("text", { x: L, y: H - 6, text: clock(t0, days) }),
+    sv("text", { x: W - R, y: H - 6, "text-anchor": "end", text: clock(t1, days) }));
   for (const s of series) {
     if (!s.points.length) continue;
     svg.append(sv("polyline", { fill: "none", stroke: s.color, "stroke-width": 2,
@@ -359,14 +367,17 @@ const jobPage = {
 
 // --- history ---------------------------------------------------------------------------------------
 
+const WINDOWS = ["1h", "6h", "24h", "7d", "30d"];
 const historyPage = {
   window: "24h",
-  mount(main) {
+  mount(main, arg) {
     this.main = main;
+    if (WINDOWS.includes(arg)) this.window = arg;
     const sel = el("select", { id: "window", onchange: (e) => { this.window = e.target.value; this.load(); } },
-      ["1h", "6h", "24h", "7d", "30d"].map((w) => el("option", { value: w, text: `last ${w}`, selected: w === this.window })));
+      WINDOWS.map((w) => el("option", { value: w, text: `last ${w}`, selected: w === this.window })));
     this.body = el("div", {}, el("p", { class: "muted", text: "asking the index…" }));
-    this.atInput = el("input", { id: "at", placeholder: "10m, #1234 or an ISO time" });
+    this.atInput = el("input", { id: "at", placeholder: "10m, #1234 or an ISO time",
+      onkeydown: (e) => { if (e.key === "Enter") this.at(); } });
     this.atOut = el("div", { id: "at-view" });
     main.replaceChildren(el("h2", { text: "History" }), el("div", { class: "filters" }, sel), this.body,
       el("h2", { text: "The cluster at a moment (replay --at)" }),
