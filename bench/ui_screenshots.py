@@ -32,6 +32,10 @@ CORRAL = [sys.executable, "-m", "orchestrator.cli"]
 WORKER = [sys.executable, str(ROOT / "examples" / "worker.py")]
 
 
+def note(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def corral(url: str, *args: str) -> str:
     return subprocess.run([*CORRAL, "--nats", url, *args], check=True, capture_output=True, text=True, cwd=ROOT).stdout
 
@@ -122,7 +126,7 @@ def shoot(browser: Browser, ui: str, page: str, out: Path, ready: str, *, then: 
     image.save(buf, format="PNG", optimize=True)
     out.write_bytes(buf.getvalue())
     raw.unlink()
-    print(f"{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}: {len(buf.getvalue()) // 1024} KB")
+    note(f"{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}: {len(buf.getvalue()) // 1024} KB")
 
 
 def main() -> int:
@@ -166,6 +170,9 @@ def main() -> int:
                 browser.close()
             up.terminate()
             up.wait(60)
+    import json
+
+    print(json.dumps({"bytes": {p.name: p.stat().st_size for p in sorted(out.glob("*.png"))}}))
     return 0
 
 

@@ -24,8 +24,17 @@ import msgspec
 from events.bus import Envelope
 from events.follow import Follower
 from events.logsource import LogSource
+from orchestrator.cli.datasets_view import names_by_key
 from orchestrator.cli.render import line
-from orchestrator.cli.webui.payloads import cluster_payload, job_row, shown_job_ids, touched_jobs
+from orchestrator.cli.webui.payloads import (
+    cluster_payload,
+    job_row,
+    node_entry,
+    node_payload,
+    node_refs,
+    shown_job_ids,
+    touched_jobs,
+)
 from orchestrator.core.evolve import evolve
 from orchestrator.core.model.state import ClusterState
 
@@ -68,6 +77,8 @@ class LiveView:
         self._new_lines: list[str] = []
         self._touched: set[str] = set()
         self._shown: set[str] = set(shown_job_ids(state))
+        #: What each node's entry was last sent from (payloads.node_refs): a node is sent again when it changed.
+        self._node_refs: dict[str, tuple[object, ...]] = {n.node_id: node_refs(state, n) for n in state.nodes.values()}
         self._samples: deque[dict[str, Any]] = deque(maxlen=SAMPLES_KEPT)
         self._last_sample = 0.0
         self._full: tuple[int, bytes] | None = None
@@ -123,16 +134,34 @@ class LiveView:
         gone = sorted(self._shown - shown)
         self._touched.clear()
         self._shown = shown
-        if not lines and not changed and not gone and sample is None:
+        nodes = self._changed_nodes(state)
+        nodes_gone = sorted(set(self._node_refs) - set(state.nodes))
+        for node_id in nodes_gone:
+            del self._node_refs[node_id]
+        if not lines and not changed and not gone and not nodes and not nodes_gone and sample is None:
             return
         delta = {"kind": "delta", "seq": state.seq, "now": now, "cluster": cluster,
                  "jobs": [job_row(state, state.jobs[j]) for j in changed], "gone": gone,
-                 "events": lines[-RECENT_EVENTS:], "sample": sample}
+                 "nodes": nodes, "nodes_gone": nodes_gone, "events": lines[-RECENT_EVENTS:], "sample": sample}
         message = sse("delta", _encode(delta))
         self.messages += 1
         for client in self.clients:
             client.offer(message)
             self.bytes_sent += len(message)
+
+    def _changed_nodes(self, state: ClusterState) -> list[dict[str, Any]]:
+        """The entries of the nodes that changed since the last broadcast (all of them at first)."""
+        changed = []
+        for node in state.nodes.values():
+            refs = node_refs(state, node)
+            old = self._node_refs.get(node.node_id)
+            if old is None or any(a is not b for a, b in zip(old, refs, strict=True)):
+                self._node_refs[node.node_id] = refs
+                changed.append(node)
+        if not changed:
+            return []
+        names = names_by_key(state) if any(n.datasets for n in changed) else {}
+        return [node_entry(state, n, names) for n in changed]
 
     def full(self) -> bytes:
         """The whole live view as one message (a new client's first; one that fell behind), built once per
@@ -144,7 +173,7 @@ class LiveView:
         cluster = cluster_payload(state, now)
         if not self._samples:
             self._sample(cluster, now, force=True)
-        body = {"kind": "full", "seq": state.seq, "now": now, "cluster": cluster,
+        body = {"kind": "full", "seq": state.seq, "now": now, "cluster": cluster, "nodes": node_payload(state),
                 "jobs": [job_row(state, state.jobs[j]) for j in sorted(self._shown, key=_submit_order(state))],
                 "events": list(self._recent), "samples": list(self._samples)}
         self._full = (state.seq, sse("full", _encode(body)))

@@ -19,13 +19,13 @@ from orchestrator.cli.views import (
     job_note,
     job_queue,
     job_shape,
-    node_summary,
+    node_state,
     pending_summaries,
     queue_summaries,
     sorted_nodes,
     status_counts,
 )
-from orchestrator.core.model.state import FREE, HOLDING, TERMINAL, ClusterState, Job
+from orchestrator.core.model.state import FREE, HOLDING, TERMINAL, ClusterState, Job, Node
 
 #: Finished jobs the live table holds (the newest); older ones are the index's (the history search).
 FINISHED_SHOWN = 500
@@ -94,20 +94,42 @@ def queue_payload(state: ClusterState, now: float) -> list[dict[str, Any]]:
     return summaries
 
 
-def node_payload(state: ClusterState, names: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """Every node with its GPUs (owner, earmark, health), state, topology labels, clique and cached datasets."""
-    out = []
-    for node in sorted_nodes(state):
-        n = node_summary(state, node)
-        n["clique"] = node.inventory.fabric_clique_id
-        n["datasets"] = [", ".join(names.get(key, [])) or key[:19] for key in node.datasets]
-        n.pop("address", None)
-        out.append(n)
-    return out
+def node_entry(state: ClusterState, node: Node, names: dict[str, list[str]]) -> dict[str, Any]:
+    """One node of the grid: its GPUs (owner, earmark; the faulty ones with why), state, topology labels,
+    clique and cached datasets. Kept small: the live view sends it whenever the node changes."""
+    owners = state.owners.get(node.node_id, ())
+    marks = state.earmarks.get(node.node_id, ())
+    inv = node.inventory
+    return {
+        "node_id": node.node_id,
+        "state": node_state(node),
+        "drained": node.drained or None,
+        "model": inv.gpus[0].model if inv.gpus else None,
+        "labels": dict(sorted(inv.labels.items())),
+        "clique": inv.fabric_clique_id,
+        "owners": [o or None for o in owners],
+        "earmarks": [m or None for m in marks] if any(marks) else [],
+        "faults": [{"index": f.index, "reason": f.reason, "xid": f.xid, "source": f.source} for f in node.gpu_faults],
+        "used": sum(1 for o in owners if o != FREE),
+        "datasets": [", ".join(names.get(key, [])) or key[:19] for key in node.datasets],
+    }
+
+
+def node_payload(state: ClusterState) -> list[dict[str, Any]]:
+    """Every node, in name order (`corral nodes`')."""
+    names = names_by_key(state)
+    return [node_entry(state, node, names) for node in sorted_nodes(state)]
+
+
+def node_refs(state: ClusterState, node: Node) -> tuple[object, ...]:
+    """What a node's entry is built from, compared by identity: the fold replaces these values (frozen
+    records, tuples) when they change, so an unchanged node costs the live view one comparison."""
+    return (node, state.owners.get(node.node_id), state.earmarks.get(node.node_id), node.datasets)
 
 
 def cluster_payload(state: ClusterState, now: float) -> dict[str, Any]:
-    """The cluster page (and `replay --at`'s view): header counts, nodes, queues, pending reasons."""
+    """The cluster page's header counts, queues, jobs holding GPUs and pending reasons (the nodes apart:
+    `node_payload`, which the live view sends as they change)."""
     total = sum(len(o) for o in state.owners.values())
     used = sum(1 for o in state.owners.values() for g in o if g != FREE)
     colors = list(dict.fromkeys([*state.queues, *state.usage,
@@ -122,7 +144,6 @@ def cluster_payload(state: ClusterState, now: float) -> dict[str, Any]:
         "levels": list(state.config.topology_levels),
         "queue_order": colors,
         "jobs_by_status": status_counts(state),
-        "nodes": node_payload(state, names_by_key(state)),
         "queues": queue_payload(state, now),
         "active": {jid: {"name": state.jobs[jid].spec.name, "queue": job_queue(state, state.jobs[jid]),
                          "status": state.jobs[jid].status, "shape": job_shape(state.jobs[jid])}

@@ -37,7 +37,7 @@ from orchestrator.cli.timespec import parse_duration
 from orchestrator.cli.views import STATUSES, job_estimate
 from orchestrator.cli.webui.history import NoHistory, history
 from orchestrator.cli.webui.live import Client, LiveView
-from orchestrator.cli.webui.payloads import cluster_payload, job_page, job_row
+from orchestrator.cli.webui.payloads import cluster_payload, job_page, job_row, node_payload
 from orchestrator.core.gating import gate_reason
 from orchestrator.core.model.state import ClusterState, Job
 
@@ -436,7 +436,8 @@ class UI:
         except ValueError as e:
             raise BadRequest(f"at={text!r}: {e}") from None
         state = await load_state(self.bus, to_seq=position.seq)
-        return _json_response({"at": position.time, **cluster_payload(state, position.time)})
+        return _json_response({"at": position.time, **cluster_payload(state, position.time),
+                               "nodes": node_payload(state)})
 
 
 async def recent_events(bus: Bus, seq: int, n: int) -> list[Any]:

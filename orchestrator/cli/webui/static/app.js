@@ -5,7 +5,7 @@
 // Queue colours; none is the red of an unhealthy GPU.
 const PALETTE = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#bcbd22",
                  "#393b79", "#637939", "#7f7f7f", "#5b8fa8"];
-const live = { cluster: null, jobs: new Map(), events: [], samples: [], seq: 0, now: 0, at: 0, connected: false };
+const live = { cluster: null, jobs: new Map(), nodes: new Map(), events: [], samples: [], seq: 0, now: 0, at: 0 };
 let page = null;          // the page shown: {update()}
 let redraw = false;
 
@@ -32,6 +32,7 @@ function sv(tag, attrs, ...kids) {
   for (const kid of kids.flat()) if (kid) e.append(kid);
   return e;
 }
+const byName = new Intl.Collator(undefined, { numeric: true });  // node-2 before node-10
 function nowServer() { return live.now + (Date.now() - live.at) / 1000; }
 function dur(s) {
   if (s === null || s === undefined || !isFinite(s)) return "-";
@@ -68,6 +69,7 @@ function connect() {
   src.addEventListener("full", (m) => {
     const d = JSON.parse(m.data);
     live.jobs = new Map(d.jobs.map((j) => [j.id, j]));
+    live.nodes = new Map(d.nodes.map((n) => [n.node_id, n]));
     live.events = d.events; live.samples = d.samples;
     apply(d, d.jobs.map((j) => j.id));
   });
@@ -75,6 +77,8 @@ function connect() {
     const d = JSON.parse(m.data);
     for (const j of d.jobs) live.jobs.set(j.id, j);
     for (const id of d.gone) live.jobs.delete(id);
+    for (const n of d.nodes) live.nodes.set(n.node_id, n);
+    for (const id of d.nodes_gone) live.nodes.delete(id);
     live.events = live.events.concat(d.events).slice(-20);
     if (d.sample) live.samples = live.samples.concat([d.sample]).slice(-720);
     apply(d, d.jobs.map((j) => j.id));
@@ -84,6 +88,7 @@ function connect() {
 }
 function apply(d, touched) {
   live.cluster = d.cluster; live.seq = d.seq; live.now = d.now; live.at = Date.now();
+  live.cluster.nodes = [...live.nodes.values()].sort((a, b) => byName.compare(a.node_id, b.node_id));
   live.touched = new Set(touched);
   document.getElementById("position").textContent = `log position #${d.seq}`;
   if (!redraw) { redraw = true; requestAnimationFrame(() => { redraw = false; if (page && page.update) page.update(); }); }
@@ -98,7 +103,7 @@ function setStatus(ok) {
 
 function gpuCell(node, i, cluster) {
   const owner = node.owners[i];
-  const health = node.gpu_health[i] || { healthy: true };
+  const fault = node.faults.find((f) => f.index === i);
   const mark = node.earmarks && node.earmarks[i];
   const cls = ["gpu"];
   let title = `${node.node_id} GPU ${i}`;
@@ -112,14 +117,14 @@ function gpuCell(node, i, cluster) {
     text = (job.name || owner).slice(0, 1).toUpperCase();
   } else if (mark) { cls.push("earmarked"); title += ` · free, earmarked for ${mark}`; }
   else title += " · free";
-  if (!health.healthy) {
-    const drained = health.source === "operator";
+  if (fault) {
+    const drained = fault.source === "operator";
     cls.push(drained ? "drained" : "unhealthy");
-    title += drained ? ` · drained: ${health.reason}` : ` · unhealthy: ${health.xid !== null ? "Xid " + health.xid : health.reason}`;
-    text = drained ? "D" : (health.xid !== null ? "X" : "!");
+    title += drained ? ` · drained: ${fault.reason}` : ` · unhealthy: ${fault.reason}`;
+    text = drained ? "D" : (fault.xid !== null ? "X" : "!");
   }
   return el("div", { class: cls.join(" "), id: `gpu-${node.node_id}-${i}`, title, "data-job": owner || "",
-                     "data-health": health.healthy ? "ok" : (health.xid !== null ? `xid-${health.xid}` : "bad"),
+                     "data-health": !fault ? "ok" : (fault.xid !== null ? `xid-${fault.xid}` : fault.source),
                      style, onclick: owner ? () => { location.hash = `#/job/${owner}`; } : null }, text);
 }
 function nodeCard(node, cluster) {
@@ -127,13 +132,12 @@ function nodeCard(node, cluster) {
   const badges = [];
   if (node.state !== "ready") badges.push(el("span", { class: `badge ${node.state === "failed" ? "bad" : "warn"}`,
                                                      text: node.state }));
-  const bad = node.gpu_health.filter((g) => !g.healthy);
-  if (bad.length) badges.push(el("span", { class: "badge bad", text: `${bad.length} GPU out` }));
+  if (node.faults.length) badges.push(el("span", { class: "badge bad", text: `${node.faults.length} GPU out` }));
   const labels = Object.entries(node.labels).map(([k, v]) => `${k}=${v}`).join(" ");
   return el("div", { class: cls.join(" "), id: `node-${node.node_id}`, "data-used": node.used, title: labels },
     el("div", {}, el("span", { class: "name", text: node.node_id }), badges),
     el("div", { class: "gpus" }, node.owners.map((_, i) => gpuCell(node, i, cluster))),
-    el("div", { class: "ds muted", text: `${node.used}/${node.gpus} used · ${node.model || ""}` +
+    el("div", { class: "ds muted", text: `${node.used}/${node.owners.length} used · ${node.model || ""}` +
       (node.clique !== null && node.clique !== undefined ? ` · NVLink clique ${node.clique}` : "") }),
     node.datasets.length ? el("div", { class: "ds", text: `cached: ${node.datasets.join(", ")}` }) : null);
 }
