@@ -133,6 +133,20 @@ def test_a_new_job_appears_in_the_table_without_a_reload(cluster: Cluster, brows
 # --- the guard and bad requests (plain HTTP) ------------------------------------------------------------
 
 
+def test_no_page_shows_a_jobs_environment(cluster: Cluster) -> None:
+    secret = "hunter2-not-for-other-users"
+    submit(cluster.nats, {"ui-env": job("env", queue="research", gpus=1, steps=LONG, env={"API_KEY": secret})})
+    wait_state(cluster.nats, lambda s: "ui-env" in s.jobs, 30, "the job with an environment")
+    status, _, body = _get(cluster.ui + "api/job/ui-env")
+    assert status == 200 and secret.encode() not in body and b"API_KEY" not in body, body[:2000]
+    assert json.loads(body)["spec"]["env_vars"] == "1 (not shown)"
+    for path in ("api/overview", "api/jobs", "api/jobs?state=pending"):
+        status, _, body = _get(cluster.ui + path)
+        assert status == 200 and secret.encode() not in body, path
+    corral("cancel", "ui-env", url=cluster.nats)
+
+
+
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: object, **kwargs: object) -> None:

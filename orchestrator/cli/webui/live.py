@@ -76,7 +76,7 @@ class LiveView:
         self._recent: deque[str] = deque((line(e) for e in recent), maxlen=RECENT_EVENTS)
         self._new_lines: list[str] = []
         self._touched: set[str] = set()
-        self._shown: set[str] = set(shown_job_ids(state))
+        self._shown: set[str] = shown_job_ids(state)
         #: What each node's entry was last sent from (payloads.node_refs): a node is sent again when it changed.
         self._node_refs: dict[str, tuple[object, ...]] = {n.node_id: node_refs(state, n) for n in state.nodes.values()}
         self._samples: deque[dict[str, Any]] = deque(maxlen=SAMPLES_KEPT)
@@ -129,7 +129,7 @@ class LiveView:
         sample = self._sample(cluster, now, force=not self._samples)
         lines, self._new_lines = self._new_lines, []
         self._recent.extend(lines)
-        shown = set(shown_job_ids(state))
+        shown = shown_job_ids(state)
         changed = (self._touched | set(state.gated) | (shown - self._shown)) & shown
         gone = sorted(self._shown - shown)
         self._touched.clear()

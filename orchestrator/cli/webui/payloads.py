@@ -20,11 +20,10 @@ from orchestrator.cli.views import (
     job_queue,
     job_shape,
     node_state,
-    pending_summaries,
     queue_summaries,
     sorted_nodes,
-    status_counts,
 )
+from orchestrator.core.gating import gate_reason
 from orchestrator.core.model.state import FREE, HOLDING, TERMINAL, ClusterState, Job, Node
 
 #: Finished jobs the live table holds (the newest); older ones are the index's (the history search).
@@ -69,10 +68,19 @@ def job_row(state: ClusterState, job: Job) -> dict[str, Any]:
     }
 
 
-def shown_job_ids(state: ClusterState) -> list[str]:
-    """The jobs the live table holds: every one not finished, and the newest FINISHED_SHOWN finished ones."""
-    finished = set(islice(reversed(state.finished), FINISHED_SHOWN))
-    return [jid for jid, job in state.jobs.items() if job.status not in TERMINAL or jid in finished]
+def shown_job_ids(state: ClusterState) -> set[str]:
+    """The jobs the live table holds: every one not finished (pending, or holding GPUs: the fold's own
+    sets), and the newest FINISHED_SHOWN finished ones. Never a walk over every job the fold keeps."""
+    return {*state.pending, *state.active, *islice(reversed(state.finished), FINISHED_SHOWN)}
+
+
+def live_counts(state: ClusterState) -> dict[str, int]:
+    """Jobs not finished, by status (from the fold's sets: no walk over the finished ones)."""
+    counts = {"pending": len(state.pending), "reserved": 0, "running": 0, "preempting": 0}
+    for jid in state.active:
+        status = state.jobs[jid].status
+        counts[status] = counts.get(status, 0) + 1
+    return counts
 
 
 def queue_payload(state: ClusterState, now: float) -> list[dict[str, Any]]:
@@ -127,6 +135,20 @@ def node_refs(state: ClusterState, node: Node) -> tuple[object, ...]:
     return (node, state.owners.get(node.node_id), state.earmarks.get(node.node_id), node.datasets)
 
 
+def pending_reasons(state: ClusterState, n: int) -> list[dict[str, Any]]:
+    """The first `n` pending jobs with the scheduler's reason (`corral replay`'s pending list, cut first:
+    a backlog of thousands costs the live view nothing more)."""
+    out = []
+    for jid in islice(state.pending, n):
+        job = state.jobs[jid]
+        gate = gate_reason(state, job)
+        w = job.waiting
+        out.append({"job_id": jid, "name": job.spec.name, "queue": job_queue(state, job), "priority": job.spec.priority,
+                    "gpus": job.spec.total_gpus, "code": "gated" if gate is not None else w.code if w else None,
+                    "message": gate if gate is not None else w.message if w else None})
+    return out
+
+
 def cluster_payload(state: ClusterState, now: float) -> dict[str, Any]:
     """The cluster page's header counts, queues, jobs holding GPUs and pending reasons (the nodes apart:
     `node_payload`, which the live view sends as they change)."""
@@ -143,12 +165,12 @@ def cluster_payload(state: ClusterState, now: float) -> dict[str, Any]:
         "gpus_used": used,
         "levels": list(state.config.topology_levels),
         "queue_order": colors,
-        "jobs_by_status": status_counts(state),
+        "jobs_by_status": live_counts(state),
         "queues": queue_payload(state, now),
         "active": {jid: {"name": state.jobs[jid].spec.name, "queue": job_queue(state, state.jobs[jid]),
                          "status": state.jobs[jid].status, "shape": job_shape(state.jobs[jid])}
                    for jid in state.active},
-        "pending": pending_summaries(state)[:PENDING_SHOWN],
+        "pending": pending_reasons(state, PENDING_SHOWN),
         "pending_count": len(state.pending),
     }
 

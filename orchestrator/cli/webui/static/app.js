@@ -277,12 +277,14 @@ const COLUMNS = [
 ];
 const jobsPage = {
   filter: { text: "", state: "", queue: "", user: "" }, sort: { key: "submitted_at", dir: -1 },
+  history: null,  // rows the index listed (the "finished too" search), or null: the live rows
   mount(main) {
     this.main = main;
     const f = this.filter;
     const input = (key, ph) => el("input", { id: `filter-${key}`, placeholder: ph, value: f[key],
-      oninput: (e) => { f[key] = e.target.value; this.update(); } });
-    this.stateSel = el("select", { id: "filter-state", onchange: (e) => { f.state = e.target.value; this.update(); } },
+      oninput: (e) => { f[key] = e.target.value; this.update(); if (this.history) this.search(); } });
+    this.stateSel = el("select", { id: "filter-state",
+      onchange: (e) => { f.state = e.target.value; this.update(); if (this.history) this.search(); } },
       ["", "pending", "reserved", "running", "preempting", "completed", "failed", "cancelled", "rejected"].map((s) =>
         el("option", { value: s, text: s || "any state", selected: s === f.state })));
     this.body = el("tbody", {});
@@ -292,24 +294,36 @@ const jobsPage = {
     this.head = head;
     main.replaceChildren(el("h2", { text: "Jobs" }),
       el("div", { class: "filters" }, input("text", "search id, name, note"), this.stateSel, input("queue", "queue"),
-        input("user", "user"), this.count),
+        input("user", "user"), el("label", {}, el("input", { type: "checkbox", id: "filter-history", checked: !!this.history,
+          onchange: (e) => { if (e.target.checked) this.search(); else { this.history = null; this.update(); } } }),
+          " every job of the last 7 days (the index)"), this.count),
       el("table", { id: "jobs" }, el("thead", {}, head), this.body),
-      el("p", { class: "muted", text: "Every job not finished, and the newest finished ones; older jobs: History." }));
+      el("p", { class: "muted", text: "Live: every job not finished, and the newest finished ones. Older ones: tick the index search." }));
     this.update();
   },
   update() {
     const f = this.filter, text = f.text.toLowerCase();
-    let rows = [...live.jobs.values()].filter((j) => (!f.state || j.status === f.state)
+    let rows = (this.history || [...live.jobs.values()]).filter((j) => (!f.state || j.status === f.state)
       && (!f.queue || j.queue.includes(f.queue)) && (!f.user || (j.user || "").includes(f.user))
       && (!text || `${j.id} ${j.name} ${j.note}`.toLowerCase().includes(text)));
     const { key, dir } = this.sort;
     const val = (j) => key === "deps" ? j.deps.length : key === "since" ? -j.since : j[key];
     rows.sort((a, b) => { const x = val(a), y = val(b); return (x > y ? 1 : x < y ? -1 : 0) * dir || (a.id > b.id ? 1 : -1); });
     for (const th of this.head.children) th.className = `sort${th.dataset.key === key ? (dir > 0 ? " asc" : " desc") : ""}`;
-    this.count.textContent = `${rows.length} of ${live.jobs.size}`;
+    this.count.textContent = this.history ? `${rows.length} from the index` : `${rows.length} of ${live.jobs.size}`;
     this.body.replaceChildren(...rows.slice(0, 1000).map((j) => el("tr", { id: `job-row-${j.id}`, "data-status": j.status },
       COLUMNS.map(([, , cell]) => el("td", {}, cell(j))))));
   },
+};
+
+jobsPage.search = async function () {
+  const f = this.filter, q = new URLSearchParams({ history: "1", since: "7d", limit: "1000" });
+  if (f.state) q.set("state", f.state);
+  if (f.queue) q.set("queue", f.queue);
+  if (f.user) q.set("user", f.user);
+  try { this.history = (await getJSON(`/api/jobs?${q}`)).jobs; }
+  catch (e) { this.history = []; this.count.textContent = e.message; return; }
+  this.update();
 };
 
 // --- one job ---------------------------------------------------------------------------------------
