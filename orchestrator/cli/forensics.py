@@ -35,7 +35,7 @@ from orchestrator.cli.views import (
     queues_rows,
 )
 from orchestrator.core.gating import gate_reason, has_gates
-from orchestrator.core.model.state import TERMINAL
+from orchestrator.core.model.state import TERMINAL, ClusterState
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused
 
@@ -157,10 +157,11 @@ async def _indexed_story(bus: Bus, job_id: str) -> Story | None:
 
 
 async def job_story(bus: LogSource, job_id: str, *, use_index: bool, at: str | None = None,
-                    clock: LogClock | None = None) -> Story:
+                    clock: LogClock | None = None, state: ClusterState | None = None) -> Story:
     """The job's story (what `explain` prints, and the web UI's job page): from the index when asked and it
-    can tell it, else folded from the whole log up to `at`. Raises CliError (NOT_FOUND) for a job the log
-    does not know."""
+    can tell it, else folded from the whole log up to `at`. `state`: the fold at the log's end if the caller
+    holds one (the UI's live view), for a job not over, instead of loading it. Raises CliError (NOT_FOUND)
+    for a job the log does not know."""
     story = await _indexed_story(bus, job_id) if use_index and isinstance(bus, Bus) else None
     if story is not None and story.job is not None and has_gates(story.job.spec.gating):
         # Its gates turn on other jobs' events (those it depends on, its array's other elements), which are
@@ -168,7 +169,7 @@ async def job_story(bus: LogSource, job_id: str, *, use_index: bool, at: str | N
         story = None
     if story is not None and story.job is not None and story.job.status not in TERMINAL:
         # A job not over gets its run-time estimate, learned from every job's history: the fold's.
-        story.state = await load_state(bus)
+        story.state = state if state is not None else await load_state(bus)
     if story is None:
         # A story folds the log from its start: from what retention left, a job would seem unknown.
         from orchestrator.cli.archive import require_from

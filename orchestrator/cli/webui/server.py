@@ -373,7 +373,7 @@ class UI:
         state, found = await self._find_job(job_id)
         now = self.live.now()
         page = job_page(state, found, now)
-        story = await job_story(self.bus, job_id, use_index=True)
+        story = await job_story(self.bus, job_id, use_index=True, state=self.live.state)
         entries = []
         for run in runs(story.entries):
             e = run.first
