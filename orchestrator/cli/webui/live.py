@@ -74,7 +74,8 @@ class LiveView:
         self.interval = interval
         self.clients: set[Client] = set()
         self._recent: deque[str] = deque((line(e) for e in recent), maxlen=RECENT_EVENTS)
-        self._new_lines: list[str] = []
+        #: Events folded since the last broadcast (the newest RECENT_EVENTS: formatted only when sent).
+        self._new: deque[Envelope] = deque(maxlen=RECENT_EVENTS)
         self._touched: set[str] = set()
         self._shown: set[str] = shown_job_ids(state)
         #: What each node's entry was last sent from (payloads.node_refs): a node is sent again when it changed.
@@ -96,7 +97,7 @@ class LiveView:
         return now if now is not None else time.time()
 
     def _saw(self, env: Envelope) -> None:
-        self._new_lines.append(line(env))
+        self._new.append(env)
         self._touched.update(touched_jobs(env.subject, env.event))
 
     async def run(self) -> None:
@@ -127,7 +128,8 @@ class LiveView:
         state, now = self.state, self.now()
         cluster = cluster_payload(state, now)
         sample = self._sample(cluster, now, force=not self._samples)
-        lines, self._new_lines = self._new_lines, []
+        lines = [line(env) for env in self._new]
+        self._new.clear()
         self._recent.extend(lines)
         shown = shown_job_ids(state)
         changed = (self._touched | set(state.gated) | (shown - self._shown)) & shown
@@ -142,7 +144,7 @@ class LiveView:
             return
         delta = {"kind": "delta", "seq": state.seq, "now": now, "cluster": cluster,
                  "jobs": [job_row(state, state.jobs[j]) for j in changed], "gone": gone,
-                 "nodes": nodes, "nodes_gone": nodes_gone, "events": lines[-RECENT_EVENTS:], "sample": sample}
+                 "nodes": nodes, "nodes_gone": nodes_gone, "events": lines, "sample": sample}
         message = sse("delta", _encode(delta))
         self.messages += 1
         for client in self.clients:
