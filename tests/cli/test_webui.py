@@ -6,7 +6,9 @@ without them here and fail in CI. The guard and the 400s are plain HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -20,6 +22,7 @@ import pytest
 from orchestrator.core.model.state import FREE, ClusterState
 from tests.browser import Browser, browser_or_skip
 from tests.cli.conftest import CORRAL, ROOT, Up, corral, free_port, job, state_of, statuses, submit, wait_state
+from tests.deploy.pki import have_openssl, make_pki
 
 pytestmark = pytest.mark.xdist_group("webui")
 
@@ -147,17 +150,36 @@ def test_no_page_shows_a_jobs_environment(cluster: Cluster) -> None:
 
 
 
-def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def _get(url: str, headers: dict[str, str] | None = None,
+         context: ssl.SSLContext | None = None) -> tuple[int, dict[str, str], bytes]:
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: object, **kwargs: object) -> None:
             return None
 
-    opener = urllib.request.build_opener(NoRedirect)
+    handlers: list[urllib.request.BaseHandler] = [NoRedirect()]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    opener = urllib.request.build_opener(*handlers)
     try:
         with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=20) as resp:
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as e:
         return e.code, dict(e.headers), e.read()
+
+
+@contextlib.contextmanager
+def ui_process(nats: str, *args: str) -> Iterator[tuple[int, str]]:
+    """`corral ui ARGS` on a free port: (its port, the first line it printed)."""
+    port = free_port()
+    proc = subprocess.Popen([*CORRAL, "ui", "--nats", nats, "--port", str(port), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        first = proc.stdout.readline() if proc.stdout else ""
+        assert "corral ui: http" in first, (first, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        yield port, first
+    finally:
+        proc.terminate()
+        proc.wait(20)
 
 
 @pytest.mark.parametrize("path", [
@@ -178,30 +200,62 @@ def test_off_loopback_without_a_token_it_refuses_to_start(cluster: Cluster) -> N
     assert "needs a token" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
+def test_a_browser_that_falls_behind_gets_one_full_view_instead_of_its_backlog() -> None:
+    from orchestrator.cli.webui.live import MAX_BACKLOG, Client
+
+    client = Client()
+    for i in range(MAX_BACKLOG):
+        client.offer(f"delta {i}".encode())
+    assert client.queue.qsize() == MAX_BACKLOG
+    client.offer(b"one too many")
+    assert client.queue.qsize() == 1 and client.queue.get_nowait() is None  # None: send the full view now
+    client.offer(b"next")
+    assert client.queue.get_nowait() == b"next"
+
+
+def test_corral_up_refuses_a_ui_off_loopback_without_a_token_before_starting(tmp_path: Path) -> None:
+    proc = corral("up", "--ui-listen", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path / "up"), check=2,
+                  env={"CORRAL_UI_TOKEN": None})
+    assert "needs a token" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (tmp_path / "up").exists(), "it started something"
+
+
 def test_off_loopback_every_request_needs_the_token(cluster: Cluster, tmp_path: Path) -> None:
     token = "s3cret-token-0123456789"
     (tmp_path / "token").write_text(token + "\n")
-    port = free_port()
-    proc = subprocess.Popen([*CORRAL, "ui", "--nats", cluster.nats, "--listen", "0.0.0.0", "--port", str(port),
-                             "--token-file", str(tmp_path / "token")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
-    try:
-        first = proc.stdout.readline() if proc.stdout else ""
-        assert "corral ui: http://0.0.0.0:" in first, (first, proc.stderr.read() if proc.poll() is not None else "")
+    with ui_process(cluster.nats, "--listen", "0.0.0.0", "--token-file", str(tmp_path / "token")) as (port, first):
+        assert "http://0.0.0.0:" in first, first
         base = f"http://127.0.0.1:{port}"
         for path in ("/", "/api/overview", "/api/live", "/static/app.js", "/api/job/ui-victim"):
             status, _, body = _get(base + path)
             assert status == 401 and b"token" in body, (path, status, body)
         assert _get(base + "/api/overview", {"Authorization": "Bearer wrong-token-0123456789"})[0] == 401
         assert _get(base + "/?token=wrong-token-0123456789")[0] == 401
-        status, _, body = _get(base + "/api/overview", {"Authorization": f"Bearer {token}"})
+        status, headers, body = _get(base + "/api/overview", {"Authorization": f"Bearer {token}"})
         assert status == 200 and json.loads(body)["cluster"]["gpus_total"] == 8
+        assert "default-src 'self'" in headers["Content-Security-Policy"]
         # ?token= once: a cookie (an HMAC of it, never the token) and a redirect to the page without it.
         status, headers, _ = _get(base + f"/?token={token}")
         assert status == 302 and headers["Location"] == "/", headers
         cookie = headers["Set-Cookie"].split(";", 1)[0]
         assert token not in cookie and "HttpOnly" in headers["Set-Cookie"]
         assert _get(base + "/", {"Cookie": cookie})[0] == 200
-    finally:
-        proc.terminate()
-        proc.wait(20)
+        assert _get(base + "/", {"Cookie": "corral_ui=forged"})[0] == 401
+
+
+@pytest.mark.skipif(not have_openssl(), reason="needs the openssl CLI")
+def test_with_tls_it_serves_https_and_still_needs_the_token(cluster: Cluster, tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    token = "tls-token-0123456789abcdef"
+    (tmp_path / "token").write_text(token)
+    with ui_process(cluster.nats, "--listen", "0.0.0.0", "--token-file", str(tmp_path / "token"), "--https-cert",
+                    str(pki.server_cert), "--https-key", str(pki.server_key)) as (port, first):
+        assert "https://0.0.0.0:" in first, first
+        trusted = ssl.create_default_context(cafile=str(pki.ca))
+        base = f"https://localhost:{port}"
+        assert _get(base + "/api/overview", context=trusted)[0] == 401
+        assert _get(base + "/api/overview", {"Authorization": f"Bearer {token}"}, context=trusted)[0] == 200
+        status, headers, _ = _get(base + f"/?token={token}", context=trusted)
+        assert status == 302 and "Secure" in headers["Set-Cookie"], headers
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            _get(f"http://localhost:{port}/api/overview", {"Authorization": f"Bearer {token}"})
