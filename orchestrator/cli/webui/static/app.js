@@ -139,6 +139,8 @@ function nodeCard(node, cluster) {
     el("div", { class: "gpus" }, node.owners.map((_, i) => gpuCell(node, i, cluster))),
     el("div", { class: "ds muted", text: `${node.used}/${node.owners.length} used · ${node.model || ""}` +
       (node.clique !== null && node.clique !== undefined ? ` · NVLink clique ${node.clique}` : "") }),
+    node.faults.map((f) => el("div", { class: "ds fault", text: `GPU ${f.index} ${f.source === "operator" ? "drained" :
+      "unhealthy"}: ${f.reason}` })),
     node.datasets.length ? el("div", { class: "ds", text: `cached: ${node.datasets.join(", ")}` }) : null);
 }
 function grouped(nodes, levels, cluster) {
