@@ -20,8 +20,21 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.model.state import FREE, ClusterState
+from schemas import JobSubmitted
 from tests.browser import Browser, browser_or_skip
-from tests.cli.conftest import CORRAL, ROOT, Up, corral, free_port, job, state_of, statuses, submit, wait_state
+from tests.cli.conftest import (
+    CORRAL,
+    ROOT,
+    Up,
+    corral,
+    free_port,
+    job,
+    log_of,
+    state_of,
+    statuses,
+    submit,
+    wait_state,
+)
 from tests.deploy.pki import have_openssl, make_pki
 
 pytestmark = pytest.mark.xdist_group("webui")
@@ -131,6 +144,20 @@ def test_a_new_job_appears_in_the_table_without_a_reload(cluster: Cluster, brows
     took = time.monotonic() - started
     assert browser.js("return window.notReloaded === true"), "the page reloaded"
     print(f"ui-new appeared {took:.2f}s after its submit")  # (the 2 s: bench/ui.py measures it)
+
+
+def test_the_history_page_answers_from_the_index_and_shows_a_past_moment(cluster: Cluster, browser: Browser) -> None:
+    browser.get(cluster.ui + "#/history/1h")
+    hours = browser.wait("the GPU-hours per queue", lambda: browser.js(
+        "const t = document.getElementById('gpu-hours'); return t && t.innerText"), timeout=60)
+    assert "prod" in hours and "research" in hours, hours
+    assert "prod" in browser.js("return document.getElementById('waits').innerText")
+    # The cluster just before the first job was submitted: every GPU free, as `corral replay --at` says.
+    first_job = next(env.seq for env in log_of(cluster.nats) if isinstance(env.event, JobSubmitted))
+    browser.js(f"document.getElementById('at').value = '#{first_job - 1}'; historyPage.at(); return 0")
+    cells = browser.wait("the past grid", lambda: browser.js(
+        "const c = document.querySelectorAll('#at-view .gpu'); return c.length && [...c].map(g => g.dataset.job)"))
+    assert len(cells) == 8 and set(cells) == {""}, cells
 
 
 # --- the guard and bad requests (plain HTTP) ------------------------------------------------------------

@@ -417,6 +417,10 @@ const historyPage = {
           el("div", {}, el("b", { text: "GPU-hours per queue" }),
             table(["queue", "GPU-hours", "finished"], queues.map((q) => [q, h.gpu_hours[q].toFixed(2),
               Object.entries(h.finished[q] || {}).map(([k, v]) => `${v} ${k}`).join(", ") || "-"]), { id: "gpu-hours" }))),
+        el("b", { text: "GPUs in use per queue (average per bucket)" }),
+        el("div", { class: "legend" }, queues.map((q) => el("span", {}, el("i", { style: { background: queueColor(q) } }), q))),
+        lineChart(queues.map((q) => ({ name: q, color: queueColor(q), points: h.buckets.map((b) =>
+          [b.to, (b.gpu_hours[q] || 0) * 3600 / (b.to - b.from)]) })), { id: "queue-usage", width: 1240, height: 180, min: 1 }),
         el("h2", { text: "Wait from submit to start" }),
         table(["queue", "jobs", "p50", "p90", "p99"], Object.entries(h.waits).map(([q, w]) => [q, w.jobs, dur(w.p50),
           dur(w.p90), dur(w.p99)]), { id: "waits" }),
