@@ -247,6 +247,12 @@ def test_corral_up_refuses_a_ui_off_loopback_without_a_token_before_starting(tmp
     assert not (tmp_path / "up").exists(), "it started something"
 
 
+def test_a_port_taken_is_one_line_and_exit_1(cluster: Cluster) -> None:
+    taken = cluster.ui.rstrip("/").rsplit(":", 1)[1]
+    proc = corral("ui", "--port", taken, url=cluster.nats, check=1)
+    assert f"cannot listen on 127.0.0.1:{taken}" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
 def test_off_loopback_every_request_needs_the_token(cluster: Cluster, tmp_path: Path) -> None:
     token = "s3cret-token-0123456789"
     (tmp_path / "token").write_text(token + "\n")

@@ -31,7 +31,7 @@ from aiohttp import web
 
 from events.bus import Bus
 from events.subjects import InvalidId, check_id
-from orchestrator.cli.errors import NOT_FOUND, TIMEOUT, UNREACHABLE, USAGE, CliError
+from orchestrator.cli.errors import FAILURE, NOT_FOUND, TIMEOUT, UNREACHABLE, USAGE, CliError
 from orchestrator.cli.timeline import pending_by_reason, runs, story_summary
 from orchestrator.cli.timespec import parse_duration
 from orchestrator.cli.views import STATUSES, job_estimate
@@ -471,7 +471,7 @@ async def serve(bus: Bus, access: Access, *, on_ready: Callable[[str], None], fa
         except OSError as e:
             if not fallback_port or access.port == 0:
                 raise CliError(f"the UI cannot listen on {access.listen}:{access.port}: {e.strerror or e}",
-                               UNREACHABLE) from None
+                               FAILURE) from None
             site = web.TCPSite(runner, access.listen, 0, ssl_context=access.ssl, shutdown_timeout=2.0)
             await site.start()
         host, port = runner.addresses[0][:2]
