@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from events.telemetry import MetricsServer
     from nodeagent.runtime.docker_options import DockerOptions
     from orchestrator.archiver import Archiver
-    from orchestrator.cli.webui.server import Access
+    from orchestrator.cli.webui.access import Access
     from orchestrator.index.service import IndexService
 
 log = structlog.get_logger("corral.cli")

@@ -16,7 +16,7 @@ from orchestrator.cli.connect import add_connection_args
 from orchestrator.cli.errors import USAGE, CliError
 
 if TYPE_CHECKING:
-    from orchestrator.cli.webui.server import Access
+    from orchestrator.cli.webui.access import Access
 
 #: The UI's port unless told (`corral up` takes any free one when it is taken).
 DEFAULT_PORT = 8470
@@ -55,7 +55,7 @@ def tls_context(cert: str | None, key: str | None) -> object | None:
 def access_of(args: argparse.Namespace, *, listen: str, port: int) -> Access:
     import ssl
 
-    from orchestrator.cli.webui.server import Access, check_access
+    from orchestrator.cli.webui.access import Access, check_access
 
     ctx = tls_context(getattr(args, "https_cert", None), getattr(args, "https_key", None))
     assert ctx is None or isinstance(ctx, ssl.SSLContext)
