@@ -132,8 +132,8 @@ class UI:
                     await resp.write(b": ping\n\n")
                     continue
                 await resp.write(self.live.full() if message is None else message)
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass
+        except ConnectionResetError:
+            pass  # the browser went away (found by the next write or ping)
         finally:
             self.live.clients.discard(client)
             self._streams.discard(task)
