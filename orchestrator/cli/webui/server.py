@@ -85,7 +85,6 @@ class UI:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors, guard(self.access)], client_max_size=4096)
         app.on_response_prepare.append(security_headers)
-        app.on_shutdown.append(self._close_streams)
         app.router.add_get("/", self.index)
         app.router.add_get("/static/{name}", self.static_file)
         app.router.add_get("/api/live", self.stream)
@@ -97,7 +96,8 @@ class UI:
         app.router.add_get("/api/at", self.at)
         return app
 
-    async def _close_streams(self, app: web.Application) -> None:
+    def close_streams(self) -> None:
+        """End every live stream now: a stopping server would otherwise wait for them (they never end)."""
         for task in list(self._streams):
             task.cancel()
 
@@ -291,7 +291,8 @@ async def serve(bus: Bus, access: Access, *, on_ready: Callable[[str], None], fa
     started = time.monotonic()
     state = await load_state(bus)
     live = LiveView(bus, state, await recent_events(bus, state.seq, RECENT_EVENTS))
-    runner = web.AppRunner(UI(bus, live, access).app(), access_log=None, handle_signals=False)
+    ui = UI(bus, live, access)
+    runner = web.AppRunner(ui.app(), access_log=None, handle_signals=False)
     await runner.setup()
     try:
         site = web.TCPSite(runner, access.listen, access.port, ssl_context=access.ssl, shutdown_timeout=2.0)
@@ -309,4 +310,5 @@ async def serve(bus: Bus, access: Access, *, on_ready: Callable[[str], None], fa
         on_ready(f"{access.scheme}://{shown}:{port}/")
         await live.run()
     finally:
+        ui.close_streams()
         await runner.cleanup()
