@@ -61,7 +61,7 @@ async def bench(nodes: int, jobs: int, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="corral-up-scale-") as d:
         out = Path(d) / "up.log"
         with out.open("wb") as log:
-            up = subprocess.Popen([*CORRAL, "up", "--nodes", str(nodes), "--runtime", "simulated", "--port", "0",
+            up = subprocess.Popen([*CORRAL, "up", "--nodes", str(nodes), "--runtime", "simulated", "--port", "0", "--no-ui",
                                    "--data-dir", str(Path(d) / "data"), "--log-level", "info"],
                                   stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         try:

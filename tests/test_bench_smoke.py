@@ -44,6 +44,12 @@ TINY: dict[str, list[str] | None] = {
     "sim.py": ["--jobs", "60", "--policies", "corral,fifo", "--no-logs"],
     "staging.py": ["--mb", "4", "--rounds", "1"],
     "sweep.py": ["--jobs", "60", "--loads", "0.5,1.2", "--policies", "corral,fifo"],
+    # The web UI on a 60-job history: first bytes, 0/1/3 live browsers, the scheduler with 0/3/0 browsers.
+    "ui.py": ["--jobs", "60", "--seconds", "2", "--clients", "3", "--requests", "3", "--up-jobs", "5",
+              "--up-rate", "10"],
+    # Needs Chromium and a minute of a 4-node `corral up`; its output is the README's screenshots, and
+    # tests/cli/test_webui.py drives the same pages in the same browser.
+    "ui_screenshots.py": None,
 }
 
 

@@ -36,6 +36,10 @@ SHELL_LANGS = {"", "sh", "bash", "shell", "console"}
 # Commands (as written, comments stripped) that this test does not run, and why.
 NOT_RUN = {
     "corral up": "this test's fixture is that command (with --port 0 and a temporary --data-dir)",
+    "corral ui": "serves until Ctrl-C (`corral up`, this test's fixture, serves one too): tests/cli/test_webui.py "
+                 "drives its pages in Chromium",
+    "corral ui --listen 0.0.0.0 --token-file /etc/corral/ui-token": "the same, with a token file of the reader's: "
+                                                                  "tests/cli/test_webui.py runs it with one",
     "corral up --demo --data-dir .corral/demo": "the whole demo takes minutes: tests/test_install.py runs it to the end (installed, "
                                                 "from another directory), tests/cli/test_demo.py its failure path",
 }

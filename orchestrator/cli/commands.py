@@ -48,6 +48,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "tail": {"tail": "follow the log, one line per event"},
     "forensics": {"replay": "the cluster as it was at a past log position", "explain": "a job's story from the log"},
     "top": {"top": "live view: GPU grid, queues, pending jobs, recent events"},
+    "ui": {"ui": "serve the read-only web UI: cluster, queues, jobs, history"},
     "sim": {"sim": "simulate a workload trace under scheduling policies (virtual clock)"},
     "run": {"run": "submit a job from flags and stay attached: every rank's output, its exit status"},
     "examples": {"examples": "write the example jobs, queues and workers into a directory"},

@@ -37,7 +37,7 @@ from orchestrator.cli.views import (
     start_lines,
 )
 from orchestrator.core.gating import gate_reason, has_gates
-from orchestrator.core.model.state import TERMINAL
+from orchestrator.core.model.state import TERMINAL, ClusterState
 from orchestrator.index import api
 from orchestrator.index.client import IndexRefused
 
@@ -158,29 +158,39 @@ async def _indexed_story(bus: Bus, job_id: str) -> Story | None:
         request = msgspec.structs.replace(request, after=reply.next_after)
 
 
+async def job_story(bus: LogSource, job_id: str, *, use_index: bool, at: str | None = None,
+                    clock: LogClock | None = None, state: ClusterState | None = None) -> Story:
+    """The job's story (what `explain` prints, and the web UI's job page): from the index when asked and it
+    can tell it, else folded from the whole log up to `at`. `state`: the fold at the log's end if the caller
+    holds one (the UI's live view), for a job not over, instead of loading it. Raises CliError (NOT_FOUND)
+    for a job the log does not know."""
+    story = await _indexed_story(bus, job_id) if use_index and isinstance(bus, Bus) else None
+    if story is not None and story.job is not None and has_gates(story.job.spec.gating):
+        # Its gates turn on other jobs' events (those it depends on, its array's other elements), which are
+        # no context the index keeps: the whole log tells its story.
+        story = None
+    if story is not None and story.job is not None and story.job.status not in TERMINAL:
+        # A job not over gets its run-time estimate, learned from every job's history: the fold's.
+        story.state = state if state is not None else await load_state(bus)
+    if story is None:
+        # A story folds the log from its start: from what retention left, a job would seem unknown.
+        from orchestrator.cli.archive import require_from
+
+        await require_from(bus, 1, f"explain {job_id} reads the whole log")
+        if not await _job_known(bus, job_id):
+            raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
+        position = await resolve_at(bus, at, clock)
+        story = await _read_story(bus, job_id, position.seq)
+        if not story.entries:
+            raise CliError(f"job {job_id!r} has no event up to #{position.seq} (--at {at})", NOT_FOUND)
+    return story
+
+
 async def explain(args: argparse.Namespace) -> int:
     job_id = checked_id(args.job, "job id")
     async with log_source(args) as bus:
         clock = await log_clock(bus)
-        story = await _indexed_story(bus, job_id) if wants_index(args) and isinstance(bus, Bus) else None
-        if story is not None and story.job is not None and has_gates(story.job.spec.gating):
-            # Its gates turn on other jobs' events (those it depends on, its array's other elements), which are
-            # no context the index keeps: the whole log tells its story.
-            story = None
-        if story is not None and story.job is not None and story.job.status not in TERMINAL:
-            # A job not over gets its run-time estimate, learned from every job's history: the fold's.
-            story.state = await load_state(bus)
-        if story is None:
-            # A story folds the log from its start: from what retention left, a job would seem unknown.
-            from orchestrator.cli.archive import require_from
-
-            await require_from(bus, 1, f"explain {job_id} reads the whole log")
-            if not await _job_known(bus, job_id):
-                raise CliError(f"unknown job {job_id!r}: the log has no event about it", NOT_FOUND)
-            at = await resolve_at(bus, args.at, clock)
-            story = await _read_story(bus, job_id, at.seq)
-            if not story.entries:
-                raise CliError(f"job {job_id!r} has no event up to #{at.seq} (--at {args.at})", NOT_FOUND)
+        story = await job_story(bus, job_id, use_index=wants_index(args), at=args.at, clock=clock)
         # The present `corral job` counts from (the server's clock, or --at's moment), not the log's newest event:
         # on a quiet log that is minutes old, and the two commands told one job's end or start differently.
         now = (await resolve_at(bus, args.at, clock)).time

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from events.telemetry import MetricsServer
     from nodeagent.runtime.docker_options import DockerOptions
     from orchestrator.archiver import Archiver
+    from orchestrator.cli.webui.access import Access
     from orchestrator.index.service import IndexService
     from orchestrator.notifier import Notifier
 
@@ -438,6 +439,7 @@ async def run_up(args: argparse.Namespace) -> int:
         raise CliError(f"the demo needs at least 2 nodes (--nodes {args.nodes})", USAGE)
     worker_env(args)  # a bad --worker-env exits 2 before anything starts
     check_shutdown_grace(args)
+    up_ui_access(args)  # so do a UI off loopback without a token, an unreadable token file or certificate
     configure_logging(args.log_level)
     data = Path(args.data_dir).resolve()
     server = NatsServer(data / "nats", port=args.port or None, binary=args.nats_server, die_with_parent=True)
@@ -554,6 +556,7 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
           f"({args.runtime} runtime) + the index; Ctrl-C stops", flush=True)
     result = OK
     metrics_server = await start_metrics(args, scheduler=sched, agents=agents, archiver=archiver is not None)
+    ui_access = up_ui_access(args)
     if metrics_server is not None:
         print(f"corral up: Prometheus metrics at {metrics_server.url}", flush=True)
     try:
@@ -564,6 +567,8 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
             if archiver is not None:
                 services.append(tg.create_task(archiver.run()))
             services.append(tg.create_task(notifier.run()))  # end-of-job notes (orchestrator/notifier.py)
+            if ui_access is not None:
+                services.append(tg.create_task(ui_beside(bus, ui_access)))
             if args.demo:
                 small = (args.gpus_per_node, None) if needs_small_workload(args.nodes, args.gpus_per_node) else None
                 try:
@@ -635,6 +640,32 @@ def _up_archiver(args: argparse.Namespace, bus: Bus, data: Path) -> Archiver | N
     print(f"corral up: archiving the log to {config.path} (retention {args.retention or 'none'}, max bytes "
           f"{args.max_bytes or 'none'}); read old positions with --archive {config.path}", flush=True)
     return Archiver(bus, config)
+
+
+def up_ui_access(args: argparse.Namespace) -> Access | None:
+    """Where `corral up`'s web UI listens (None: --no-ui); checked before anything starts serving."""
+    if args.no_ui:
+        return None
+    from orchestrator.cli.ui import access_of
+
+    return access_of(args, listen=args.ui_listen, port=args.ui_port)
+
+
+async def ui_beside(bus: Bus, access: Access) -> None:
+    """The web UI inside `corral up`: its URL printed once it listens (any free port if its own is taken);
+    a UI that stops logs why and leaves the cluster running."""
+    from orchestrator.cli.webui.server import serve
+
+    def ready(url: str) -> None:
+        how = " (open it once as URL?token=TOKEN)" if access.token else ""
+        print(f"corral up: web UI at {url}{how}", flush=True)
+
+    try:
+        await serve(bus, access, on_ready=ready, fallback_port=True)
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # never the cluster's end: the CLI reads the log without it
+        log.error("ui_stopped", error=repr(e))
 
 
 async def index_beside(index: IndexService) -> None:
@@ -861,6 +892,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_shutdown_grace_arg(p)
     add_worker_env_arg(p)
     add_notifier_args(p.add_argument_group("notifier", "end-of-job notes: jobs' --notify-url, and --notify-cmd"))  # type: ignore[arg-type]
+    from orchestrator.cli.ui import DEFAULT_PORT, add_ui_access_args
+
+    w = p.add_argument_group("web UI", "the read-only web UI (`corral ui`; README, Web UI)")
+    w.add_argument("--no-ui", action="store_true", help="do not serve the web UI")
+    w.add_argument("--ui-listen", default="127.0.0.1", metavar="ADDR",
+                   help="address the UI listens on (default %(default)s; anything but loopback needs a token)")
+    w.add_argument("--ui-port", type=int, default=DEFAULT_PORT, metavar="PORT",
+                   help="the UI's port (default %(default)s; taken: any free one, printed)")
+    add_ui_access_args(w)  # type: ignore[arg-type]
     r = p.add_argument_group("retention", "with --retention or --max-bytes, an archiver runs too, archiving to "
                              "DATA_DIR/archive (or the global --archive)")
     add_retention_args(r)  # type: ignore[arg-type]
