@@ -29,6 +29,7 @@ from nodeagent.runtime.simulated import SimulatedRuntime
 from orchestrator.cli.connect import connected
 from orchestrator.cli.errors import FAILURE, OK, USAGE, CliError
 from orchestrator.logging import configure_logging
+from orchestrator.policies.named import POLICY_NAMES
 from orchestrator.scheduler.service import Scheduler, SchedulerConfig, default_scheduler_id
 from schemas import ClusterConfigured, Inventory
 from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS
@@ -106,7 +107,7 @@ async def run_scheduler(args: argparse.Namespace) -> int:
     config = SchedulerConfig(scheduler_id=args.id or default_scheduler_id(), tick_s=args.tick,
                              heartbeat_timeout_s=args.heartbeat_timeout, lease_ttl_s=args.lease_ttl,
                              snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval,
-                             cluster=cluster_config(args))
+                             cluster=cluster_config(args), policy=args.policy)
     async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
         sched = Scheduler(bus, config, history=archived(args, bus))
         metrics_server = await start_metrics(args, scheduler=sched)
@@ -440,7 +441,8 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
     archive = None if archiver is None else Archive(archiver.config.path)
     heartbeat_s, heartbeat_timeout_s = up_liveness(args.nodes, args.heartbeat_timeout)
     sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=heartbeat_timeout_s,
-                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)),
+                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args),
+                                           policy=args.policy),
                       history=None if archive is None else History(bus, archive))
     extra_env = worker_env(args)
 
@@ -459,7 +461,7 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
     # The agents' own connections (PER_CONNECTION to one), closed after everything else stopped.
     agents = await connect_agents(stack, lambda k: connection(url, f"corral-up-agents-{k}"), args.nodes, make)
     index = IndexService(bus, data / "index", history=None if archive is None else History(bus, archive))
-    print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
+    print(f"corral up: scheduler ({args.policy} policy) + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"({args.runtime} runtime) + the index; Ctrl-C stops", flush=True)
     result = OK
     metrics_server = await start_metrics(args, scheduler=sched, agents=agents, archiver=archiver is not None)
@@ -547,6 +549,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--heartbeat-timeout", type=float, default=40.0, metavar="S",
                        help="declare a node failed after this long without a heartbeat (default %(default)s: four of "
                             "the agents' default 10 s beats, as Kubernetes' node grace; README, Liveness)")
+        p.add_argument("--policy", default="corral", choices=POLICY_NAMES, metavar="NAME",
+                       help=f"the scheduling policy: one of the simulator's ({', '.join(POLICY_NAMES)}), the same "
+                            "records `corral sim --policy` runs; each election in the log names it "
+                            "(default %(default)s)")
         p.add_argument("--drain-unhealthy-gpus", type=int, default=2, metavar="K",
                        help="a node with K GPUs out of service (GpuUnhealthy) takes no new work; 0: never by count "
                             "(default %(default)s)")
