@@ -84,6 +84,7 @@ async def test_live_drf_decides_as_the_simulated_drf(nats_server: NatsServer, bu
     finally:
         stop_all([sched])
     assert proc.returncode == 0, proc.stderr
+    assert "decided live by policy drf" in proc.stderr, proc.stderr
     live = out / "cluster-log.jsonl"
     elections = events_of(live, "SchedulerElected")
     assert [e.get("policy") for e in elections] == ["drf"], elections
