@@ -50,7 +50,7 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     req = adm.request(job)
     if job.earmark or not pol.preemption.priority_or_reclaim_only:
         return judge(adm, job, queue, req)
-    if is_starving(adm.c, job):
+    if job.spec.total_gpus >= BIG_GANG_GPUS and is_starving(adm.c, job):  # (only big gangs starve: most heads are small)
         return _starving_at_limit(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
            _may_use_held(adm, job), plan.version, plan.charges)
