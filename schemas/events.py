@@ -571,6 +571,9 @@ class QueueDeleted(Event, tag="QueueDeleted", frozen=True):
 class SchedulerElected(Event, tag="SchedulerElected", frozen=True):
     epoch: int
     scheduler_id: str
+    #: The named policy this leader decides with (orchestrator/policies/named.py, `corral scheduler --policy`).
+    #: UNSET (not written) in logs from before it existed: those leaders ran corral's.
+    policy: str | msgspec.UnsetType = msgspec.UNSET
 
 
 #: ClusterConfigured.drain_unhealthy_gpus when not set: two faulty GPUs drain a node (issue #32).

@@ -42,6 +42,7 @@ TINY: dict[str, list[str] | None] = {
     "scheduler.py": ["--nodes", "8", "--jobs", "40", "--fold-events", "2000", "--burst", "20", "--latency-s", "0.2"],
     "scheduler_e2e.py": ["--nodes", "8", "--latency-s", "0.2", "--rate", "20", "--burst", "20"],
     "sim.py": ["--jobs", "60", "--policies", "corral,fifo", "--no-logs"],
+    "sim_speed.py": ["--nodes", "32", "--queues", "2", "--jobs", "60", "--rounds", "1"],
     "staging.py": ["--mb", "4", "--rounds", "1"],
     "sweep.py": ["--jobs", "60", "--loads", "0.5,1.2", "--policies", "corral,fifo"],
     # The web UI on a 60-job history: first bytes, 0/1/3 live browsers, the scheduler with 0/3/0 browsers.

@@ -42,6 +42,10 @@ NOT_RUN = {
                                                                   "tests/cli/test_webui.py runs it with one",
     "corral up --demo --data-dir .corral/demo": "the whole demo takes minutes: tests/test_install.py runs it to the end (installed, "
                                                 "from another directory), tests/cli/test_demo.py its failure path",
+    "corral scheduler --policy drf": "a service that runs until stopped: tests/integration/test_policy_live.py runs it "
+                                     "against simulated agents and compares its decisions with the simulator's",
+    "corral up --policy fifo-backfill": "the fixture's cluster is this command's (--policy only picks the scheduler's "
+                                        "policy: tests/cli/test_policy_option.py checks its names)",
 }
 # Parts of commands that run differently here, and why: (as written, as run).
 REWRITTEN = {

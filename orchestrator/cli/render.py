@@ -140,7 +140,8 @@ def essentials(event: AnyEvent | Unknown) -> str:
         case QueueDeleted():
             return "deleted"
         case SchedulerElected():
-            return f"epoch={event.epoch} {event.scheduler_id}"
+            policy = f" policy={event.policy}" if isinstance(event.policy, str) else ""  # (UNSET: before --policy)
+            return f"epoch={event.epoch} {event.scheduler_id}{policy}"
         case ClusterConfigured():
             return f"levels={'>'.join(event.topology_levels) or '-'} min_runtime={event.min_runtime_s:g}s"
         case JobHeld():

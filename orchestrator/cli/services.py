@@ -35,6 +35,7 @@ from orchestrator.cli.notify import add_notifier_args
 from orchestrator.cli.stop_signals import StopSignals
 from orchestrator.cli.timespec import seconds_arg
 from orchestrator.logging import configure_logging
+from orchestrator.policies.named import POLICY_NAMES
 from orchestrator.scheduler.service import Scheduler, SchedulerConfig, default_scheduler_id
 from schemas import ClusterConfigured, Inventory
 from schemas.events import DEFAULT_DRAIN_UNHEALTHY_GPUS
@@ -142,7 +143,7 @@ async def run_scheduler(args: argparse.Namespace) -> int:
     config = SchedulerConfig(scheduler_id=args.id or default_scheduler_id(), tick_s=args.tick,
                              heartbeat_timeout_s=args.heartbeat_timeout, lease_ttl_s=args.lease_ttl,
                              snapshot_every=args.snapshot_every, snapshot_interval_s=args.snapshot_interval,
-                             cluster=cluster_config(args))
+                             cluster=cluster_config(args), policy=args.policy)
     async with connected(args, name=f"corral-scheduler-{config.scheduler_id}", forever=True) as bus:
         sched = Scheduler(bus, config, history=archived(args, bus))
         metrics_server = await start_metrics(args, scheduler=sched)
@@ -532,7 +533,8 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
     archive = None if archiver is None else Archive(archiver.config.path)
     heartbeat_s, heartbeat_timeout_s = up_liveness(args.nodes, args.heartbeat_timeout)
     sched = Scheduler(bus, SchedulerConfig(scheduler_id="up-scheduler", heartbeat_timeout_s=heartbeat_timeout_s,
-                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args)),
+                                           lease_ttl_s=2.0, tick_s=0.5, cluster=cluster_config(args),
+                                           policy=args.policy),
                       history=None if archive is None else History(bus, archive))
     extra_env = worker_env(args)
 
@@ -552,7 +554,7 @@ async def _run_services(args: argparse.Namespace, bus: Bus, data: Path, url: str
     agents = await connect_agents(stack, lambda k: connection(url, f"corral-up-agents-{k}"), args.nodes, make)
     index = IndexService(bus, data / "index", history=None if archive is None else History(bus, archive))
     notifier = up_notifier(args, bus, data)
-    print(f"corral up: scheduler + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
+    print(f"corral up: scheduler ({args.policy} policy) + {args.nodes} nodes x {args.gpus_per_node} {args.gpu_model} "
           f"({args.runtime} runtime) + the index; Ctrl-C stops", flush=True)
     result = OK
     metrics_server = await start_metrics(args, scheduler=sched, agents=agents, archiver=archiver is not None)
@@ -711,6 +713,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--heartbeat-timeout", type=seconds_arg, default=40.0, metavar="S",
                        help="declare a node failed after this long without a heartbeat (default %(default)s: four of "
                             "the agents' default 10 s beats, as Kubernetes' node grace; README, Liveness)")
+        p.add_argument("--policy", default="corral", choices=POLICY_NAMES, metavar="NAME",
+                       help=f"the scheduling policy: one of the simulator's ({', '.join(POLICY_NAMES)}), the same "
+                            "records `corral sim --policy` runs; each election in the log names it "
+                            "(default %(default)s)")
         p.add_argument("--drain-unhealthy-gpus", type=int, default=2, metavar="K",
                        help="a node with K GPUs out of service (GpuUnhealthy) takes no new work; 0: never by count "
                             "(default %(default)s)")

@@ -141,7 +141,11 @@ def _logged(path: str, cluster: ClusterSpec | None) -> Scenario:
 
 
 def _tell_left_out(path: str, logged: LoggedScenario) -> None:
-    """Lines and jobs of the log the re-run does without: said on stderr, never silently."""
+    """Lines and jobs of the log the re-run does without: said on stderr, never silently (and which policy
+    decided the log, where its elections name one: the run to compare the others with)."""
+    if logged.decided_by:
+        print(f"corral sim: {path}: decided live by policy {', '.join(logged.decided_by)} "
+              "(`corral scheduler --policy`)", file=sys.stderr)
     if logged.unreadable:
         lines = ", ".join(str(n) for n in logged.unreadable[:5]) + (", ..." if len(logged.unreadable) > 5 else "")
         _warn(f"{path}: {len(logged.unreadable)} line(s) are not events this version reads (corrupt JSON or a "

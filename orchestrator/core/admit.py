@@ -159,14 +159,18 @@ def _in_fair_share_order(adm: AdmitContext, lines: dict[str, Line]) -> None:
     order = [(queue_rank(c, plan, q, line, ranks), line.head[0], q) for q, line in lines.items() if line.head]
     heapify(order)
     blocked = adm.cert.blocked_heads = dict.fromkeys(lines, 0)
+    # The plan's charges when each queue was ranked: its rank (its head's and the loads' function) stands until a charge.
+    ranked_at = dict.fromkeys(lines, plan.charges)
     while order:
         rank, head_key, q = heappop(order)
         line = lines[q]
         assert line.head is not None
-        now_rank = queue_rank(c, plan, q, line, ranks)
-        if now_rank > rank:  # a charge to another queue moved it (a sibling in a hierarchy): look again
-            heappush(order, (now_rank, head_key, q))
-            continue
+        if ranked_at[q] != plan.charges:
+            now_rank = queue_rank(c, plan, q, line, ranks)
+            ranked_at[q] = plan.charges
+            if now_rank > rank:  # a charge to another queue moved it (a sibling in a hierarchy): look again
+                heappush(order, (now_rank, head_key, q))
+                continue
         job = line.pop()
         outcome = _judged(adm, job, q)
         if outcome.code == PLACED and len(adm.placed) >= c.policies.placements_per_cycle:
@@ -178,3 +182,4 @@ def _in_fair_share_order(adm: AdmitContext, lines: dict[str, Line]) -> None:
                 continue
         if line.head is not None:
             heappush(order, (queue_rank(c, plan, q, line, ranks), line.head[0], q))
+            ranked_at[q] = plan.charges

@@ -17,13 +17,14 @@ from orchestrator.core.cycle import Cycle
 from orchestrator.core.explain import Outcome, capacity_outcome
 from orchestrator.core.locality import cache_index, located
 from orchestrator.core.model.capacity import FreeIndex
+from orchestrator.core.model.memo import REQUESTS_KEPT
 from orchestrator.core.model.plan import Plan, QueueLoad
 from orchestrator.core.model.running import RunningGangs, running_gangs
 from orchestrator.core.model.state import Job, attained_service
 from orchestrator.core.reserved_nodes import restricted
 from orchestrator.policies import Candidate, Ending
 from orchestrator.policies.links import Links
-from orchestrator.policies.placement import GangRequest, Placement
+from orchestrator.policies.placement import GangRequest, Placement, request_of
 from schemas.events import Event
 
 if TYPE_CHECKING:  # completeness imports this module (its Certificate is built by admit)
@@ -87,7 +88,19 @@ class AdmitContext:
     def request(self, job: Job) -> GangRequest:
         """`Policies.request`, with the nodes holding the job's datasets (core/locality.py) when it names any,
         and only the nodes the node reservations leave it."""
-        req = self.c.policies.request(job)
+        fn = self.c.policies.request
+        if fn is request_of:  # it reads the job's id and spec only: kept per job (Memo.requests)
+            known = self.c.memo.requests
+            found = known.get(job.job_id)
+            if found is not None and found[0] is job.spec and isinstance(found[1], GangRequest):
+                req = found[1]
+            else:
+                if len(known) >= REQUESTS_KEPT:
+                    known.clear()
+                req = fn(job)
+                known[job.job_id] = (job.spec, req)
+        else:
+            req = fn(job)
         if job.spec.dataset_list:
             if self._caches is None:
                 self._caches = cache_index(self.c.state)

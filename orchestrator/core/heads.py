@@ -49,8 +49,10 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     """
     plan, pol = adm.plan, adm.c.policies
     req = adm.request(job)
-    if job.earmark or not pol.preemption.priority_or_reclaim_only or is_starving(adm.c, job):
+    if job.earmark or not pol.preemption.priority_or_reclaim_only:
         return judge(adm, job, queue, req)
+    if job.spec.total_gpus >= BIG_GANG_GPUS and is_starving(adm.c, job):  # (only big gangs starve: most heads are small)
+        return _starving_at_limit(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
            _may_use_held(adm, job), plan.version, plan.charges)
     found = adm.answers.get(key)
@@ -59,6 +61,42 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     before = (plan.version, plan.charges, len(adm.events), adm.unremembered_searches)
     outcome = judge(adm, job, queue, req)
     if (plan.version, plan.charges, len(adm.events), adm.unremembered_searches) == before:
+        adm.answers[key] = outcome
+    return outcome
+
+
+def _starving_at_limit(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
+    """`judge` of a starving gang, remembering the outcome for the next alike gang while its queue is at its limit.
+
+    Under a limit every starving gang of the queue is judged first in every cycle (isolated queues: ~16 a
+    cycle, issue #42's sim speed), and one that its queue's limit blocks, that no priority or reclaim
+    rule lets preempt (`could_preempt`), goes the same way each time: its starvation victim search (a
+    search budget spent, or none left) finds nothing it can start on, so it waits on the quota. That
+    verdict depends on its shape, queue, priority and attained service (the search's ask) and on the
+    plan, which `version` and `charges` track; an alike gang gets it again, and the budget is spent as
+    the real search would spend it, so every later decision is the same.
+    """
+    plan, pol = adm.plan, adm.c.policies
+    # (Asked first: an answer is kept only where the checks below held, and they read only the queue, the
+    # gang's size and priority, the plan's charges and the cycle's running gangs, all in the key or fixed.)
+    key = ("starving at limit", shape_of(req), queue, job.spec.priority, job.attained_s, plan.version, plan.charges)
+    found = adm.answers.get(key)
+    if isinstance(found, Outcome):
+        # What `preempt` does for a search whose answer is known to be none (it is told so, or finds it again).
+        if adm.searches <= 0:
+            adm.cert.out_of_searches = True
+        else:
+            adm.searches -= 1
+            adm.unremembered_searches += 1
+        return found
+    q = adm.c.state.queues.get(queue)
+    owed = plan.gpus.get(queue, 0) + req.gpus <= (q.guaranteed_gpus if q is not None else 0)
+    if (pol.preemption_searches <= 0 or pol.starvation_rule.priority_or_reclaim_only
+            or plan.limit_blocker(queue, req.gpus) is None or adm.could_preempt(queue, job.spec.priority, owed)):
+        return judge(adm, job, queue, req)
+    before = (plan.version, plan.charges, len(adm.events))
+    outcome = judge(adm, job, queue, req)
+    if outcome.code == QUOTA and (plan.version, plan.charges, len(adm.events)) == before:
         adm.answers[key] = outcome
     return outcome
 

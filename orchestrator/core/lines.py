@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from heapq import merge
 
@@ -84,7 +85,8 @@ def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Ra
     """
     assert line.head is not None
     head = line.head[1]
-    if c.now - head.waiting_since > c.policies.starving_after_s:
+    aging = c.policies.starving_after_s
+    if aging < math.inf and c.now - head.waiting_since > aging:  # (off by default: no wait to compute)
         return (0, head.waiting_since)
     # A queue's load changes only with a charge: its key is kept until then (per head size).
     asks = head.spec.total_gpus

@@ -153,13 +153,16 @@ class Elections:
     """
 
     def __init__(self, bus: Bus, follower: Follower[ClusterState], scheduler_id: str, lease_ttl_s: float,
-                 cluster: ClusterConfigured | None, appended: Callable[[Sequence[int]], int]) -> None:
+                 cluster: ClusterConfigured | None, appended: Callable[[Sequence[int]], int],
+                 policy: str = "corral") -> None:
         self.bus = bus
         self.follower = follower
         self.scheduler_id = scheduler_id
         self.lease_ttl_s = lease_ttl_s
         #: Appended once when the log has no cluster settings yet, right after our election.
         self.cluster = cluster
+        #: The named policy we decide with, written into our SchedulerElected for operators and re-runs to read.
+        self.policy = policy
         self._appended = appended
         self.lease: Lease | None = None
         self.epoch = 0  # the epoch we campaign with; leading also needs the log to agree
@@ -230,7 +233,7 @@ class Elections:
             # A fresh id per try: the compare-and-set makes an epoch unique, and an id someone
             # squatted (events/bus.py, IdSquatted) must not keep us from ever being elected.
             elected = SchedulerElected(event_id=f"elect:{epoch}:{sid}:{secrets.token_hex(4)}", occurred_at=time.time(),
-                                       epoch=epoch, scheduler_id=sid)
+                                       epoch=epoch, scheduler_id=sid, policy=self.policy)
             seqs = [await self.bus.append_after(elected, last)]
             # Settings right after, under the new epoch; we decide only once both are folded.
             cfg = self.cluster
@@ -249,7 +252,7 @@ class Elections:
         self.epoch = epoch
         await self.follower.wait_for_seq(self._appended(seqs))
         if self.leading:
-            log.info("leading", epoch=self.epoch)
+            log.info("leading", epoch=self.epoch, policy=self.policy)
         self.follower.changed.set()
 
     async def stand_by(self) -> None:

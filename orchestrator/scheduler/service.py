@@ -53,6 +53,8 @@ from orchestrator.core.model.memo import Memo
 from orchestrator.core.model.state import ClusterState
 from orchestrator.core.node_view import node_view_of, view_facts
 from orchestrator.core.orders import node_orders
+from orchestrator.policies import Policies
+from orchestrator.policies.named import policies_for
 from orchestrator.scheduler import metrics
 from orchestrator.scheduler.health import HeartbeatMonitor
 from orchestrator.scheduler.leader import LEASE_BUCKET, Elections, Lease
@@ -78,6 +80,9 @@ class SchedulerConfig:
     heartbeat_timeout_s: float = 40.0  # four agent beats (README, "Liveness")
     #: Appended once when the log has no cluster settings yet, so every replay decides alike.
     cluster: ClusterConfigured | None = None
+    #: The named policy `decide` runs with (orchestrator/policies/named.py: the simulator's records, by the
+    #: same names); each election this scheduler stores names it.
+    policy: str = "corral"
 
 
 #: Node views written per part of a flush (`_save_views`).
@@ -93,7 +98,10 @@ class Scheduler:
         self.history: LogSource = history if history is not None else bus
         self.follower = Follower(self.history, self._fold, ClusterState(), stream_times=True)  # one clock (#30)
         cfg = self.config
-        self.elections = Elections(bus, self.follower, cfg.scheduler_id, cfg.lease_ttl_s, cfg.cluster, self._appended)
+        #: What `decide` runs with: the very record `corral sim --policy NAME` simulates (ValueError: unknown name).
+        self.policies: Policies = policies_for(cfg.policy)
+        self.elections = Elections(bus, self.follower, cfg.scheduler_id, cfg.lease_ttl_s, cfg.cluster, self._appended,
+                                   cfg.policy)
         self._awaiting = 0  # our newest append's seq: decide only once the fold has reached it
         self._snapshot_seq = 0  # the log position of the newest snapshot saved or loaded
         self._snapshot_at = time.monotonic()  # when it was saved or loaded
@@ -247,7 +255,7 @@ class Scheduler:
             if not self._may_judge() or self.state.seq < self._awaiting or now is None:
                 continue
             t0 = time.perf_counter()
-            events = decide(self.state, now, epoch=self.epoch, memo=self.memo)
+            events = decide(self.state, now, epoch=self.epoch, policies=self.policies, memo=self.memo)
             # What the decisions already folded mean for each node (core/orders.py): its part of a gang, a
             # stop, a release. Never this cycle's own decisions: those are not in the fold yet.
             events += node_orders(self.state, now=now, epoch=self.epoch)
@@ -333,6 +341,7 @@ class Scheduler:
 
     async def run(self) -> None:
         """Run until cancelled; the first fatal error propagates."""
+        log.info("starting", scheduler_id=self.config.scheduler_id, policy=self.config.policy)
         try:
             await self.bus.setup.ensure_consumer_room()  # a consumer per agent (#40): a stream made before it had 1,000
             await self._restore()

@@ -72,6 +72,9 @@ class LoggedScenario(NamedTuple):
     skipped: tuple[str, ...]
     #: Lines (log positions) that are no event this version reads: corrupt JSON, or a newer event type.
     unreadable: tuple[int, ...] = ()
+    #: The policies its elections name, in order, each once (`corral scheduler --policy`); none named (a
+    #: simulation's log, a cluster's from before the option) reads as corral's.
+    decided_by: tuple[str, ...] = ()
 
 
 def _duration(e: JobSubmitted) -> float | None:
@@ -97,6 +100,7 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
     outages: list[Outage] = []
     unreadable: list[int] = []
     lines: dict[str, int] = {}
+    decided_by: dict[str, None] = {}
     for n, e in _numbered(path):
         if isinstance(e, Unknown):
             unreadable.append(n)
@@ -105,6 +109,9 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
             submitted.setdefault(e.job_id, e)
         elif isinstance(e, GangReserved):
             reserved_at[e.job_id] = e.occurred_at
+        elif isinstance(e, SchedulerElected):
+            if isinstance(e.policy, str):
+                decided_by.setdefault(e.policy)
         elif isinstance(e, JobCompleted) and e.job_id in reserved_at:
             ran[e.job_id] = e.occurred_at - reserved_at[e.job_id]
         elif cluster is None:
@@ -151,7 +158,7 @@ def from_log(path: str | Path, cluster: ClusterSpec | None = None) -> LoggedScen
         jobs.append(SimJob(e.job_id, e.occurred_at, d, _unheld(e.spec), lines[e.job_id]))
     jobs.sort(key=lambda j: j.submit_time)
     return LoggedScenario(Scenario(tuple(setup), tuple(jobs), tuple(sorted(outages, key=lambda o: o.time))),
-                          tuple(skipped), tuple(unreadable))
+                          tuple(skipped), tuple(unreadable), tuple(decided_by))
 
 
 def _unheld(spec: JobSpec) -> JobSpec:

@@ -27,13 +27,14 @@ Proc = subprocess.Popen[bytes]
 
 
 def scheduler_proc(url: str, sid: str, logs: Path, *, heartbeat_timeout: float = 60.0, lease_ttl: float = 1.5,
-                   min_runtime: float = 60.0, snapshot_every: int = 10_000, env: Mapping[str, str] | None = None) -> Proc:
+                   min_runtime: float = 60.0, snapshot_every: int = 10_000, env: Mapping[str, str] | None = None,
+                   policy: str = "corral", log_level: str = "warning") -> Proc:
     """`corral scheduler` with test-sized timers; its JSON log goes to logs/<sid>.log (`env`: added variables)."""
     return start_corral(
         "--nats", url, "scheduler", "--id", sid, "--lease-ttl", str(lease_ttl), "--tick", "0.2",
         "--heartbeat-timeout", str(heartbeat_timeout), "--topology-levels", "block,leaf",
-        "--min-runtime", str(min_runtime), "--snapshot-every", str(snapshot_every), "--log-level", "warning",
-        log=logs / f"{sid}.log", env=env,
+        "--min-runtime", str(min_runtime), "--snapshot-every", str(snapshot_every), "--log-level", log_level,
+        "--policy", policy, log=logs / f"{sid}.log", env=env,
     )
 
 
