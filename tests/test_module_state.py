@@ -32,6 +32,7 @@ IMMUTABLE_CALLS = frozenset({
 ALLOWED: dict[tuple[str, str], str] = {
     ("schemas/codec.py", "CODEC"): "msgspec encoders/decoders and the read-only UPCASTERS table",
     ("orchestrator/policies/__init__.py", "DEFAULT_POLICIES"): "a frozen dataclass of functions and numbers",
+    ("orchestrator/policies/named.py", "BASELINE"): "DEFAULT_POLICIES replaced: the same frozen dataclass",
     ("orchestrator/policies/victims.py", "PRIORITY_AND_RECLAIM"): "a PreemptionRule (NamedTuple) of functions",
     ("orchestrator/policies/las.py", "LEAST_ATTAINED_SERVICE"): "a PreemptionRule (NamedTuple) of functions",
     ("orchestrator/policies/victims.py", "STARVATION"): "a PreemptionRule (NamedTuple) of functions",

@@ -24,6 +24,7 @@ import msgspec
 from events.bus import Envelope
 from events.follow import Follower
 from events.logsource import LogSource
+from events.swallowed_cancel import stop_if_cancelled
 from orchestrator.cli.datasets_view import names_by_key
 from orchestrator.cli.render import line
 from orchestrator.cli.webui.payloads import (
@@ -105,6 +106,7 @@ class LiveView:
         follow = asyncio.create_task(self.follower.follow(), name="ui-follow")
         try:
             while not follow.done():
+                stop_if_cancelled()  # a stop a nats wait swallowed (events/swallowed_cancel.py)
                 await self.follower.wait_changed(SAMPLE_EVERY_S)
                 self.follower.changed.clear()
                 self.broadcast()

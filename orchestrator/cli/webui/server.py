@@ -17,6 +17,7 @@ import structlog
 from aiohttp import web
 
 from events.bus import Bus
+from events.swallowed_cancel import stop_if_cancelled
 from orchestrator.cli.errors import FAILURE, NOT_FOUND, TIMEOUT, UNREACHABLE, USAGE, CliError
 from orchestrator.cli.timeline import pending_by_reason, runs, story_summary
 from orchestrator.cli.views import job_estimate
@@ -291,6 +292,9 @@ async def serve(bus: Bus, access: Access, *, on_ready: Callable[[str], None], fa
     started = time.monotonic()
     state = await load_state(bus)
     live = LiveView(bus, state, await recent_events(bus, state.seq, RECENT_EVENTS))
+    # `corral up` stopping while the UI reads the log (a demo refused at once): a nats wait may have swallowed
+    # the cancel, and a UI started then would serve on and hold `corral up` open (events/swallowed_cancel.py).
+    stop_if_cancelled()
     ui = UI(bus, live, access)
     runner = web.AppRunner(ui.app(), access_log=None, handle_signals=False)
     await runner.setup()
