@@ -182,7 +182,7 @@ def test_a_new_users_first_jobs_run_where_they_were_submitted(installed: Install
             show = "import os; print('in', os.getcwd(), 'MYVAR', os.environ.get('MYVAR'), os.environ.get('OTHER'))"
             there = run([corral, "run", "--export", "MYVAR", "--", "python", "-c", show], other,
                         {**env, "MYVAR": "exported", "OTHER": "not-exported"})
-            assert there.stdout == f"0: in {other} MYVAR exported None\n", there
+            assert there.stdout == f"in {other} MYVAR exported None\n", there
 
             # 5. The README's example job by its relative path, from the project, to completion.
             run([corral, "submit", "examples/jobs/single-gpu.yaml", "--wait"], proj, env)

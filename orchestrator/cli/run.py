@@ -2,7 +2,7 @@
 
 It submits the job (from this directory, with the variables `--export` names:
 orchestrator/cli/submitter.py), then prints every rank's output as it is
-written, each line labelled `R: ` (orchestrator/cli/attach.py), and exits with
+written, each line labelled `R: ` when it has more than one rank (orchestrator/cli/attach.py), and exits with
 the job's exit status: 0 when it completed, the failing rank's exit code (128 +
 signal) when it failed, 1 when it failed with none or was rejected or
 cancelled. Ctrl-C cancels the job and waits for it to end (its ranks get their
@@ -116,7 +116,9 @@ async def run(args: argparse.Namespace) -> int:
 
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, interrupted)
-        stream = JobStream(bus, label=not args.pty, only=0 if args.pty else None, raw=args.pty)
+        # Lines labelled `R: ` when more than one rank writes (or --label), as `srun --label`; one rank's are its own.
+        label = not args.pty and (args.label or spec.ranks > 1)
+        stream = JobStream(bus, label=label, only=0 if args.pty else None, raw=args.pty)
         terminal = _terminal() if args.pty else None
         forwarder = Forwarder(bus, job_id, key, stream,
                               size=(lambda: terminal_size(terminal)) if terminal is not None else None)
@@ -152,7 +154,8 @@ async def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="submit a job from flags and stay attached: every rank's output, its exit status",
                        description="Submit COMMAND as a job of RANKS x GPUS (from this directory), print every "
-                                   "rank's output as it is written, each line labelled 'R: ', and exit with the "
+                                   "rank's output as it is written (each line labelled 'R: ' when it has more than one "
+                                   "rank), and exit with the "
                                    "job's exit status (0 completed, the failing rank's code, 1 otherwise). Ctrl-C "
                                    "cancels the job; --detach prints its id and returns.",
                        usage="corral run [options] -- COMMAND [ARGS...]")
@@ -162,6 +165,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_spec_extras(p)
     p.add_argument("--id", help="job id (default generated)")
     p.add_argument("--detach", "-d", action="store_true", help="print the job id and return at once")
+    p.add_argument("-l", "--label", action="store_true",
+                   help="label every line with its rank, 'R: ', a one-rank job's too (`srun --label`; the default "
+                        "for more than one rank)")
     p.add_argument("--pty", action="store_true",
                    help="run rank 0 on a pseudo-terminal with this terminal raw (like `srun --pty`): "
                         "`corral run --pty -- bash`; only rank 0's output is shown")

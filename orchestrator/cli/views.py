@@ -86,13 +86,18 @@ def waiting_text(state: ClusterState, job: Job) -> str:
     w = job.waiting
     if w is None:
         return "not looked at by the scheduler yet"
+    return f"{w.code}: {waiting_message(state, job, w.message)}"
+
+
+def waiting_message(state: ClusterState, job: Job, message: str) -> str:
+    """The scheduler's message of a pending job, with its place in line as the state is now when it holds a
+    reservation (`waiting_text` without the code: the web UI shows the code apart)."""
     place = line_place(state, job)
     if place is None:
-        return f"{w.code}: {w.message}"
-    message = w.message
+        return message
     if message.startswith("first in line for "):  # (written before #41, its place then)
-        return f"{w.code}: {place} {message.removeprefix('first in line ')}"
-    return f"{w.code}: {place} with {message}"
+        return f"{place} {message.removeprefix('first in line ')}"
+    return f"{place} with {message}"
 
 
 def job_age(job: Job, now: float) -> float:

@@ -66,7 +66,7 @@ def test_a_job_runs_where_it_was_submitted_with_what_was_exported_and_nothing_of
     # `python3` is corral's own interpreter's (first on PATH), whatever PATH the agent was started with; the
     # agent's PYTHONPATH (this test run's) does not reach the worker.
     bindir = os.path.dirname(PY)
-    assert run.stdout == f"0: {proj} from-proj None None {bindir} 1 True\n", run.stdout
+    assert run.stdout == f"{proj} from-proj None None {bindir} 1 True\n", run.stdout
 
     # The same worker as a spec file submitted from another directory, every variable exported.
     spec = tmp_path / "show.yaml"
@@ -80,7 +80,7 @@ def test_a_job_runs_where_it_was_submitted_with_what_was_exported_and_nothing_of
     # --chdir: another directory than the submitter's; --export VAR=VALUE sets one.
     there = sub(["run", "--chdir", "../proj", "--export", "MYVAR=set", "--", "python3", "-c", show], cluster.url,
                 other)
-    assert there.stdout.startswith(f"0: {proj} set None "), (there.stdout, there.stderr)
+    assert there.stdout.startswith(f"{proj} set None "), (there.stdout, there.stderr)
 
 
 def test_a_workdir_missing_on_the_node_fails_the_job_at_once_with_the_reason(cluster: Up) -> None:
@@ -141,7 +141,7 @@ def test_ctrl_c_cancels_the_job(cluster: Up, tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline() == "0: ready\n"
+        assert proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=90)
     finally:
@@ -156,5 +156,5 @@ def test_ctrl_c_cancels_the_job(cluster: Up, tmp_path: Path) -> None:
 def test_run_follows_the_job_into_its_next_attempt(cluster: Up) -> None:
     code = "import os, sys; a = os.environ['CORRAL_ATTEMPT']; print('attempt', a); sys.exit(1 if a == '1' else 0)"
     proc = corral("run", "--restart-policy", "gang", "--max-restarts", "1", "--", PY, "-c", code, url=cluster.url)
-    assert proc.stdout.splitlines() == ["0: attempt 1", "0: attempt 2"], proc.stdout
+    assert proc.stdout.splitlines() == ["attempt 1", "attempt 2"], proc.stdout
     assert "GangRestarted" in proc.stderr and "JobCompleted" in proc.stderr, proc.stderr

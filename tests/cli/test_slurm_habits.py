@@ -60,7 +60,7 @@ def test_a_job_from_a_shell_with_a_venv_on_path_imports_what_only_that_venv_has(
     code = "import only_in_this_venv, sys; print(only_in_this_venv.WHERE, sys.prefix)"
     run = shell(["run", "-g", "0", "--", "python3", "-c", code], cluster.url, tmp_path, user_shell)
     assert run.returncode == 0, (run.stdout, run.stderr)
-    assert run.stdout == f"0: the venv {venv}\n", run.stdout
+    assert run.stdout == f"the venv {venv}\n", run.stdout
 
     # As sbatch: a spec file submitted from that shell, its command's python3 the venv's too.
     spec = tmp_path / "venv-job.yaml"
@@ -81,7 +81,7 @@ def test_a_shell_path_without_corral_finds_corrals_python_after_its_own(cluster:
     show = "import os; print(os.environ['PATH'])"
     run = shell(["run", "-g", "0", "--", PY, "-c", show], cluster.url, tmp_path, env)
     assert run.returncode == 0, run.stderr
-    path = run.stdout.removeprefix("0: ").strip().split(":")
+    path = run.stdout.strip().split(":")
     assert path[:2] == ["/usr/bin", "/bin"] and os.path.dirname(PY) in path[2:], path
 
 
@@ -90,11 +90,11 @@ def test_credentials_are_not_exported_by_default_and_the_submitter_is_told(clust
     show = "import os; print(os.environ.get('HF_TOKEN'), os.environ.get('TOKENIZERS_PARALLELISM'))"
     job_id = ids("creds")
     run = shell(["run", "-g", "0", "--id", job_id, "--", PY, "-c", show], cluster.url, tmp_path, env)
-    assert run.stdout == "0: None false\n", (run.stdout, run.stderr)
+    assert run.stdout == "None false\n", (run.stdout, run.stderr)
     assert re.search(r"not exported, as they look like credentials.*\bHF_TOKEN\b", run.stderr), run.stderr
     assert "HF_TOKEN" not in state_of(cluster.url).jobs[job_id].spec.env  # nor in the log
     asked = shell(["run", "-g", "0", "--export", "ALL,HF_TOKEN", "--", PY, "-c", show], cluster.url, tmp_path, env)
-    assert asked.stdout == "0: hf_secret false\n", (asked.stdout, asked.stderr)
+    assert asked.stdout == "hf_secret false\n", (asked.stdout, asked.stderr)
 
 
 def test_time_limits_in_slurms_forms_on_run_and_submit(cluster: Up, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from orchestrator.cli.views import (
     node_state,
     queue_summaries,
     sorted_nodes,
+    waiting_message,
 )
 from orchestrator.core.gating import gate_reason
 from orchestrator.core.model.state import FREE, HOLDING, TERMINAL, ClusterState, Job, Node
@@ -145,7 +146,7 @@ def pending_reasons(state: ClusterState, n: int) -> list[dict[str, Any]]:
         w = job.waiting
         out.append({"job_id": jid, "name": job.spec.name, "queue": job_queue(state, job), "priority": job.spec.priority,
                     "gpus": job.spec.total_gpus, "code": "gated" if gate is not None else w.code if w else None,
-                    "message": gate if gate is not None else w.message if w else None})
+                    "message": gate if gate is not None else waiting_message(state, job, w.message) if w else None})
     return out
 
 
