@@ -287,7 +287,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_connection_args(p)
     p.add_argument("job", metavar="JOB", help="job id")
     p.add_argument("--priority", type=int, metavar="N", help="new priority (higher goes first in its queue)")
-    p.add_argument("--time-limit", metavar="T", help="new time limit: a duration (90m, 2h, 1d) or UNLIMITED")
+    p.add_argument("--time-limit", metavar="T", help="new time limit, in Slurm's forms (a plain number is minutes, as scontrol's; 2:00:00, 90m, 1d) or UNLIMITED")
     p.add_argument("--queue", metavar="Q", help="move a pending job to queue Q")
     p.add_argument("--operator", action="store_true",
                    help="ask as an operator (JobUpdateByOperator, which only the admin role may append): may raise "
