@@ -18,7 +18,6 @@ from orchestrator.core.model.state import Job
 from orchestrator.core.starving import bound_for
 from orchestrator.policies import Candidate, PreemptionAsk, PreemptionRule
 from orchestrator.policies.placement import GangRequest
-from orchestrator.policies.victims import victim_cost
 from schemas.events import PreemptionRequested
 
 
@@ -26,14 +25,6 @@ def waiting_for(victims: list[str]) -> str:
     ids = sorted(victims)
     more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
     return f"waiting for preemption of job {ids[0]}{more}"
-
-
-def _pays_for_itself(job: Job, victims: Sequence[Candidate], share: float) -> bool:
-    """Whether stopping `victims` costs at most `share` x the GPU-seconds `job` claims (`Policies.starvation_cost_share`;
-    a claim not known: yes)."""
-    if not math.isfinite(share) or not job.claim_from:
-        return True
-    return sum(victim_cost(v) for v in victims) <= share * job.claim
 
 
 def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex,
@@ -95,9 +86,6 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
             adm.hopeless[hopeless] = max(ask.priority, adm.hopeless.get(hopeless, -math.inf))
         else:
             adm.unremembered_searches += 1
-        return None
-    if rule is pol.starvation_rule and not _pays_for_itself(job, victims, pol.starvation_cost_share):
-        adm.unremembered_searches += 1
         return None
     after = base.copy()
     for v in victims:

@@ -103,11 +103,6 @@ class Policies:
     #: may then also hold a backfill reservation (`reserve_after_s` stays the most a gang waits for one).
     starvation_bound_factor: float = 0.0
     starvation_bound_floor_s: float = 3600.0
-    #: A starving gang stops others only if what they lose (`victims.victim_cost`: work since their
-    #: checkpoints, restarts) is at most this x the GPU-seconds it claims; else it holds a backfill
-    #: reservation (issue #42: short big gangs past a relative bound cost more than they gained).
-    #: math.inf: any cost.
-    starvation_cost_share: float = math.inf
     #: Who a starving gang may stop, and in which order (victims.STARVATION: cheapest first).
     starvation_rule: PreemptionRule = STARVATION
     #: Judge the preemptors whose GPUs are earmarked before every other head (core/starving.py:

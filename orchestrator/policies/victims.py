@@ -83,7 +83,6 @@ from typing import Any, NamedTuple
 
 from orchestrator.core.model.capacity import FreeIndex
 from orchestrator.core.model.plan import QueueLoad
-from orchestrator.core.model.state import BIG_GANG_GPUS
 from orchestrator.core.model.topology import ROOT
 from orchestrator.policies.placement import GangRequest
 from schemas.events import RankPlacement
@@ -251,20 +250,6 @@ def _one_level(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int]]:
 
 #: The rule of the starvation bound: who a starving gang may stop, cheapest first.
 STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level)
-
-
-def why_small_starvation_victim(ask: PreemptionAsk, c: Candidate, loads: Mapping[str, QueueLoad]) -> str | None:
-    """`why_starvation_victim`, of gangs smaller than BIG_GANG_GPUS only: a starving gang never stops a big gang.
-
-    A big gang stopped rejoins its line and, under a bound relative to its run time (core/starving.py),
-    may starve again within hours and stop another: at load 1.2 big gangs stopping big gangs were half
-    of the GPU-hours lost to preemption (issue #42, bench/RESULTS.md). A small victim never starves.
-    """
-    return None if c.gpus >= BIG_GANG_GPUS else why_starvation_victim(ask, c, loads)
-
-
-#: The starvation rule whose victims are small gangs only (opt-in: `Policies.starvation_rule`).
-STARVATION_SMALL_VICTIMS = PreemptionRule(why_small_starvation_victim, cheapest_first, level=_one_level)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:
