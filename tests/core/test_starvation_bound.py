@@ -217,6 +217,10 @@ def test_a_relative_bound_is_the_gangs_run_time_within_floor_and_bound() -> None
     stops = _preempted(s.run())
     assert {p.job_id for p in stops} == {f"s{i:02d}" for i in range(16)}
     assert all(p.preemptor_job_id == "big" and "pending 1.0 h >= 1 h" in p.reason for p in stops)
+    s.submit("unknown", queue="b", ranks=2, gpus_per_rank=8)  # no time limit, nothing like it ran: T
+    s.run()
+    assert s.job("unknown").claim_from == ""
+    assert starving_from(s.job("unknown"), 10 * T, 1.0, T / 2) == s.job("unknown").waiting_since + 10 * T
     fixed = _full(replace(relative, starvation_bound_factor=0.0))
     fixed.tick(T)
     assert not _preempted(fixed.run()), "the fixed bound (10 h) stopped others after 1 h"
