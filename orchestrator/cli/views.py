@@ -283,15 +283,15 @@ def job_line(job: Job, now: float) -> dict[str, Any] | None:
     The claim is what the fold ordered its line by when it joined (estimates.claim_of:
     GPUs x time limit, else x the learned run time, less the service already attained);
     `starving_from` is when a gang of BIG_GANG_GPUS or more may stop running gangs to start
-    (core/starving.py, `Policies.starvation_bound_s`); None for smaller jobs. None: not pending.
+    (core/starving.py, `Policies.starvation_bound_s`, or relative to its run time); None for smaller jobs. None: not pending.
     """
     if job.status != "pending":
         return None
-    from orchestrator.core.starving import starving_from  # (it and the policies: only a pending job's bound needs them)
-    from orchestrator.policies import DEFAULT_POLICIES
+    from orchestrator.core.starving import bound_for, starving_from  # (only a pending job's bound needs them)
+    from orchestrator.policies import DEFAULT_POLICIES as P
 
-    bound = DEFAULT_POLICIES.starvation_bound_s
-    at = starving_from(job, bound)
+    bound = bound_for(job, P.starvation_bound_s, P.starvation_bound_factor, P.starvation_bound_floor_s)
+    at = starving_from(job, P.starvation_bound_s, P.starvation_bound_factor, P.starvation_bound_floor_s)
     return {"claim_gpu_s": job.claim, "claim_from": job.claim_from or None, "waiting_since": job.waiting_since,
             "starving_from": at, "starvation_bound_s": bound if at is not None else None,
             "starving": at is not None and now >= at}

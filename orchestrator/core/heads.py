@@ -132,7 +132,7 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
     if (over is None and not kept and len(plan.holds) < pol.reservations
             and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s
-                 or _below_guarantee(adm, queue))):
+                 or _below_guarantee(adm, queue) or (pol.starvation_bound_factor > 0.0 and is_starving(adm.c, job)))):
         outcome = give_reservation(adm, job, queue, req, base)
         if outcome is not None:
             return outcome

@@ -15,6 +15,7 @@ from orchestrator.core.context import AdmitContext, shape_of
 from orchestrator.core.explain import PREEMPTING, Outcome
 from orchestrator.core.model.capacity import FreeIndex
 from orchestrator.core.model.state import Job
+from orchestrator.core.starving import bound_for
 from orchestrator.policies import Candidate, PreemptionAsk, PreemptionRule
 from orchestrator.policies.placement import GangRequest
 from schemas.events import PreemptionRequested
@@ -106,8 +107,9 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
             why = f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}; {room}"
         elif kind == "starvation":
             waited = c.now - job.waiting_since
+            bound = bound_for(job, pol.starvation_bound_s, pol.starvation_bound_factor, pol.starvation_bound_floor_s)
             why = (f"job {job.job_id} ({req.gpus} GPUs) is past the starvation bound: pending {waited / 3600:.1f} h"
-                   f" >= {pol.starvation_bound_s / 3600:g} h; {room}")
+                   f" >= {bound / 3600:g} h; {room}")
         else:
             why = f"{kind}: job {job.job_id} goes before it; {room}"
         adm.events.append(

@@ -14,6 +14,14 @@ victims' grace, whatever the load (measured in bench/RESULTS.md).
 
 The fold keeps the big pending gangs apart, sorted by how long they waited
 (`ClusterState.big_pending`), so a cycle reads only those past the bound.
+
+A relative bound (issue #42, opt-in: `Policies.starvation_bound_factor` > 0): a gang
+whose run time is known (its line claim, `Job.claim`: GPUs x time limit, else x
+the learned run time) starves after factor x that run time, at least
+`Policies.starvation_bound_floor_s` and at most T; a gang of unknown run time after
+T. A fixed T cannot be short for a short gang and long for a long one: at light load
+a 64-GPU gang of 20 minutes waited 13-33 h for a lull that fifo-backfill's
+reservation gave it in a few hours (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -25,16 +33,24 @@ from orchestrator.core.model.state import BIG_GANG_GPUS, FREE, ClusterState, Job
 from orchestrator.core.model.usage import resolve_queue
 
 
-def starving_from(job: Job, bound_s: float) -> float | None:
+def starving_from(job: Job, bound_s: float, factor: float = 0.0, floor_s: float = 0.0) -> float | None:
     """When `job` starts starving under the bound `bound_s` (its wait since joining the line + T), or None
-    if it never does (too small a gang, or no bound)."""
+    if it never does (too small a gang, or no bound). `factor` > 0: the relative bound (module docstring)."""
     if job.spec.total_gpus < BIG_GANG_GPUS or not math.isfinite(bound_s):
         return None
-    return job.waiting_since + bound_s
+    return job.waiting_since + bound_for(job, bound_s, factor, floor_s)
+
+
+def bound_for(job: Job, bound_s: float, factor: float, floor_s: float) -> float:
+    """A big gang's bound: T, or with `factor` > 0 and a known claim, factor x its run time within [floor, T]."""
+    if factor <= 0.0 or not job.claim_from or job.spec.total_gpus <= 0:
+        return bound_s
+    return min(bound_s, max(floor_s, factor * job.claim / job.spec.total_gpus))
 
 
 def is_starving(c: Cycle, job: Job) -> bool:
-    at = starving_from(job, c.policies.starvation_bound_s)
+    pol = c.policies
+    at = starving_from(job, pol.starvation_bound_s, pol.starvation_bound_factor, pol.starvation_bound_floor_s)
     return at is not None and c.now >= at
 
 
@@ -45,15 +61,20 @@ def starving_gangs(c: Cycle, busy: set[str]) -> list[tuple[Job, str]]:
     bound. A preemptor whose GPUs are earmarked waits on its victims, not on the bound: it is
     judged before these (`earmarked`).
     """
-    state, bound = c.state, c.policies.starvation_bound_s
+    state, pol = c.state, c.policies
+    bound, factor, floor_s = pol.starvation_bound_s, pol.starvation_bound_factor, pol.starvation_bound_floor_s
     out: list[tuple[Job, str]] = []
     if not math.isfinite(bound):
         return out
+    # Relative: no gang starves before the floor; past it each gang by its own bound.
+    first = min(bound, floor_s) if factor > 0.0 else bound
     for since, jid in state.big_pending:
-        if since + bound > c.now:
+        if since + first > c.now:
             break
         job = state.jobs[jid]
         if jid in busy or job.earmark or job.status != "pending":
+            continue
+        if factor > 0.0 and since + bound_for(job, bound, factor, floor_s) > c.now:
             continue
         out.append((job, resolve_queue(state, job.spec.queue)))
     return out

@@ -97,6 +97,12 @@ class Policies:
     #: guarantee (`starvation_rule`). math.inf: off. The default is chosen from the sweep
     #: (bench/RESULTS.md, issue #29): shorter bounds trade average JCT for the big gangs' wait.
     starvation_bound_s: float = 36 * 3600.0
+    #: The relative starvation bound (issue #42, core/starving.py; 0: off, every big gang's bound is
+    #: `starvation_bound_s`): a big gang whose run time is known (its line claim) starves after this
+    #: many times its run time, at least `starvation_bound_floor_s`, at most `starvation_bound_s`; it
+    #: may then also hold a backfill reservation (`reserve_after_s` stays the most a gang waits for one).
+    starvation_bound_factor: float = 0.0
+    starvation_bound_floor_s: float = 3600.0
     #: Who a starving gang may stop, and in which order (victims.STARVATION: cheapest first).
     starvation_rule: PreemptionRule = STARVATION
     #: Judge the preemptors whose GPUs are earmarked before every other head (core/starving.py:

@@ -197,3 +197,30 @@ def test_alike_starving_gangs_search_for_victims_once_while_the_plan_stands_stil
     s.decide()
     assert calls == ["big1"], calls  # big2, alike, got big1's answer: nobody may be stopped
     assert s.job("big1").status == s.job("big2").status == "pending"
+
+
+def test_a_relative_bound_is_the_gangs_run_time_within_floor_and_bound() -> None:
+    """Issue #42 (`starvation_bound_factor`): a gang of known run time starves after factor x that run time, at
+    least the floor, at most T; off (factor 0), every big gang's bound is T."""
+    relative = replace(DEFAULT_POLICIES, starvation_bound_s=10 * T, starvation_bound_factor=1.0,
+                       starvation_bound_floor_s=T / 2)
+    s = _full(relative)
+    assert not _preempted(s.run())
+    big = s.job("big")  # 16 GPUs, time limit 1 h: its claim is 16 GPU-hours, a run time of 1 h
+    assert starving_from(big, 10 * T, 1.0, T / 2) == big.waiting_since + T
+    assert starving_from(big, 10 * T, 0.25, T / 2) == big.waiting_since + T / 2, "not held to the floor"
+    assert starving_from(big, T / 4, 1.0, T / 8) == big.waiting_since + T / 4, "past the fixed bound"
+    assert starving_from(big, 10 * T) == big.waiting_since + 10 * T, "factor 0: the fixed bound"
+    s.tick(T - 1)
+    assert not _preempted(s.run()), "stopped others before its relative bound"
+    s.tick(1)
+    stops = _preempted(s.run())
+    assert {p.job_id for p in stops} == {f"s{i:02d}" for i in range(16)}
+    assert all(p.preemptor_job_id == "big" and "pending 1.0 h >= 1 h" in p.reason for p in stops)
+    s.submit("unknown", queue="b", ranks=2, gpus_per_rank=8)  # no time limit, nothing like it ran: T
+    s.run()
+    assert s.job("unknown").claim_from == ""
+    assert starving_from(s.job("unknown"), 10 * T, 1.0, T / 2) == s.job("unknown").waiting_since + 10 * T
+    fixed = _full(replace(relative, starvation_bound_factor=0.0))
+    fixed.tick(T)
+    assert not _preempted(fixed.run()), "the fixed bound (10 h) stopped others after 1 h"
