@@ -43,6 +43,8 @@ def main() -> None:
     p.add_argument("--policy", choices=POLICY_NAMES, default="corral")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=NUMBER",
                    help="a numeric field of the policy's Policies record (repeatable)")
+    p.add_argument("--log-checkpoints", action="store_true",
+                   help="the simulated agents log every periodic checkpoint (SimConfig.log_checkpoints)")
     args = p.parse_args()
     pol = policies_for(args.policy)
     fields = {f.name for f in dataclasses.fields(pol)}
@@ -60,13 +62,14 @@ def main() -> None:
     limit = {j.job_id: j.spec.time_limit_s for j in sc.jobs}
     log = io.BytesIO()
     t0 = time.process_time()
-    result = simulate(sc, args.policy, SimConfig(), log=log, policies=pol)
+    result = simulate(sc, args.policy, SimConfig(log_checkpoints=args.log_checkpoints), log=log, policies=pol)
     cpu = time.process_time() - t0
     m = summarize(result)
     big = {j: w for j, w in big_gang_waits(result).items() if result.timeline.gpus[j] >= 32}
     past = sorted((w / 3600, j) for j, w in big.items() if (lim := limit[j]) is not None and w > 2 * lim)
     print(json.dumps({
         "jobs": args.jobs, "seed": args.seed, "load": args.load, "policy": args.policy, "set": changes,
+        "log_checkpoints": args.log_checkpoints,
         "avg_jct_h": m["jct_s"]["avg"] / 3600,
         "longest_wait_32plus_h": max(big.values()) / 3600 if big else None,
         "waited_past_2x_limit": {"gangs": len(past), "longest_h": past[-1][0] if past else None},

@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, ClusterSpecError, ValueError) as e:
         return _error(str(e))
     config = SimConfig(checkpoint_interval_s=args.checkpoint_interval, restart_overhead_s=args.restart_overhead,
-                       strict=args.strict, staging_gbps=args.staging_gbps, cache_gb=args.cache_gb)
+                       log_checkpoints=args.log_checkpoints, strict=args.strict, staging_gbps=args.staging_gbps, cache_gb=args.cache_gb)
     if args.locality_compare:
         return _compare_locality(scenario, policies[0], config, args)
     quiet = args.json

@@ -79,7 +79,7 @@ from schemas.events import (
 )
 
 # Heap entry kinds; at one instant they are handled in this order.
-_FINISH, _FAIL, _REPAIR, _SUBMIT, _WAKE, _GPU_REPAIR, _STAGED = range(7)
+_FINISH, _FAIL, _REPAIR, _SUBMIT, _WAKE, _GPU_REPAIR, _STAGED, _CHECKPOINT = range(8)
 
 #: Follow-ups that end a gang; decide already planned with its GPUs free (see the module docstring).
 _ENDED = (JobCompleted, JobFailed, JobCancelled)
@@ -91,6 +91,10 @@ MAX_ROUNDS = 64
 class SimConfig(NamedTuple):
     #: Seconds of work between checkpoints (0: checkpoint on the preemption signal only).
     checkpoint_interval_s: float = 1800.0
+    #: The simulated agents log each periodic checkpoint as it is saved (Checkpointed, as a real job's
+    #: agent does), so the core's victim cost sees the work a stop would lose; False logs a checkpoint
+    #: only when an attempt is stopped (the default record, which these extra events would change).
+    log_checkpoints: bool = False
     #: Seconds every restarted attempt spends before it makes progress again.
     restart_overhead_s: float = 120.0
     #: Check the invariants and the settle shortcut at every instant (slow; for tests).
@@ -286,6 +290,9 @@ class Simulation:
             return self._gpu_repair(*payload)
         if kind == _STAGED:
             return self._staged(payload)
+        if kind == _CHECKPOINT:
+            self._checkpoint(*payload)
+            return False  # nothing decide acts on changed: the next instant's decide reads it
         self._wakes.discard(now)
         return True
 
@@ -376,7 +383,29 @@ class Simulation:
                 insort(self._maturing, (at, job.job_id))
             else:
                 self._maturing.append((at, job.job_id))
+        if self.config.log_checkpoints:
+            self._next_checkpoint(job.job_id, w, w.saved)
         return list(workers_started(job, now))
+
+    def _next_checkpoint(self, job_id: str, w: Work, after: float) -> None:
+        """Schedule the running attempt's first periodic checkpoint past `after` seconds of work, if before its end."""
+        interval = self.config.checkpoint_interval_s
+        if interval <= 0:
+            return
+        step = (math.floor(after / interval) + 1) * interval
+        if step < w.duration:
+            self._push(w.started_at + w.overhead + (step - w.saved), _CHECKPOINT, (job_id, w.started_at, step))
+
+    def _checkpoint(self, job_id: str, started_at: float, step: float) -> None:
+        """A periodic checkpoint (SimConfig.log_checkpoints): rank 0 logs it if its attempt still runs; then the next."""
+        j = self.state.jobs.get(job_id)
+        w = self.work[job_id]
+        if j is None or w.started_at != started_at or j.status not in ("reserved", "running") or j.stop is not None:
+            return  # (that attempt ended: a later one has its own; nan never equals)
+        e = checkpointed(j, self.now, step)
+        if e is not None:
+            self.append(e)
+        self._next_checkpoint(job_id, w, step)
 
     def _stage(self, job: Job) -> list[Event]:
         """A gang with datasets: its nodes stage them first (staging.py); its ranks start when the last is there."""
