@@ -36,7 +36,7 @@ TINY: dict[str, list[str] | None] = {
     "load.py": ["--jobs", "4", "--clients", "1", "--nodes", "2", "--gpus", "8", "--agent-procs", "1",
                 "--timeout", "60"],
     "locality.py": ["--jobs", "60", "--nodes", "4", "--datasets", "4"],
-    "policy_variant.py": ["--jobs", "60", "--load", "1.2", "--set", "starvation_bound_factor=1.0"],
+    "policy_variant.py": ["--jobs", "60", "--load", "1.2", "--set", "starvation_bound_factor=1.0", "--log-checkpoints"],
     "rebuild.py": ["--events", "2000", "--tail", "100", "--rounds", "1"],
     "replay.py": ["--events", "2000", "--rounds", "1"],
     "scale.py": ["--nodes", "4", "--waiting", "20", "--duration", "2"],

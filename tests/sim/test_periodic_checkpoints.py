@@ -10,12 +10,16 @@ to stop.
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
+import pytest
+
+from orchestrator.cli.sim import main
 from orchestrator.sim.engine import SimConfig, simulate
 from orchestrator.sim.metrics import summarize
 from orchestrator.sim.trace import TraceJob
 from schemas.codec import decode
-from schemas.events import Checkpointed, PreemptionRequested
+from schemas.events import Checkpointed, JobSubmitted, PreemptionRequested
 from tests.sim.conftest import scenario, tiny_cluster
 
 
@@ -63,3 +67,22 @@ def test_the_victim_that_just_saved_is_stopped() -> None:
     events, m = _run(jobs, 2, on=False)
     assert [e.job_id for e in events if isinstance(e, PreemptionRequested)] == ["young"]
     assert m["gpu_hours_lost_to_preemption"] * 3600 == 60 + 20
+
+
+def test_sim_cli_logs_checkpoints_only_with_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`corral sim --log-checkpoints`: the same trace, every save logged; the rest of the record is unchanged."""
+    trace, cluster = tmp_path / "t.csv", tmp_path / "c.yaml"
+    assert main(["gen", "--nodes", "2", "--queues", "2", "--jobs", "30", "--seed", "3", "--out", str(trace),
+                 "--cluster-out", str(cluster)]) == 0
+    logs = {}
+    for flag in ([], ["--log-checkpoints"]):
+        out = tmp_path / ("on" if flag else "off")
+        assert main(["--trace", str(trace), "--cluster", str(cluster), "--policy", "corral", "--checkpoint-interval",
+                     "600", "--out", str(out), "--no-figures", *flag]) == 0
+        logs[bool(flag)] = [decode(line) for line in (out / "events-corral.jsonl").read_bytes().splitlines()]
+    capsys.readouterr()
+    saved = [e for e in logs[True] if isinstance(e, Checkpointed)]
+    assert len(saved) > len([e for e in logs[False] if isinstance(e, Checkpointed)])
+    assert all(e.step % 600 == 0 for e in saved)
+    assert {e.job_id for e in logs[True] if isinstance(e, JobSubmitted)} == {
+        e.job_id for e in logs[False] if isinstance(e, JobSubmitted)}
