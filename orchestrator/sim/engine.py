@@ -2,7 +2,8 @@
 
 No NATS, no sleeping. A heap holds the future instants that can change
 anything -- the next submit, the next completion, an outage or repair, a
-time limit, the moment a young gang becomes preemptible -- and the loop:
+time limit, the moment a young gang becomes preemptible, with
+`SimConfig.log_checkpoints` each periodic checkpoint -- and the loop:
 
 1. advances the clock to the next instant and appends what happens there
    (JobSubmitted, the workers' exits, NodeFailed, NodeRegistered, and for a
