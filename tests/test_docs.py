@@ -191,7 +191,8 @@ def run_line(line: Line, url: str, env: dict[str, str], work: Path, ids: dict[st
         text = text.replace(SIM_JOB_PLACEHOLDER, sim_job(work / "out" / "events-corral.jsonl"))
     argv = shlex.split(text)[1:]
     argv += ONCE.get(argv[0], [])
-    proc = subprocess.run([*CORRAL, *argv], capture_output=True, text=True, env=env, cwd=work, timeout=120)
+    proc = subprocess.run([*CORRAL, *argv], capture_output=True, text=True, env=env, cwd=work, timeout=120,
+                          stdin=subprocess.DEVNULL)  # not the test runner's: `corral run` forwards its stdin
     assert proc.returncode == 0, (
         f"{line.where()}\n  ran: corral {shlex.join(argv)}\n  exit {proc.returncode}\n"
         f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-2000:]}")

@@ -36,7 +36,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 def run(argv: list[str | Path], cwd: Path, env: dict[str, str], timeout: float = 300,
         check: int | None = 0) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout,
+                          stdin=subprocess.DEVNULL)  # not the test runner's: `corral run` forwards its stdin
     if check is not None:
         assert proc.returncode == check, (
             f"{' '.join(map(str, argv))}: exit {proc.returncode}, expected {check}\n"

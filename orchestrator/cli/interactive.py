@@ -174,10 +174,18 @@ def read_in_thread(stream: BinaryIO, forwarder: Forwarder, loop: asyncio.Abstrac
     def put(part: bytes) -> None:
         asyncio.run_coroutine_threadsafe(forwarder.queue.put(part), loop).result()
 
+    # From the file descriptor, not the buffered object: a read blocked there holds the object's lock, and the
+    # interpreter's exit, which flushes and closes sys.stdin, waited for it (`sleep 60 | corral run -- true`
+    # ended after the sleep, with "Fatal Python error: _enter_buffered_busy").
+    try:
+        fd: int | None = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    read = (lambda n: os.read(fd, n)) if fd is not None else (getattr(stream, "read1", None) or stream.read)
+
     def pump() -> None:
         try:
             while True:
-                read = getattr(stream, "read1", None) or stream.read
                 part = read(STDIN_CHUNK)
                 if not part:
                     break

@@ -159,3 +159,20 @@ class _Screen:
         shown = any(t in self.out for t in tokens)
         assert shown or not must, f"no {tokens} on the terminal:\n{self.text}"
         return shown
+
+
+def test_a_job_that_reads_nothing_ends_run_while_its_stdin_stays_open(cluster: Up) -> None:
+    """A terminal nobody types into, or a pipe never closed: `corral run` still exits with its job, cleanly
+    (the reader once held sys.stdin's lock and the interpreter's exit waited for the pipe, then aborted)."""
+    env = {**os.environ, "CORRAL_NATS_URL": cluster.url, "CORRAL_LOG_LEVEL": "warning"}
+    with subprocess.Popen([*CORRAL, "run", "-g", "0", "--id", ids("open"), "--", "echo", "done"], env=env, cwd=ROOT,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            proc.wait(timeout=120)  # its stdin open all along (communicate would close it)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = proc.stdout.read(), proc.stderr.read()
+    assert proc.returncode == 0 and out == b"done\n", (proc.returncode, out, err)
+    assert b"Fatal Python error" not in err, err

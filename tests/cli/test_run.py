@@ -35,7 +35,8 @@ def sub(args: list[str], url: str, cwd: Path, env: dict[str, str] | None = None,
         timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`corral ARGS` as a shell in `cwd` runs it."""
     full = {**os.environ, "CORRAL_NATS_URL": url, "CORRAL_LOG_LEVEL": "warning", **(env or {})}
-    return subprocess.run([*CORRAL, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*CORRAL, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)  # not the test runner's: `corral run` forwards its stdin
 
 
 def test_run_prints_every_rank_labelled_and_exits_with_the_jobs_status(cluster: Up) -> None:
@@ -138,7 +139,7 @@ def test_ctrl_c_cancels_the_job(cluster: Up, tmp_path: Path) -> None:
     code = "import time; print('ready', flush=True); time.sleep(120)"
     env = {**os.environ, "CORRAL_NATS_URL": cluster.url, "CORRAL_LOG_LEVEL": "warning"}
     proc = subprocess.Popen([*CORRAL, "run", "--id", job_id, "--", PY, "-c", code], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == "ready\n"

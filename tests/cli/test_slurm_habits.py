@@ -45,7 +45,8 @@ def shell(args: list[str], url: str, cwd: Path, env: dict[str, str],
           timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`corral ARGS` as a shell with exactly `env` (and the cluster's URL) runs it in `cwd`."""
     full = {**env, "CORRAL_NATS_URL": url, "CORRAL_LOG_LEVEL": "warning"}
-    return subprocess.run([*CORRAL, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*CORRAL, *args], cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)  # not the test runner's: `corral run` forwards its stdin
 
 
 def test_a_job_from_a_shell_with_a_venv_on_path_imports_what_only_that_venv_has(cluster: Up, tmp_path: Path) -> None:
