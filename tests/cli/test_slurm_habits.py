@@ -19,7 +19,6 @@ import os
 import pty
 import re
 import select
-import signal
 import socket
 import struct
 import subprocess
@@ -33,6 +32,7 @@ import yaml
 
 from orchestrator.cli.errors import FAILURE, USAGE
 from tests.cli.conftest import CORRAL, ROOT, Up, assert_one_line_error, corral, state_of, wait_state
+from tests.terminal import kill_and_close, wait_exit
 
 PY = sys.executable
 
@@ -262,26 +262,12 @@ def test_top_quits_on_q_and_scrolls_to_every_pending_job_at_80x24(cluster: Up) -
         missing = sorted(set(waiting) - shown)
         assert not missing, f"never on screen: {missing}"
         os.write(fd, b"q")
-        deadline = time.monotonic() + 15
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            assert time.monotonic() < deadline, "corral top did not quit on q"
-            if select.select([fd], [], [], 0.2)[0]:
-                try:
-                    seen += os.read(fd, 65536)
-                except OSError:
-                    pass
-        assert os.waitstatus_to_exitcode(status) == 0
+        code, more = wait_exit(pid, fd, "corral top did not quit on q")
+        seen += more
+        assert code == 0
         assert b"Traceback" not in seen
     finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(fd)
+        kill_and_close(pid, fd)
         corral("cancel", "--queue", queue, url=cluster.url, check=None)
 
 

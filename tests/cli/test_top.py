@@ -6,7 +6,6 @@ import io
 import os
 import pty
 import select
-import signal
 import struct
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from schemas import (
     parse_jobspec,
 )
 from tests.cli.conftest import CORRAL, ROOT, Up, corral
+from tests.terminal import kill_and_close, wait_exit
 
 T0 = 1_700_000_000.0
 
@@ -168,26 +168,12 @@ def test_top_live_in_a_terminal_quits_on_ctrl_c(cluster: Up) -> None:
             if select.select([fd], [], [], 0.5)[0]:
                 seen += os.read(fd, 65536)
         os.write(fd, b"\x03")  # Ctrl-C: the terminal sends SIGINT to top
-        deadline = time.monotonic() + 15
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            assert time.monotonic() < deadline, "corral top did not exit on Ctrl-C"
-            if select.select([fd], [], [], 0.2)[0]:
-                try:
-                    seen += os.read(fd, 65536)
-                except OSError:
-                    pass
-        assert os.waitstatus_to_exitcode(status) == 0
+        code, more = wait_exit(pid, fd, "corral top did not exit on Ctrl-C")
+        seen += more
+        assert code == 0
         assert b"Traceback" not in seen
     finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(fd)
+        kill_and_close(pid, fd)
 
 
 def test_top_without_a_terminal_prints_one_frame_and_exits(cluster: Up) -> None:
