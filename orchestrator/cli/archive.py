@@ -192,7 +192,7 @@ def add_retention_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from orchestrator.cli.connect import add_connection_args
+    from orchestrator.cli.connect import add_connection_args, add_log_level_arg
 
     p = sub.add_parser(
         "archive", help="run the archiver: the log into compressed segment files, and stream retention",
@@ -202,8 +202,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "views' base (a damaged newest snapshot falls back to an older one). Readers given --archive "
                     "PATH read both. Connect as the `archiver` user (reads, and purges the stream).")
     add_connection_args(p, service=True)
-    p.add_argument("--log-level", default=os.environ.get("CORRAL_LOG_LEVEL", "info"),
-                   choices=("debug", "info", "warning", "error"), help="structlog JSON log level")
+    add_log_level_arg(p)
     p.add_argument("--metrics-port", type=int, default=int(os.environ.get("CORRAL_METRICS_PORT", "0")),
                    metavar="PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics (env "
                    "CORRAL_METRICS_PORT; default 0 = off)")

@@ -114,6 +114,12 @@ def add_connection_args(p: argparse.ArgumentParser, *, service: bool = False) ->
         group.add_argument(o.flag, default=argparse.SUPPRESS, metavar=o.metavar, type=o.type, help=_help(o))
 
 
+def add_log_level_arg(p: argparse.ArgumentParser) -> None:
+    """A service's `--log-level` (env CORRAL_LOG_LEVEL)."""
+    p.add_argument("--log-level", default=os.environ.get("CORRAL_LOG_LEVEL", "info"),
+                   choices=("debug", "info", "warning", "error"), help="structlog JSON log level")
+
+
 class _NatsErrors:
     """What nats-py reported through its error callback (it raises something vaguer, or nothing).
 

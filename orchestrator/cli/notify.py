@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from orchestrator.cli.errors import USAGE, CliError
@@ -44,7 +43,7 @@ async def run_notifier(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from orchestrator.cli.connect import add_connection_args
+    from orchestrator.cli.connect import add_connection_args, add_log_level_arg
 
     p = sub.add_parser(
         "notifier", help="run the end-of-job notifier: webhooks (--notify-url) and a command",
@@ -54,8 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "--state, so a restart neither loses nor repeats notes (at least once: receivers dedupe by "
                     "dedupe_key). `corral up` runs one.")
     add_connection_args(p, service=True)
-    p.add_argument("--log-level", default=os.environ.get("CORRAL_LOG_LEVEL", "info"),
-                   choices=("debug", "info", "warning", "error"), help="structlog JSON log level")
+    add_log_level_arg(p)
     p.add_argument("--state", required=True, metavar="FILE",
                    help="where the notifier keeps its position in the log (a small JSON file)")
     add_notifier_args(p)

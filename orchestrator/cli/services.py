@@ -692,11 +692,10 @@ async def index_beside(index: IndexService) -> None:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from orchestrator.cli.archive import add_retention_args
-    from orchestrator.cli.connect import add_connection_args
+    from orchestrator.cli.connect import add_connection_args, add_log_level_arg
 
     def common(p: argparse.ArgumentParser, metrics_host: str = "0.0.0.0") -> None:
-        p.add_argument("--log-level", default=os.environ.get("CORRAL_LOG_LEVEL", "info"),
-                       choices=("debug", "info", "warning", "error"), help="structlog JSON log level")
+        add_log_level_arg(p)
         p.add_argument("--metrics-port", type=int, default=int(os.environ.get("CORRAL_METRICS_PORT", "0")),
                        metavar="PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics "
                        "(env CORRAL_METRICS_PORT; default 0 = off)")
