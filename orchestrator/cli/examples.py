@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.resources
 import sys
+from collections.abc import Callable
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
@@ -57,7 +58,13 @@ def write_examples(dest: Path, *, force: bool = False) -> list[Path]:
     root = importlib.resources.files("orchestrator") / "examples"
     if isinstance(root, Path) and dest.resolve() == root.resolve():
         return []
-    files = example_files()
+    return write_files(dest, example_files(), force=force, executable=lambda rel: rel.endswith(".py"))
+
+
+def write_files(dest: Path, files: dict[str, bytes], *, force: bool = False,
+                executable: Callable[[str], bool] = lambda rel: False) -> list[Path]:
+    """Write `files` (relative path -> bytes) under `dest`, the files corral ships for users to keep
+    (`corral examples`, `corral monitoring`); refuses (exit 2) to overwrite a file that differs unless `force`."""
     clashes = [rel for rel, data in files.items()
                if (dest / rel).exists() and ((dest / rel).is_dir() or (dest / rel).read_bytes() != data)]
     if clashes and not force:
@@ -71,7 +78,7 @@ def write_examples(dest: Path, *, force: bool = False) -> list[Path]:
             path.write_bytes(data)
         except OSError as e:
             raise CliError(f"cannot write {path}: {e.strerror or e}", USAGE) from None
-        if rel.endswith(".py"):
+        if executable(rel):
             path.chmod(0o755)
         written.append(path)
     return written

@@ -12,7 +12,8 @@ import importlib.resources
 import sys
 from pathlib import Path
 
-from orchestrator.cli.errors import OK, USAGE, CliError
+from orchestrator.cli.errors import OK, CliError
+from orchestrator.cli.examples import write_files
 
 #: The files, and what each one is for (printed after writing).
 FILES = {
@@ -35,22 +36,7 @@ def monitoring_files() -> dict[str, bytes]:
 
 def write_monitoring(dest: Path, *, force: bool = False) -> list[Path]:
     """Write the files into `dest`; refuses (exit 2) to overwrite a file that differs unless `force`."""
-    files = monitoring_files()
-    clashes = [n for n, data in files.items()
-               if (dest / n).exists() and ((dest / n).is_dir() or (dest / n).read_bytes() != data)]
-    if clashes and not force:
-        raise CliError(f"{dest} already has {', '.join(clashes)} (different from corral's): --force overwrites",
-                       USAGE)
-    written = []
-    for name, data in files.items():
-        path = dest / name
-        try:
-            dest.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        except OSError as e:
-            raise CliError(f"cannot write {path}: {e.strerror or e}", USAGE) from None
-        written.append(path)
-    return written
+    return write_files(dest, monitoring_files(), force=force)
 
 
 async def monitoring(args: argparse.Namespace) -> int:
