@@ -59,9 +59,10 @@ def _history() -> list[Event]:
         QueueDefined(event_id="q", occurred_at=T0, queue="q"),
         QueueDefined(event_id="r", occurred_at=T0, queue="r"),
         SchedulerElected(event_id="e", occurred_at=T0, epoch=1, scheduler_id="s"),
-        # A 16-GPU gang this one-node cluster cannot start (it is never rejected here: no decide runs).
+        # A 16-GPU gang this one-node cluster cannot start (it is never rejected here: no decide runs); its
+        # relative starvation bound (its 4 h limit) is still ahead at NOW.
         JobSubmitted(event_id="s-gang", occurred_at=T0 + 5, job_id="gang", submitted_by="carol",
-                     spec=JobSpec(name="big", queue="q", ranks=2, gpus_per_rank=8, time_limit_s=7200)),
+                     spec=JobSpec(name="big", queue="q", ranks=2, gpus_per_rank=8, time_limit_s=14_400)),
     ]
     at = T0 + 10
     for job_id, name, user, seconds in [("d1", "train", "alice", 500), ("d2", "train", "alice", 600),
@@ -186,11 +187,12 @@ def test_job_and_explain_show_a_pending_jobs_claim_and_a_big_gangs_starvation_bo
     assert lonely["claim"].startswith("none known yet")
     gang = json.loads(corral(capsys, "job", "--log", str(log), "gang", "--json"))["line"]
     bound = gang["starvation_bound_s"]
-    assert (gang["claim_gpu_s"], gang["claim_from"]) == (16 * 7200.0, "limit")
+    assert (gang["claim_gpu_s"], gang["claim_from"]) == (16 * 14_400.0, "limit")
+    assert bound == 14_400.0, "relative to its run time: its time limit"
     assert gang["starving_from"] == T0 + 5 + bound and not gang["starving"]
     fields = _fields(corral(capsys, "job", "--log", str(log), "gang"))
     when = LogClock().instant(T0 + 5 + bound)
-    assert fields["claim"].startswith("32.0 GPU-h (16 GPUs x its time limit)")
+    assert fields["claim"].startswith("64.0 GPU-h (16 GPUs x its time limit)")
     assert fields["starvation"].startswith(f"not yet: starving from {when}, will preempt at {when}")
     out = corral(capsys, "explain", "--log", str(log), "gang")
     assert f"  starvation: not yet: starving from {when}" in out
