@@ -203,10 +203,26 @@ def test_job_and_explain_show_a_pending_jobs_claim_and_a_big_gangs_starvation_bo
 def test_a_gang_past_the_bound_reads_starving_since() -> None:
     from orchestrator.cli.views import job_line, line_lines
     from orchestrator.core.model.state import Job
+    from orchestrator.policies import DEFAULT_POLICIES
 
     job = Job(job_id="g", spec=JobSpec(name="g", ranks=2, gpus_per_rank=8), submitted_at=T0)
-    line = job_line(job, T0 + 10**7)
+    line = job_line(job, T0 + 10**7, DEFAULT_POLICIES)
     assert line is not None and line["starving"]
     (_, claim), (_, starving) = line_lines(line, job, T0 + 10**7)
     assert claim.startswith("none known yet")
     assert starving.startswith(f"starving since {LogClock().instant(T0 + line['starvation_bound_s'])}")
+
+
+@pytest.mark.parametrize(("policy", "bounded"), [("drf", False), ("las", False), ("corral", True), ("newer", True)])
+def test_the_views_tell_the_bound_of_the_policy_the_leader_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str, bounded: bool) -> None:
+    """`corral scheduler --policy drf` never lets a starving gang preempt: `job` and `explain` must not say it
+    will. The newest SchedulerElected names the policy; a name this version does not know reads as corral's."""
+    path = tmp_path / "events.jsonl"
+    events = [*_history(), SchedulerElected(event_id="e2", occurred_at=NOW + 130, epoch=2, scheduler_id="s2",
+                                            policy=policy)]
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in events))
+    gang = json.loads(corral(capsys, "job", "--log", str(path), "gang", "--json"))["line"]
+    assert (gang["starving_from"] is not None) is bounded
+    assert ("starvation" in _fields(corral(capsys, "job", "--log", str(path), "gang"))) is bounded
+    assert ("starvation:" in corral(capsys, "explain", "--log", str(path), "gang")) is bounded
