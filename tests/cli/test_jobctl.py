@@ -58,13 +58,16 @@ def test_an_array_never_runs_more_than_its_limit(cluster: Up, tmp_path: Path) ->
 
 def test_dependencies_on_a_failed_and_a_completed_job(cluster: Up, tmp_path: Path) -> None:
     url = cluster.url
-    corral("submit", _sh(tmp_path, "dep-a", "sleep 0.5; exit 3"), "--id", "dep-a", url=url)
+    go = tmp_path / "go"  # dep-a fails only once the test has read dep-b's wait (no race with a loaded machine)
+    corral("submit", _sh(tmp_path, "dep-a", f"while [ ! -e {go} ]; do sleep 0.1; done; exit 3"), "--id", "dep-a",
+           url=url)
     corral("submit", _sh(tmp_path, "dep-b", "true"), "--id", "dep-b", "--after-ok", "dep-a", url=url)
     corral("submit", _sh(tmp_path, "dep-c", "true"), "--id", "dep-c", "--after-any", "dep-a", url=url)
     corral("submit", _sh(tmp_path, "dep-ok", "sleep 0.5"), "--id", "dep-ok", url=url)
     corral("submit", _sh(tmp_path, "dep-d", "true"), "--id", "dep-d", "--after-ok", "dep-ok,dep-c", url=url)
     story = corral("explain", "dep-b", url=url).stdout
     assert "after-ok=dep-a" in story and "waiting for dep-a to complete ok" in story
+    go.touch()
     ids = ["dep-a", "dep-b", "dep-c", "dep-ok", "dep-d"]
     state = wait_state(url, lambda s: all(x in FINAL for x in statuses(s, ids)), 90, "the dependencies to settle")
     assert statuses(state, ids) == ["failed", "cancelled", "completed", "completed", "completed"]
