@@ -22,6 +22,7 @@ from orchestrator.core.model.plan import Plan, QueueLoad
 from orchestrator.core.model.running import RunningGangs, running_gangs
 from orchestrator.core.model.state import Job, attained_service
 from orchestrator.core.reserved_nodes import restricted
+from orchestrator.core.starving import is_starving
 from orchestrator.policies import Candidate, Ending
 from orchestrator.policies.links import Links
 from orchestrator.policies.placement import GangRequest, Placement, request_of
@@ -84,6 +85,20 @@ class AdmitContext:
         self.cert = cert
         #: Dataset cache key -> the nodes holding it (core/locality.py), built for the first job with datasets.
         self._caches: dict[str, list[str]] | None = None
+        #: Job id -> whether it is past the starvation bound (`starving`): the state and `now` stand still all cycle.
+        self._starving: dict[str, bool] = {}
+
+    def starving(self, job: Job) -> bool:
+        """`starving.is_starving`, once per job and cycle (a starving gang is asked about two or three times a cycle)."""
+        found = self._starving.get(job.job_id)
+        if found is None:
+            found = self._starving[job.job_id] = is_starving(self.c, job)
+        return found
+
+    def starving_now(self, job: Job) -> None:
+        """`job` is one of `starving.starving_gangs` (past its bound, by the fold's `big_pending`, which keeps
+        each big pending gang under its `waiting_since`: so `is_starving` would say yes)."""
+        self._starving[job.job_id] = True
 
     def request(self, job: Job) -> GangRequest:
         """`Policies.request`, with the nodes holding the job's datasets (core/locality.py) when it names any,

@@ -31,9 +31,8 @@ from orchestrator.core.model.state import BIG_GANG_GPUS, Job
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.reserved_nodes import waiting_note
-from orchestrator.core.starving import is_starving
 from orchestrator.policies import Ending
-from orchestrator.policies.placement import GangRequest, Placement
+from orchestrator.policies.placement import GangRequest, Placement, request_of
 from schemas.events import GangReserved
 
 
@@ -48,10 +47,14 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     no victim search left unremembered) is the answer for the next such head.
     """
     plan, pol = adm.plan, adm.c.policies
-    req = adm.request(job)
     if job.earmark or not pol.preemption.priority_or_reclaim_only:
-        return judge(adm, job, queue, req)
-    if job.spec.total_gpus >= BIG_GANG_GPUS and is_starving(adm.c, job):  # (only big gangs starve: most heads are small)
+        return judge(adm, job, queue, adm.request(job))
+    if pol.request is request_of:  # (its gang's GPUs are the spec's: the only thing of it the quota verdict reads)
+        quota = _quota_blocked(adm, job, queue)
+        if quota is not None:
+            return quota
+    req = adm.request(job)
+    if job.spec.total_gpus >= BIG_GANG_GPUS and adm.starving(job):  # (only big gangs starve: most heads are small)
         return _starving_at_limit(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
            _may_use_held(adm, job), plan.version, plan.charges)
@@ -63,6 +66,53 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     if (plan.version, plan.charges, len(adm.events), adm.unremembered_searches) == before:
         adm.answers[key] = outcome
     return outcome
+
+
+def _quota_blocked(adm: AdmitContext, job: Job, queue: str) -> Outcome | None:
+    """The verdict of a head its queue's limit blocks and that can stop nobody, without its request or judgment.
+
+    Most heads a busy cycle judges are of queues at their limit (isolated queues: 99%, issue #42's
+    sim speed), and for such a head `judge` goes: over quota, so no allocation and no backfill; no
+    victim search, since no priority or reclaim rule lets it preempt (`could_preempt`) -- and a
+    starving gang's search is refused while the cycle has no searches left (which it records); so
+    "queue at its limit". That depends only on its queue, GPUs and priority, and on the plan's
+    charges (limits, guarantees and `could_preempt`'s owed read only the charged GPUs; the running
+    gangs stand still all cycle), so it is kept per (queue, GPUs, priority, charges) -- None too,
+    for a head this does not decide. A starving gang with searches left goes the whole way.
+    """
+    plan, pol = adm.plan, adm.c.policies
+    gpus = job.spec.total_gpus
+    if gpus >= BIG_GANG_GPUS and adm.starving(job):
+        if adm.searches > 0 or pol.preemption_searches <= 0 or pol.starvation_rule.priority_or_reclaim_only:
+            return None
+        starving = True
+    else:
+        starving = False
+    key = ("quota blocked", queue, gpus, job.spec.priority, plan.charges)
+    found = adm.answers.get(key, False)
+    if found is False:
+        found = adm.answers[key] = _quota_verdict(adm, queue, gpus, job.spec.priority)
+    if found is not None and starving:
+        adm.cert.out_of_searches = True  # (what `preempt` records of the starving gang's refused search)
+    return found if isinstance(found, Outcome) else None
+
+
+def _quota_verdict(adm: AdmitContext, queue: str, gpus: int, priority: int) -> Outcome | None:
+    """`blocked_verdict`'s quota reason for a head of `gpus` GPUs, if its queue's limit blocks it and it can stop nobody."""
+    plan = adm.plan
+    over = plan.limit_blocker(queue, gpus)
+    if over is None:
+        return None
+    q = adm.c.state.queues.get(queue)
+    owed = plan.gpus.get(queue, 0) + gpus <= (q.guaranteed_gpus if q is not None else 0)
+    if adm.could_preempt(queue, priority, owed):
+        return None
+    return over_limit(over, gpus)
+
+
+def over_limit(over: tuple[str, int, int], gpus: int) -> Outcome:
+    name, limit, used = over
+    return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {gpus} more")
 
 
 def _starving_at_limit(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
@@ -125,14 +175,14 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
             return Outcome(PLACED, p.reason)
     # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
     outcome = preempt(adm, job, queue, req, base)
-    if outcome is None and is_starving(adm.c, job):  # past the starvation bound: it may stop the cheapest
+    if outcome is None and adm.starving(job):  # past the starvation bound: it may stop the cheapest
         outcome = preempt(adm, job, queue, req, base, pol.starvation_rule)
     if outcome is not None:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
     if (over is None and not kept and len(plan.holds) < pol.reservations
             and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s
-                 or _below_guarantee(adm, queue) or (pol.starvation_bound_factor > 0.0 and is_starving(adm.c, job)))):
+                 or _below_guarantee(adm, queue) or (pol.starvation_bound_factor > 0.0 and adm.starving(job)))):
         outcome = give_reservation(adm, job, queue, req, base)
         if outcome is not None:
             return outcome
@@ -146,8 +196,7 @@ def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, b
     plan = adm.plan
     # Quota: over a limit, or the limit's freed quota is kept for an older gang.
     if over is not None:
-        name, limit, used = over
-        return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {req.gpus} more")
+        return over_limit(over, req.gpus)
     kept = quota_kept(adm, job, queue)
     if kept is not None:
         name, holder = kept
