@@ -33,6 +33,7 @@ from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.reserved_nodes import waiting_note
 from orchestrator.policies import Ending
 from orchestrator.policies.placement import GangRequest, Placement, request_of
+from orchestrator.policies.victims import find_victims
 from schemas.events import GangReserved
 
 
@@ -49,12 +50,22 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     plan, pol = adm.plan, adm.c.policies
     if job.earmark or not pol.preemption.priority_or_reclaim_only:
         return judge(adm, job, queue, adm.request(job))
-    if pol.request is request_of:  # (its gang's GPUs are the spec's: the only thing of it the quota verdict reads)
-        quota = _quota_blocked(adm, job, queue)
-        if quota is not None:
-            return quota
+    spec = job.spec
+    gpus = spec.total_gpus
+    starving = gpus >= BIG_GANG_GPUS and adm.starving(job)  # (only big gangs starve: most heads are small)
+    if pol.request is request_of and (not starving or (adm.searches <= 0 < pol.preemption_searches
+                                      and not pol.starvation_rule.priority_or_reclaim_only)):
+        # Its queue's limit blocks it and it can stop nobody (`_quota_verdict`; its GPUs are the spec's).
+        at_limit = ("quota blocked", queue, gpus, spec.priority, plan.charges)
+        verdict = adm.answers.get(at_limit, False)
+        if verdict is False:
+            verdict = adm.answers[at_limit] = _quota_verdict(adm, queue, gpus, spec.priority)
+        if isinstance(verdict, Outcome):
+            if starving:
+                adm.cert.out_of_searches = True  # (what `preempt` records of the starving gang's refused search)
+            return verdict
     req = adm.request(job)
-    if job.spec.total_gpus >= BIG_GANG_GPUS and adm.starving(job):  # (only big gangs starve: most heads are small)
+    if starving:
         return _starving_at_limit(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
            _may_use_held(adm, job), plan.version, plan.charges)
@@ -68,37 +79,19 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     return outcome
 
 
-def _quota_blocked(adm: AdmitContext, job: Job, queue: str) -> Outcome | None:
-    """The verdict of a head its queue's limit blocks and that can stop nobody, without its request or judgment.
+def _quota_verdict(adm: AdmitContext, queue: str, gpus: int, priority: int) -> Outcome | None:
+    """`blocked_verdict`'s quota reason for a head of `gpus` GPUs, if its queue's limit blocks it and it can stop nobody.
 
     Most heads a busy cycle judges are of queues at their limit (isolated queues: 99%, issue #42's
     sim speed), and for such a head `judge` goes: over quota, so no allocation and no backfill; no
     victim search, since no priority or reclaim rule lets it preempt (`could_preempt`) -- and a
-    starving gang's search is refused while the cycle has no searches left (which it records); so
-    "queue at its limit". That depends only on its queue, GPUs and priority, and on the plan's
-    charges (limits, guarantees and `could_preempt`'s owed read only the charged GPUs; the running
-    gangs stand still all cycle), so it is kept per (queue, GPUs, priority, charges) -- None too,
-    for a head this does not decide. A starving gang with searches left goes the whole way.
+    starving gang's search is refused while the cycle has no searches left (which `preempt` records
+    and `admit_one` too); so "queue at its limit". That depends only on its queue, GPUs and priority,
+    and on the plan's charges (limits, guarantees and `could_preempt`'s owed read only the charged
+    GPUs; the running gangs stand still all cycle): `admit_one` keeps it per (queue, GPUs, priority,
+    charges) -- None too, for a head this does not decide. A starving gang with searches left goes
+    the whole way (`_starving_at_limit`).
     """
-    plan, pol = adm.plan, adm.c.policies
-    gpus = job.spec.total_gpus
-    if gpus >= BIG_GANG_GPUS and adm.starving(job):
-        if adm.searches > 0 or pol.preemption_searches <= 0 or pol.starvation_rule.priority_or_reclaim_only:
-            return None
-        starving = True
-    else:
-        starving = False
-    key = ("quota blocked", queue, gpus, job.spec.priority, plan.charges)
-    found = adm.answers.get(key, False)
-    if found is False:
-        found = adm.answers[key] = _quota_verdict(adm, queue, gpus, job.spec.priority)
-    if found is not None and starving:
-        adm.cert.out_of_searches = True  # (what `preempt` records of the starving gang's refused search)
-    return found if isinstance(found, Outcome) else None
-
-
-def _quota_verdict(adm: AdmitContext, queue: str, gpus: int, priority: int) -> Outcome | None:
-    """`blocked_verdict`'s quota reason for a head of `gpus` GPUs, if its queue's limit blocks it and it can stop nobody."""
     plan = adm.plan
     over = plan.limit_blocker(queue, gpus)
     if over is None:
@@ -122,14 +115,17 @@ def _starving_at_limit(adm: AdmitContext, job: Job, queue: str, req: GangRequest
     cycle, issue #42's sim speed), and one that its queue's limit blocks, that no priority or reclaim
     rule lets preempt (`could_preempt`), goes the same way each time: its starvation victim search (a
     search budget spent, or none left) finds nothing it can start on, so it waits on the quota. That
-    verdict depends on its shape, queue, priority and attained service (the search's ask) and on the
+    verdict depends on its shape, queue, priority and attained service (the search's ask; not the
+    attained service under the default search and starvation rule, which do not read it) and on the
     plan, which `version` and `charges` track; an alike gang gets it again, and the budget is spent as
     the real search would spend it, so every later decision is the same.
     """
     plan, pol = adm.plan, adm.c.policies
     # (Asked first: an answer is kept only where the checks below held, and they read only the queue, the
     # gang's size and priority, the plan's charges and the cycle's running gangs, all in the key or fixed.)
-    key = ("starving at limit", shape_of(req), queue, job.spec.priority, job.attained_s, plan.version, plan.charges)
+    # (Its attained service only where the search may read it: `PreemptionRule.reads_attained`.)
+    attained = job.attained_s if pol.starvation_rule.reads_attained or pol.victims is not find_victims else None
+    key = ("starving at limit", shape_of(req), queue, job.spec.priority, attained, plan.version, plan.charges)
     found = adm.answers.get(key)
     if isinstance(found, Outcome):
         # What `preempt` does for a search whose answer is known to be none (it is told so, or finds it again).

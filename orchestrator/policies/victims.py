@@ -197,6 +197,10 @@ class PreemptionRule(NamedTuple):
     #: Candidates of one level are alike to the rule (a prefix of `order`'s levels): the search
     #: may stop the ones that cost fewest GPUs among the levels it reached. None: `order` alone.
     level: OrderFn | None = None
+    #: Whether `reason`, `order` or `level` read the preemptor's attained service (`PreemptionAsk.attained`):
+    #: False lets admission give a gang the answer of an alike one whose attained service differs
+    #: (core/heads.py `_starving_at_limit`, with `find_victims`, which reads it only through the rule).
+    reads_attained: bool = True
 
 
 PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True,
@@ -249,7 +253,7 @@ def _one_level(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int]]:
 
 
 #: The rule of the starvation bound: who a starving gang may stop, cheapest first.
-STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level)
+STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level, reads_attained=False)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:
