@@ -31,7 +31,7 @@ from orchestrator.core.model.state import BIG_GANG_GPUS, Job
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.reserved_nodes import waiting_note
-from orchestrator.policies import Ending
+from orchestrator.policies import Ending, PreemptionAsk
 from orchestrator.policies.placement import GangRequest, Placement, request_of
 from orchestrator.policies.victims import find_victims
 from schemas.events import GangReserved
@@ -141,10 +141,38 @@ def _starving_at_limit(adm: AdmitContext, job: Job, queue: str, req: GangRequest
             or plan.limit_blocker(queue, req.gpus) is None or adm.could_preempt(queue, job.spec.priority, owed)):
         return judge(adm, job, queue, req)
     before = (plan.version, plan.charges, len(adm.events))
-    outcome = judge(adm, job, queue, req)
+    outcome = _no_starvation_victims(adm, job, queue, req, owed)
+    if outcome is None:
+        outcome = judge(adm, job, queue, req)
     if outcome.code == QUOTA and (plan.version, plan.charges, len(adm.events)) == before:
         adm.answers[key] = outcome
     return outcome
+
+
+def _no_starvation_victims(adm: AdmitContext, job: Job, queue: str, req: GangRequest, owed: bool) -> Outcome | None:
+    """`judge`'s verdict on a starving gang at its limit that stops nobody, when `find_victims` would answer none
+    at once: no candidate the starvation rule lets it stop, or too few to bring its queue within its limits.
+
+    That answer reads only what the rule reads of the ask and the gang's GPUs, so the candidates the rule
+    allows are kept per cycle (`victim_pool`) instead of a search per gang shape. The search's budget and
+    bookkeeping are spent as `preempt` spends them on a search that found nothing; None: judge it.
+    """
+    c, plan, pol = adm.c, adm.plan, adm.c.policies
+    if adm.searches <= 0 or pol.victims is not find_victims or job.earmark:
+        return None
+    ask = PreemptionAsk(req=req, queue=queue, priority=job.spec.priority, owed=owed, now=c.now,
+                        min_runtime_s=c.state.config.min_runtime_s, attained=job.attained_s)
+    found = adm.victim_pool(ask, pol.starvation_rule)
+    if found is None:
+        return None
+    pool, freed = found
+    if pool and plan.limit_blocker(queue, req.gpus, freed) is None:
+        return None  # (`find_victims` would search: it may find some)
+    over = plan.limit_blocker(queue, req.gpus)
+    assert over is not None  # (`_starving_at_limit` checked)
+    adm.searches -= 1
+    adm.unremembered_searches += 1
+    return over_limit(over, req.gpus)
 
 
 def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
