@@ -9,14 +9,15 @@ decide nothing must leave every hash as it was.
     nice -n 5 .venv/bin/python bench/sim_speed.py [--trace isolated|standard] [--nodes 64] [--queues 4]
                                                   [--jobs 3000] [--load 1.0] [--seed 1] [--rounds 3]
                                                   [--policies corral,fifo] [--set FIELD=N ...]
-                                                  [--log-checkpoints]
+                                                  [--no-log-checkpoints]
 
 `isolated`: bench/sweep.py's isolated trace (each team's limit its guarantee, an equal split; no time
 limits), at any size: the heaviest teams' backlogs grow for the whole trace, so their multi-day jobs and
 big gangs wait past the starvation bound and corral judges them first in every cycle. `standard`:
 bench/sim.py's trace. `--set` changes a numeric field of corral's `Policies` record (as
-bench/policy_variant.py does; the other policies keep theirs), `--log-checkpoints` sets
-`SimConfig.log_checkpoints` for every policy. The last line is one JSON object with the figures.
+bench/policy_variant.py does; the other policies keep theirs), `--no-log-checkpoints` clears
+`SimConfig.log_checkpoints` for every policy: `--set starvation_bound_factor=0 --no-log-checkpoints` is
+round 2's record. The last line is one JSON object with the figures.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def main() -> None:
     p.add_argument("--policies", default="corral,fifo", help="timed in this order each round (default %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=NUMBER",
                    help="a numeric field of corral's Policies record (repeatable)")
-    p.add_argument("--log-checkpoints", action="store_true",
-                   help="the simulated agents log every periodic checkpoint (SimConfig.log_checkpoints)")
+    p.add_argument("--log-checkpoints", action=argparse.BooleanOptionalAction, default=True,
+                   help="the simulated agents log every periodic checkpoint (SimConfig.log_checkpoints, the default)")
     args = p.parse_args()
     policies = parse_policies(args.policies)
     corral = policies_for("corral")
