@@ -256,12 +256,12 @@ def _one_level(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int]]:
     return lambda c: (0,)
 
 
-#: The rule of the starvation bound: who a starving gang may stop, cheapest first.
 def _starvation_reads(ask: PreemptionAsk) -> tuple[object, ...]:
     """What `why_starvation_victim` reads of the ask."""
     return (ask.priority, ask.now, ask.min_runtime_s)
 
 
+#: The rule of the starvation bound: who a starving gang may stop, cheapest first.
 STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level, reads_attained=False,
                             reason_reads=_starvation_reads)
 
