@@ -8,17 +8,22 @@ decide nothing must leave every hash as it was.
 
     nice -n 5 .venv/bin/python bench/sim_speed.py [--trace isolated|standard] [--nodes 64] [--queues 4]
                                                   [--jobs 3000] [--load 1.0] [--seed 1] [--rounds 3]
-                                                  [--policies corral,fifo]
+                                                  [--policies corral,fifo] [--set FIELD=N ...]
+                                                  [--no-log-checkpoints]
 
 `isolated`: bench/sweep.py's isolated trace (each team's limit its guarantee, an equal split; no time
 limits), at any size: the heaviest teams' backlogs grow for the whole trace, so their multi-day jobs and
 big gangs wait past the starvation bound and corral judges them first in every cycle. `standard`:
-bench/sim.py's trace. The last line is one JSON object with the figures.
+bench/sim.py's trace. `--set` changes a numeric field of corral's `Policies` record (as
+bench/policy_variant.py does; the other policies keep theirs), `--no-log-checkpoints` clears
+`SimConfig.log_checkpoints` for every policy: `--set starvation_bound_factor=0 --no-log-checkpoints` is
+round 2's record. The last line is one JSON object with the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import io
 import json
@@ -31,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.sim import machine
-from orchestrator.sim.baselines import parse_policies
+from orchestrator.sim.baselines import parse_policies, policies_for
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate
 from orchestrator.sim.gen import GenConfig, generate, standard_cluster
@@ -60,8 +65,25 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--policies", default="corral,fifo", help="timed in this order each round (default %(default)s)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=NUMBER",
+                   help="a numeric field of corral's Policies record (repeatable)")
+    p.add_argument("--log-checkpoints", action=argparse.BooleanOptionalAction, default=True,
+                   help="the simulated agents log every periodic checkpoint (SimConfig.log_checkpoints, the default)")
     args = p.parse_args()
     policies = parse_policies(args.policies)
+    corral = policies_for("corral")
+    fields = {f.name for f in dataclasses.fields(corral)}
+    changes: dict[str, float] = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if name not in fields:
+            p.error(f"--set {item!r}: Policies has no field {name!r}")
+        try:
+            changes[name] = float(value)
+        except ValueError:
+            p.error(f"--set {item!r}: {value!r} is not a number")
+    corral = dataclasses.replace(corral, **changes)  # type: ignore[arg-type]
+    config = SimConfig(log_checkpoints=args.log_checkpoints)
     sc = scenario(args.trace, args.nodes, args.queues, args.jobs, args.load, args.seed)
     cpu: dict[str, list[float]] = {name: [] for name in policies}
     logs: dict[str, set[str]] = {name: set() for name in policies}
@@ -69,7 +91,7 @@ def main() -> None:
         for name in policies:
             log = io.BytesIO()
             t0 = time.process_time()
-            simulate(sc, name, SimConfig(), log=log)
+            simulate(sc, name, config, log=log, policies=corral if name == "corral" else None)
             cpu[name].append(time.process_time() - t0)
             logs[name].add(hashlib.sha256(log.getvalue()).hexdigest()[:12])
             print(f"round {r + 1} {name}: {cpu[name][-1]:.2f} CPU s, log {min(logs[name])}, "
@@ -80,7 +102,8 @@ def main() -> None:
         rel = f", {speed[name]:.2f}x fifo's speed" if speed else ""
         print(f"{name}: median {med[name]:.2f} CPU s of {', '.join(f'{t:.2f}' for t in cpu[name])}{rel}")
     print(json.dumps({"trace": args.trace, "nodes": args.nodes, "queues": args.queues, "jobs": args.jobs,
-                      "load": args.load, "seed": args.seed, "machine": machine(), "cpu_s": cpu, "median_cpu_s": med,
+                      "load": args.load, "seed": args.seed, "set": changes,
+                      "log_checkpoints": args.log_checkpoints, "machine": machine(), "cpu_s": cpu, "median_cpu_s": med,
                       "speed_vs_fifo": speed, "logs": {k: sorted(v) for k, v in logs.items()}}))
 
 

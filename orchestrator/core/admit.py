@@ -114,6 +114,7 @@ def _starving_first(adm: AdmitContext, lines: dict[str, Line]) -> list[str]:
     """Step 2b: the gangs past the starvation bound (core/starving.py), oldest first."""
     first: list[str] = []
     for job, q in starving_gangs(adm.c, adm.plan.busy):
+        adm.starving_now(job)  # (the list is `is_starving`'s answer: its heads ask again)
         _look_first(adm, lines, job, q)
         first.append(job.job_id)
     return first

@@ -22,7 +22,8 @@ from orchestrator.core.model.plan import Plan, QueueLoad
 from orchestrator.core.model.running import RunningGangs, running_gangs
 from orchestrator.core.model.state import Job, attained_service
 from orchestrator.core.reserved_nodes import restricted
-from orchestrator.policies import Candidate, Ending
+from orchestrator.core.starving import is_starving
+from orchestrator.policies import Candidate, Ending, PreemptionAsk, PreemptionRule
 from orchestrator.policies.links import Links
 from orchestrator.policies.placement import GangRequest, Placement, request_of
 from schemas.events import Event
@@ -84,6 +85,23 @@ class AdmitContext:
         self.cert = cert
         #: Dataset cache key -> the nodes holding it (core/locality.py), built for the first job with datasets.
         self._caches: dict[str, list[str]] | None = None
+        #: (rule, what it reads of the ask) -> (candidates, loads, the pool, its GPUs per queue): `victim_pool`.
+        self._pools: dict[tuple[object, ...], tuple[list[Candidate], dict[str, QueueLoad], list[Candidate],
+                                                    dict[str, int]]] = {}
+        #: Job id -> whether it is past the starvation bound (`starving`): the state and `now` stand still all cycle.
+        self._starving: dict[str, bool] = {}
+
+    def starving(self, job: Job) -> bool:
+        """`starving.is_starving`, once per job and cycle (a starving gang is asked about two or three times a cycle)."""
+        found = self._starving.get(job.job_id)
+        if found is None:
+            found = self._starving[job.job_id] = is_starving(self.c, job)
+        return found
+
+    def starving_now(self, job: Job) -> None:
+        """`job` is one of `starving.starving_gangs` (past its bound, by the fold's `big_pending`, which keeps
+        each big pending gang under its `waiting_since`: so `is_starving` would say yes)."""
+        self._starving[job.job_id] = True
 
     def request(self, job: Job) -> GangRequest:
         """`Policies.request`, with the nodes holding the job's datasets (core/locality.py) when it names any,
@@ -208,6 +226,26 @@ class AdmitContext:
             found = self._candidate_loads = (plan.charges, cands,
                                              {q: plan.load(q) for q in dict.fromkeys(x.queue for x in cands)})
         return found[2]
+
+    def victim_pool(self, ask: PreemptionAsk, rule: PreemptionRule) -> tuple[list[Candidate], dict[str, int]] | None:
+        """The candidates `rule` lets `ask` stop (`find_victims`' pool, unordered) and their GPUs per queue,
+        or None if the rule does not say what of the ask it reads (`PreemptionRule.reason_reads`).
+
+        Kept per what the rule reads of the ask while the candidates and their queues' loads stand
+        (`preempted` and a charge renew those lists): the starving gangs judged first ask alike.
+        """
+        if rule.reason_reads is None:
+            return None
+        cands, loads = self.candidates(), self.candidate_loads()
+        key = (rule, rule.reason_reads(ask))
+        found = self._pools.get(key)
+        if found is None or found[0] is not cands or found[1] is not loads:
+            pool = [c for c in cands if rule.reason(ask, c, loads)]
+            freed: dict[str, int] = {}
+            for v in pool:
+                freed[v.queue] = freed.get(v.queue, 0) + v.gpus
+            found = self._pools[key] = (cands, loads, pool, freed)
+        return found[2], found[3]
 
     def could_preempt(self, queue: str, priority: int, owed: bool) -> bool:
         """Cheap necessary condition for a victim search: someone it may preempt at all.

@@ -31,9 +31,9 @@ from orchestrator.core.model.state import BIG_GANG_GPUS, Job
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.reserved_nodes import waiting_note
-from orchestrator.core.starving import is_starving
-from orchestrator.policies import Ending
-from orchestrator.policies.placement import GangRequest, Placement
+from orchestrator.policies import Ending, PreemptionAsk
+from orchestrator.policies.placement import GangRequest, Placement, request_of
+from orchestrator.policies.victims import find_victims
 from schemas.events import GangReserved
 
 
@@ -48,10 +48,24 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     no victim search left unremembered) is the answer for the next such head.
     """
     plan, pol = adm.plan, adm.c.policies
-    req = adm.request(job)
     if job.earmark or not pol.preemption.priority_or_reclaim_only:
-        return judge(adm, job, queue, req)
-    if job.spec.total_gpus >= BIG_GANG_GPUS and is_starving(adm.c, job):  # (only big gangs starve: most heads are small)
+        return judge(adm, job, queue, adm.request(job))
+    spec = job.spec
+    gpus = spec.total_gpus
+    starving = gpus >= BIG_GANG_GPUS and adm.starving(job)  # (only big gangs starve: most heads are small)
+    if pol.request is request_of and (not starving or (adm.searches <= 0 < pol.preemption_searches
+                                      and not pol.starvation_rule.priority_or_reclaim_only)):
+        # Its queue's limit blocks it and it can stop nobody (`_quota_verdict`; its GPUs are the spec's).
+        at_limit = ("quota blocked", queue, gpus, spec.priority, plan.charges)
+        verdict = adm.answers.get(at_limit, False)
+        if verdict is False:
+            verdict = adm.answers[at_limit] = _quota_verdict(adm, queue, gpus, spec.priority)
+        if isinstance(verdict, Outcome):
+            if starving:
+                adm.cert.out_of_searches = True  # (what `preempt` records of the starving gang's refused search)
+            return verdict
+    req = adm.request(job)
+    if starving:
         return _starving_at_limit(adm, job, queue, req)
     key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
            _may_use_held(adm, job), plan.version, plan.charges)
@@ -65,6 +79,35 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     return outcome
 
 
+def _quota_verdict(adm: AdmitContext, queue: str, gpus: int, priority: int) -> Outcome | None:
+    """`blocked_verdict`'s quota reason for a head of `gpus` GPUs, if its queue's limit blocks it and it can stop nobody.
+
+    Most heads a busy cycle judges are of queues at their limit (isolated queues: 99%, issue #42's
+    sim speed), and for such a head `judge` goes: over quota, so no allocation and no backfill; no
+    victim search, since no priority or reclaim rule lets it preempt (`could_preempt`) -- and a
+    starving gang's search is refused while the cycle has no searches left (which `preempt` records
+    and `admit_one` too); so "queue at its limit". That depends only on its queue, GPUs and priority,
+    and on the plan's charges (limits, guarantees and `could_preempt`'s owed read only the charged
+    GPUs; the running gangs stand still all cycle): `admit_one` keeps it per (queue, GPUs, priority,
+    charges) -- None too, for a head this does not decide. A starving gang with searches left goes
+    the whole way (`_starving_at_limit`).
+    """
+    plan = adm.plan
+    over = plan.limit_blocker(queue, gpus)
+    if over is None:
+        return None
+    q = adm.c.state.queues.get(queue)
+    owed = plan.gpus.get(queue, 0) + gpus <= (q.guaranteed_gpus if q is not None else 0)
+    if adm.could_preempt(queue, priority, owed):
+        return None
+    return over_limit(over, gpus)
+
+
+def over_limit(over: tuple[str, int, int], gpus: int) -> Outcome:
+    name, limit, used = over
+    return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {gpus} more")
+
+
 def _starving_at_limit(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
     """`judge` of a starving gang, remembering the outcome for the next alike gang while its queue is at its limit.
 
@@ -72,14 +115,17 @@ def _starving_at_limit(adm: AdmitContext, job: Job, queue: str, req: GangRequest
     cycle, issue #42's sim speed), and one that its queue's limit blocks, that no priority or reclaim
     rule lets preempt (`could_preempt`), goes the same way each time: its starvation victim search (a
     search budget spent, or none left) finds nothing it can start on, so it waits on the quota. That
-    verdict depends on its shape, queue, priority and attained service (the search's ask) and on the
+    verdict depends on its shape, queue, priority and attained service (the search's ask; not the
+    attained service under the default search and starvation rule, which do not read it) and on the
     plan, which `version` and `charges` track; an alike gang gets it again, and the budget is spent as
     the real search would spend it, so every later decision is the same.
     """
     plan, pol = adm.plan, adm.c.policies
     # (Asked first: an answer is kept only where the checks below held, and they read only the queue, the
     # gang's size and priority, the plan's charges and the cycle's running gangs, all in the key or fixed.)
-    key = ("starving at limit", shape_of(req), queue, job.spec.priority, job.attained_s, plan.version, plan.charges)
+    # (Its attained service only where the search may read it: `PreemptionRule.reads_attained`.)
+    attained = job.attained_s if pol.starvation_rule.reads_attained or pol.victims is not find_victims else None
+    key = ("starving at limit", shape_of(req), queue, job.spec.priority, attained, plan.version, plan.charges)
     found = adm.answers.get(key)
     if isinstance(found, Outcome):
         # What `preempt` does for a search whose answer is known to be none (it is told so, or finds it again).
@@ -95,10 +141,38 @@ def _starving_at_limit(adm: AdmitContext, job: Job, queue: str, req: GangRequest
             or plan.limit_blocker(queue, req.gpus) is None or adm.could_preempt(queue, job.spec.priority, owed)):
         return judge(adm, job, queue, req)
     before = (plan.version, plan.charges, len(adm.events))
-    outcome = judge(adm, job, queue, req)
+    outcome = _no_starvation_victims(adm, job, queue, req, owed)
+    if outcome is None:
+        outcome = judge(adm, job, queue, req)
     if outcome.code == QUOTA and (plan.version, plan.charges, len(adm.events)) == before:
         adm.answers[key] = outcome
     return outcome
+
+
+def _no_starvation_victims(adm: AdmitContext, job: Job, queue: str, req: GangRequest, owed: bool) -> Outcome | None:
+    """`judge`'s verdict on a starving gang at its limit that stops nobody, when `find_victims` would answer none
+    at once: no candidate the starvation rule lets it stop, or too few to bring its queue within its limits.
+
+    That answer reads only what the rule reads of the ask and the gang's GPUs, so the candidates the rule
+    allows are kept per cycle (`victim_pool`) instead of a search per gang shape. The search's budget and
+    bookkeeping are spent as `preempt` spends them on a search that found nothing; None: judge it.
+    """
+    c, plan, pol = adm.c, adm.plan, adm.c.policies
+    if adm.searches <= 0 or pol.victims is not find_victims or job.earmark:
+        return None
+    ask = PreemptionAsk(req=req, queue=queue, priority=job.spec.priority, owed=owed, now=c.now,
+                        min_runtime_s=c.state.config.min_runtime_s, attained=job.attained_s)
+    found = adm.victim_pool(ask, pol.starvation_rule)
+    if found is None:
+        return None
+    pool, freed = found
+    if pool and plan.limit_blocker(queue, req.gpus, freed) is None:
+        return None  # (`find_victims` would search: it may find some)
+    over = plan.limit_blocker(queue, req.gpus)
+    assert over is not None  # (`_starving_at_limit` checked)
+    adm.searches -= 1
+    adm.unremembered_searches += 1
+    return over_limit(over, req.gpus)
 
 
 def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
@@ -125,14 +199,14 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
             return Outcome(PLACED, p.reason)
     # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
     outcome = preempt(adm, job, queue, req, base)
-    if outcome is None and is_starving(adm.c, job):  # past the starvation bound: it may stop the cheapest
+    if outcome is None and adm.starving(job):  # past the starvation bound: it may stop the cheapest
         outcome = preempt(adm, job, queue, req, base, pol.starvation_rule)
     if outcome is not None:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
     if (over is None and not kept and len(plan.holds) < pol.reservations
             and (req.gpus < BIG_GANG_GPUS or adm.c.now - job.waiting_since >= pol.reserve_after_s
-                 or _below_guarantee(adm, queue) or (pol.starvation_bound_factor > 0.0 and is_starving(adm.c, job)))):
+                 or _below_guarantee(adm, queue) or (pol.starvation_bound_factor > 0.0 and adm.starving(job)))):
         outcome = give_reservation(adm, job, queue, req, base)
         if outcome is not None:
             return outcome
@@ -146,8 +220,7 @@ def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, b
     plan = adm.plan
     # Quota: over a limit, or the limit's freed quota is kept for an older gang.
     if over is not None:
-        name, limit, used = over
-        return Outcome(QUOTA, f"queue {name} at its limit {limit}: holds {used}, needs {req.gpus} more")
+        return over_limit(over, req.gpus)
     kept = quota_kept(adm, job, queue)
     if kept is not None:
         name, holder = kept

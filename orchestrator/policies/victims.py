@@ -197,6 +197,14 @@ class PreemptionRule(NamedTuple):
     #: Candidates of one level are alike to the rule (a prefix of `order`'s levels): the search
     #: may stop the ones that cost fewest GPUs among the levels it reached. None: `order` alone.
     level: OrderFn | None = None
+    #: Whether `reason`, `order` or `level` read the preemptor's attained service (`PreemptionAsk.attained`):
+    #: False lets admission give a gang the answer of an alike one whose attained service differs
+    #: (core/heads.py `_starving_at_limit`, with `find_victims`, which reads it only through the rule).
+    reads_attained: bool = True
+    #: What of the ask `reason` reads, as a key (None: anything): admission keeps the candidates the rule
+    #: allows per such key for a cycle, and skips a `find_victims` search that they cannot satisfy
+    #: (none, or too few to bring the preemptor's queue within its limits: core/context.py `victim_pool`).
+    reason_reads: Callable[[PreemptionAsk], tuple[object, ...]] | None = None
 
 
 PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True,
@@ -248,8 +256,14 @@ def _one_level(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int]]:
     return lambda c: (0,)
 
 
+def _starvation_reads(ask: PreemptionAsk) -> tuple[object, ...]:
+    """What `why_starvation_victim` reads of the ask."""
+    return (ask.priority, ask.now, ask.min_runtime_s)
+
+
 #: The rule of the starvation bound: who a starving gang may stop, cheapest first.
-STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level)
+STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level, reads_attained=False,
+                            reason_reads=_starvation_reads)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:
