@@ -134,7 +134,8 @@ from schemas.events import (
     WorkerStarted,
 )
 
-#: Events whose fold never changes node records, GPU owners, earmarks or `ends`: every other one
+#: Events whose fold never changes node records, GPU owners or `ends`, nor earmarks but for the one place
+#: that moves `alloc_rev` itself (a JobWaiting that releases a preemptor's earmark): every other event
 #: moves `ClusterState.alloc_rev` (node events `nodes_rev` too), which decide's per-call memos
 #: trust. tests/core/test_memos.py checks both lists against every event of simulated logs.
 _ALLOCATION_UNTOUCHED = (

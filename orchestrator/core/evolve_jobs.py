@@ -214,8 +214,12 @@ def job_waiting(state: ClusterState, e: JobWaiting, at: float) -> None:
     if job is None or job.status != "pending" or e.job_id in state.gated:
         return  # (a gated job is told no reason: one decided before its hold landed changes nothing)
     if job.earmark and e.code != "preempting":
-        # The scheduler no longer waits on a preemption for it: release what it held.
+        # The scheduler no longer waits on a preemption for it: release what it held. A JobWaiting
+        # otherwise leaves allocation alone (evolve._ALLOCATION_UNTOUCHED), so move `alloc_rev` here:
+        # decide's memos trust it, and a warm one kept the released GPUs earmarked (found by #42's
+        # speed work: a free node left unused until something else moved the counter).
         clear_earmark(state, job)
+        state.alloc_rev += 1
         job = replace(job, earmark=())
     if at >= state.newest_node_at + SETTLE_S:
         # Explained while nodes were still joining: stay "fresh" so the reject stage judges
