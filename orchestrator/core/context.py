@@ -189,8 +189,8 @@ class AdmitContext:
     def candidates(self) -> list[Candidate]:
         if self._candidates is None:
             # Built positionally in `Candidate`'s field order, with `state.attained_service` inlined (every
-            # eligible gang holds GPUs): a cycle builds one per running preemptible gang, and the keyword
-            # form with two helper calls cost a tenth of an isolated trace's admission (issue #42's sim speed).
+            # eligible gang holds GPUs): a cycle builds one per running preemptible gang, a tenth of corral's
+            # time on an isolated trace, a third of it the keyword form's (issue #42's sim speed).
             # at_risk: the seconds of its attempt's work a stop now would lose -- since the attempt began, less
             # what its newest checkpoint of this attempt holds (issue #29: a victim just past one loses little).
             now, new = self.c.now, tuple.__new__
