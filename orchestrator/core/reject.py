@@ -2,8 +2,9 @@
 
 Only jobs never looked at before (no JobWaiting yet) are checked, plus those
 explained while nodes were still joining (capacity is judged only once the
-cluster settled, see facts.SETTLE_S): the cluster only grows (nodes are never
-forgotten), so a job that could fit once could fit forever.
+cluster settled, see facts.SETTLE_S). Nodes are never forgotten, but one may
+re-register with fewer GPUs: a pass is remembered only while the node records
+stand still (memo.Memo.passed).
 """
 
 from __future__ import annotations
@@ -80,8 +81,10 @@ class Rejecter:
 def _passed(c: Cycle) -> dict[str, JobSpec]:
     """The memo's final passes (memo.Memo.passed) for this state, kept to the jobs still new."""
     memo, state = c.memo, c.state
-    if memo.passed_for is not state:
-        memo.passed_for, memo.passed = state, {}
+    # A pass read the node records: a node that re-registers with fewer GPUs (or is replaced) may make a
+    # passed job unfit, and a restarted scheduler, memo-less, would reject it (found by test_properties).
+    if memo.passed_for is None or memo.passed_for[0] is not state or memo.passed_for[1] != state.nodes_rev:
+        memo.passed_for, memo.passed = (state, state.nodes_rev), {}
     elif len(memo.passed) > 2 * c.policies.fresh_per_cycle + 1024:
         memo.passed = {jid: spec for jid, spec in memo.passed.items() if jid in state.unexplained}
     return memo.passed

@@ -57,12 +57,13 @@ class Memo:
         #: facts.ClusterFacts.empty_index: the last 8 (topology, class, every-GPU-free index). The
         #: same Topology object means the same node records, and these read only their inventories.
         self.empty_indexes: list[tuple[Topology, GpuClass, FreeIndex]] = []
-        #: reject.Rejecter: new jobs of `passed_for` (one state object) that passed the reject check
-        #: once the cluster had settled, with the spec checked. Such a pass is final (the cluster
-        #: only grows), and a cycle whose admission stopped at its cap tells these jobs nothing
-        #: (they stay new: explain.py), so the next cycles need not check them again.
+        #: reject.Rejecter: new jobs of `passed_for` (one state object and its `nodes_rev`) that passed the
+        #: reject check once the cluster had settled, with the spec checked. Such a pass holds while the
+        #: node records stand still (a node may re-register smaller), and a cycle whose admission stopped at
+        #: its cap tells these jobs nothing (they stay new: explain.py), so the next cycles need not check
+        #: them again.
         self.passed: dict[str, JobSpec] = {}
-        self.passed_for: ClusterState | None = None
+        self.passed_for: tuple[ClusterState, int] | None = None
         #: context.AdmitContext.request: job id -> (its spec, the default `request_of`'s gang request for it). A
         #: spec is a frozen record, so the same spec object means the same request; a cycle judges the same
         #: blocked heads as the last one did (issue #42: building them again was a tenth of a cycle's time).
