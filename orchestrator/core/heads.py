@@ -31,6 +31,7 @@ from orchestrator.core.model.state import BIG_GANG_GPUS, Job
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.reserved_nodes import waiting_note
+from orchestrator.core.service_preemption import service_preempt
 from orchestrator.core.starving import is_starving
 from orchestrator.policies import Ending
 from orchestrator.policies.placement import GangRequest, Placement
@@ -53,8 +54,10 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
         return judge(adm, job, queue, req)
     if job.spec.total_gpus >= BIG_GANG_GPUS and is_starving(adm.c, job):  # (only big gangs starve: most heads are small)
         return _starving_at_limit(adm, job, queue, req)
-    key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
-           _may_use_held(adm, job), plan.version, plan.charges)
+    key: tuple[object, ...] = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority,
+                               bool(plan.holds) and _may_use_held(adm, job), plan.version, plan.charges)
+    if pol.service_preemption:  # (opt-in) its outcome depends on its service too
+        key = (*key, job.attained_s)
     found = adm.answers.get(key)
     if isinstance(found, Outcome):
         return found
@@ -127,6 +130,8 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
     outcome = preempt(adm, job, queue, req, base)
     if outcome is None and is_starving(adm.c, job):  # past the starvation bound: it may stop the cheapest
         outcome = preempt(adm, job, queue, req, base, pol.starvation_rule)
+    elif outcome is None and pol.service_preemption:  # (opt-in) stop jobs of its queue with more service
+        outcome = service_preempt(adm, job, queue, req, base)
     if outcome is not None:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.

@@ -43,8 +43,11 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
     # Candidates and free GPUs only shrink during a cycle: a shape that found no victims
     # at some priority finds none at that priority or lower later on (for rules that read
     # only priority and guarantees).
-    hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, req.only, queue, owed)
-    memo = rule.priority_or_reclaim_only and not job.earmark
+    hopeless: tuple[object, ...] = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required,
+                                    req.only, queue, owed)
+    if rule.monotone:  # (its own entries: its candidates are not the default rule's; they depend on the service)
+        hopeless = (*hopeless, rule, job.attained_s)
+    memo = (rule.priority_or_reclaim_only or rule.monotone) and not job.earmark
     if memo and priority <= adm.hopeless.get(hopeless, -math.inf):
         return None
     if adm.searches <= 0:
@@ -110,6 +113,9 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
             bound = bound_for(job, pol.starvation_bound_s, pol.starvation_bound_factor, pol.starvation_bound_floor_s)
             why = (f"job {job.job_id} ({req.gpus} GPUs) is past the starvation bound: pending {waited / 3600:.1f} h"
                    f" >= {bound / 3600:g} h; {room}")
+        elif kind == "service":
+            why = (f"job {job.job_id} of queue {queue} has had less service ({job.attained_s / 3600:.1f} GPU-h) than"
+                   f" this job ({v.attained / 3600:.1f} GPU-h); {room}")
         else:
             why = f"{kind}: job {job.job_id} goes before it; {room}"
         adm.events.append(

@@ -103,6 +103,18 @@ class Policies:
     #: may then also hold a backfill reservation (`reserve_after_s` stays the most a gang waits for one).
     starvation_bound_factor: float = 0.0
     starvation_bound_floor_s: float = 3600.0
+    #: Least attained service inside a queue (issue #42, policies/in_queue_service.py, core/service_preemption.py;
+    #: 0: off): a pending job that is not starving may stop running jobs of its own queue of a higher
+    #: service level (4 / 64 GPU-hours), no higher priority, each holding at most max(8, its GPUs) GPUs,
+    #: cheapest first, within the 3-stop cap. GPUs never move between queues.
+    service_preemption: int = 0
+    #: Order each queue's line by priority, then service level, then the fold's order (issue #42; 0: the
+    #: fold's order). On, a cycle sorts the backlog (as any `job_key` function does).
+    service_order: int = 0
+    #: The most GPUs a victim of `service_preemption` holds, or as many as its preemptor asks for if more
+    #: while `service_bigger_victims` is 1 (0: never more than `service_victim_gpus`).
+    service_victim_gpus: int = 8
+    service_bigger_victims: int = 1
     #: Who a starving gang may stop, and in which order (victims.STARVATION: cheapest first).
     starvation_rule: PreemptionRule = STARVATION
     #: Judge the preemptors whose GPUs are earmarked before every other head (core/starving.py:

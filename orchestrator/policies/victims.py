@@ -197,6 +197,10 @@ class PreemptionRule(NamedTuple):
     #: Candidates of one level are alike to the rule (a prefix of `order`'s levels): the search
     #: may stop the ones that cost fewest GPUs among the levels it reached. None: `order` alone.
     level: OrderFn | None = None
+    #: A search that found no victims finds none again this cycle for an alike ask (gang shape, queue,
+    #: attained service) of no higher priority, so `core/preemption.py` may remember it as it does for
+    #: `priority_or_reclaim_only` rules (true of rules whose victims only shrink with the ask's priority).
+    monotone: bool = False
 
 
 PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True,
