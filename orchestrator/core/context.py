@@ -38,6 +38,15 @@ def shape_of(req: GangRequest) -> Shape:
     return (req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, req.warm, req.only)
 
 
+def candidate_of(j: Job, now: float) -> Candidate:
+    """A running gang as a victim search sees it: the record `AdmitContext.candidates` builds (inline there, for
+    speed), for searches that look at a few gangs only (core/service_preemption.py)."""
+    return Candidate(job_id=j.job_id, attempt=j.attempt, queue=j.queue, priority=j.spec.priority,
+                     preemptible=j.spec.preemptible, started_at=j.reserved_at, gpus=j.gpus, placement=j.placement,
+                     attained=attained_service(j, now), interruptions=max(0, j.attempt - 1 - j.restarts),
+                     at_risk=j.gpus * _since_checkpoint(j, now))
+
+
 def _since_checkpoint(job: Job, now: float) -> float:
     """Seconds of its attempt's work a stop now would lose: since the attempt began, less what its newest
     checkpoint of this attempt holds (issue #29: a victim just past a checkpoint loses little)."""

@@ -28,8 +28,9 @@ def waiting_for(victims: list[str]) -> str:
 
 
 def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex,
-            rule: PreemptionRule | None = None) -> Outcome | None:
-    """`rule`: who `job` may stop (default `Policies.preemption`; the starvation bound passes its own)."""
+            rule: PreemptionRule | None = None, among: Sequence[Candidate] | None = None) -> Outcome | None:
+    """`rule`: who `job` may stop (default `Policies.preemption`; the starvation bound passes its own).
+    `among`: the only candidates `rule` can take (None: every running gang), built by the caller."""
     c, plan, pol = adm.c, adm.plan, adm.c.policies
     if pol.preemption_searches <= 0:
         return None
@@ -63,8 +64,11 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
         min_runtime_s=c.state.config.min_runtime_s,
         attained=job.attained_s,
     )
-    cands = adm.candidates()
-    loads = adm.candidate_loads()
+    cands: Sequence[Candidate]
+    if among is None:
+        cands, loads = adm.candidates(), adm.candidate_loads()
+    else:
+        cands, loads = among, {q: plan.load(q) for q in dict.fromkeys(x.queue for x in among)}
 
     def quota_ok(victims: Sequence[Candidate]) -> bool:
         freed: dict[str, int] = {}

@@ -111,6 +111,9 @@ class Policies:
     #: Order each queue's line by priority, then service level, then the fold's order (issue #42; 0: the
     #: fold's order). On, a cycle sorts the backlog (as any `job_key` function does).
     service_order: int = 0
+    #: Order each queue's line by priority, then the jobs stopped before first, then the fold's order (issue
+    #: #42, policies/in_queue_service.py `stopped_first_key`; 0: the fold's order). On, a cycle sorts the backlog.
+    stopped_first: int = 0
     #: The most GPUs a victim of `service_preemption` holds, or as many as its preemptor asks for if more
     #: while `service_bigger_victims` is 1 (0: never more than `service_victim_gpus`).
     service_victim_gpus: int = 8

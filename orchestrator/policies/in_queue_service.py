@@ -96,3 +96,11 @@ def service_line_key(job: Job) -> JobKey:
     """Inside a queue: higher priority, then the lower service level, then the fold's line order."""
     key = job.line_key
     return (key[0], service_level(job.attained_s), *key[1:])
+
+
+def stopped_first_key(job: Job) -> JobKey:
+    """Inside a queue: higher priority, then the jobs stopped before (preempted or requeued, so their attempt
+    was cut), then the fold's line order: a victim gets its queue's next GPUs instead of waiting behind every
+    smaller claim that arrived meanwhile."""
+    key = job.line_key
+    return (key[0], 0 if job.attempt > 1 + job.restarts else 1, *key[1:])

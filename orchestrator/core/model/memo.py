@@ -68,8 +68,8 @@ class Memo:
         #: blocked heads as the last one did (issue #42: building them again was a tenth of a cycle's time).
         #: (Typed `object`: the model does not import the policies, whose GangRequest it is.)
         self.requests: dict[str, tuple[JobSpec, object]] = {}
-        #: service_preemption.service_top (issue #42, opt-in): (the RunningGangs object and its revision it was
+        #: service_preemption._table (issue #42, opt-in): (the RunningGangs object and its revision it was
         #: built for, the largest victim size counted, per queue the earliest time a running gang reaches each
-        #: service level past its protection). The running gangs and their service so far change only with
-        #: the revision; the level a gang reaches at a time is then a comparison.
-        self.service: tuple[object, int, int, dict[str, list[float]]] | None = None
+        #: service level past its protection, per queue those gangs' ids). The running gangs and their service
+        #: so far change only with the revision; the level a gang reaches at a time is then a comparison.
+        self.service: tuple[object, int, int, dict[str, list[float]], dict[str, list[str]]] | None = None
