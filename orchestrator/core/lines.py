@@ -11,7 +11,7 @@ from orchestrator.core.model.plan import Plan
 from orchestrator.core.model.state import Job, LineKey
 from orchestrator.core.model.usage import resolve_queue
 from orchestrator.policies.fairshare import JobKey
-from orchestrator.policies.in_queue_service import service_line_key, stopped_first_key
+from orchestrator.policies.in_queue_service import LINE_ORDERS
 
 #: A queue's place in the order: (0, waiting since) for a starving head, else (1, `Policies.queue_key`).
 Rank = tuple[object, ...]
@@ -58,10 +58,8 @@ def queue_lines(c: Cycle, plan: Plan, admissible: Callable[[Job], bool] | None =
     """
     state, busy = c.state, plan.busy
     key = c.policies.job_key
-    if key is None and c.policies.service_order:  # (issue #42, opt-in: priority, service level, the fold's order)
-        key = service_line_key
-    elif key is None and c.policies.stopped_first:  # (issue #42, opt-in: priority, stopped jobs, the fold's order)
-        key = stopped_first_key
+    if key is None and c.policies.line_order:  # (issue #42, opt-in: another order inside each queue)
+        key = LINE_ORDERS[int(c.policies.line_order) - 1]
     if key is None:
         by_queue: dict[str, list[list[LineKey]]] = {}
         for name, keys in state.lines.items():

@@ -108,12 +108,11 @@ class Policies:
     #: service level (4 / 64 GPU-hours), no higher priority, each holding at most max(8, its GPUs) GPUs,
     #: cheapest first, within the 3-stop cap. GPUs never move between queues.
     service_preemption: int = 0
-    #: Order each queue's line by priority, then service level, then the fold's order (issue #42; 0: the
-    #: fold's order). On, a cycle sorts the backlog (as any `job_key` function does).
-    service_order: int = 0
-    #: Order each queue's line by priority, then the jobs stopped before first, then the fold's order (issue
-    #: #42, policies/in_queue_service.py `stopped_first_key`; 0: the fold's order). On, a cycle sorts the backlog.
-    stopped_first: int = 0
+    #: Another order inside each queue (issue #42, policies/in_queue_service.py `LINE_ORDERS`; 0: the fold's
+    #: line): 1 priority, service level, then the fold's order; 2 priority, the jobs stopped before first, then
+    #: the fold's order; 3 priority, then the remaining claim per GPU (run time, not GPU-hours). On, a cycle
+    #: sorts the backlog (as any `job_key` function does).
+    line_order: int = 0
     #: The most GPUs a victim of `service_preemption` holds, or as many as its preemptor asks for if more
     #: while `service_bigger_victims` is 1 (0: never more than `service_victim_gpus`).
     service_victim_gpus: int = 8

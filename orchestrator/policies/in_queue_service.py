@@ -21,7 +21,7 @@ only once P's level exceeds v, i.e. after P was served up to the next level
 boundary and its protection ran out -- time slices bounded below, never a loop
 within one instant -- and each job is stopped at most STOPS_MAX times.
 
-The order inside a queue (`service_line_key`, opt-in `Policies.service_order`):
+The order inside a queue (`service_line_key`, opt-in `Policies.line_order` 1):
 priority, then level, then the fold's line (remaining claim, waiting since, id):
 a stopped job, whose remaining claim is small, no longer goes before the new
 jobs that stopped it.
@@ -104,3 +104,14 @@ def stopped_first_key(job: Job) -> JobKey:
     smaller claim that arrived meanwhile."""
     key = job.line_key
     return (key[0], 0 if job.attempt > 1 + job.restarts else 1, *key[1:])
+
+
+def run_time_key(job: Job) -> JobKey:
+    """Inside a queue: higher priority, then the smallest remaining claim per GPU -- the run time, where the
+    fold's line orders by GPU-hours and puts a big gang of one hour behind every 1-GPU job of eight."""
+    key = job.line_key
+    return (key[0], key[1] / max(1, job.spec.total_gpus), *key[2:])
+
+
+#: `Policies.line_order` N > 0 -> the key of each queue's line, LINE_ORDERS[N - 1] (0: the fold's own order).
+LINE_ORDERS: tuple[Callable[[Job], JobKey], ...] = (service_line_key, stopped_first_key, run_time_key)

@@ -16,8 +16,10 @@ from orchestrator.policies import DEFAULT_POLICIES
 from orchestrator.policies.in_queue_service import (
     IN_QUEUE_SERVICE,
     SERVICE_LEVELS_GPU_S,
+    run_time_key,
     service_line_key,
     service_rule,
+    stopped_first_key,
 )
 from orchestrator.policies.placement import GangRequest
 from orchestrator.policies.victims import STOPS_MAX, Candidate, PreemptionAsk
@@ -153,3 +155,26 @@ def test_the_line_puts_less_served_jobs_first_within_a_priority() -> None:
     jobs = [served, s.job("new"), s.job("urgent")]
     assert [j.job_id for j in sorted(jobs, key=service_line_key)] == ["urgent", "new", "served"]
     assert [j.job_id for j in sorted(jobs, key=lambda j: j.line_key)] == ["urgent", "served", "new"]
+    stopped = msgspec.structs.replace(s.job("new"), job_id="stopped", attempt=2)  # preempted once
+    assert [j.job_id for j in sorted([*jobs, stopped], key=stopped_first_key)] == ["urgent", "stopped", "served", "new"]
+    # By run time: the 8-GPU job of 10 h (claim 80 GPU-h) goes before a 1-GPU job of 20 h (20 GPU-h).
+    s.submit("long1", queue="a", gpus_per_rank=1, time_limit_s=72_000.0)
+    by_gpu_hours = sorted([s.job("new"), s.job("long1")], key=lambda j: j.line_key)
+    assert [j.job_id for j in by_gpu_hours] == ["long1", "new"]
+    assert [j.job_id for j in sorted(by_gpu_hours, key=run_time_key)] == ["new", "long1"]
+
+
+def test_the_line_orders_apply_through_policies() -> None:
+    """line_order 3 (run time): a node of 8 GPUs frees; the 8-GPU job of 1 h starts before the 1-GPU job of 4 h."""
+    for order, first in ((0, "small"), (3, "big")):
+        s = Sim(policies=replace(DEFAULT_POLICIES, line_order=order))
+        s.node("n0")
+        s.queue("a")
+        s.submit("blocker", queue="a", gpus_per_rank=8)
+        s.run()
+        s.submit("small", queue="a", gpus_per_rank=1, time_limit_s=4 * 3600.0)
+        s.submit("big", queue="a", gpus_per_rank=8, time_limit_s=3600.0)
+        s.decide()
+        s.finish("blocker")
+        started = [g.job_id for g in of_type(s.decide(), GangReserved)]
+        assert started[:1] == [first], (order, started)
