@@ -178,3 +178,24 @@ def test_the_line_orders_apply_through_policies() -> None:
         s.finish("blocker")
         started = [g.job_id for g in of_type(s.decide(), GangReserved)]
         assert started[:1] == [first], (order, started)
+
+
+def test_alike_hopeless_searches_do_not_spend_the_budget_of_later_queues() -> None:
+    """Queue a (ranked first: weight 4) has three alike 16-GPU heads whose service search is hopeless (its only
+    more-served job holds 8 GPUs, the other node runs a job that is not preemptible); queue b's 8-GPU head can
+    stop b's more-served job. With 2 searches a cycle, a's first head spends one; the alike heads after it
+    are told from it, so b's head still gets the second (before, queues late in the order got none)."""
+    s = Sim(min_runtime_s=600.0, policies=replace(ON, preemption_searches=2))
+    for n in ("n0", "n1", "n2"):
+        s.node(n)
+    s.queue("a", weight=4.0)
+    s.queue("b")
+    s.submit("a-served", queue="a", gpus_per_rank=8)
+    s.submit("a-pinned", queue="a", gpus_per_rank=8, preemptible=False)
+    s.submit("b-served", queue="b", gpus_per_rank=8)
+    s.run()
+    s.tick(PAST_LEVEL_1_S)
+    for i in range(3):
+        s.submit(f"a-new{i}", queue="a", gpus_per_rank=8, ranks=2)
+    s.submit("b-new", queue="b", gpus_per_rank=8)
+    assert [(p.job_id, p.preemptor_job_id) for p in of_type(s.decide(), PreemptionRequested)] == [("b-served", "b-new")]
