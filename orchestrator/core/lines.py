@@ -10,7 +10,7 @@ from orchestrator.core.cycle import Cycle
 from orchestrator.core.model.plan import Plan
 from orchestrator.core.model.state import Job, LineKey
 from orchestrator.core.model.usage import resolve_queue
-from orchestrator.policies.fairshare import JobKey
+from orchestrator.policies.fairshare import JobKey, run_time_tilted
 from orchestrator.policies.in_queue_service import LINE_ORDERS
 
 #: A queue's place in the order: (0, waiting since) for a starving head, else (1, `Policies.queue_key`).
@@ -93,6 +93,10 @@ def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Ra
         return (0, head.waiting_since)
     # A queue's load changes only with a charge: its key is kept until then (per head size).
     asks = head.spec.total_gpus
+    tilt = c.policies.share_tilt
+    if tilt > 0.0:  # (issue #42, opt-in: the head's run time weighs the share; not kept: heads differ)
+        run_h = head.claim / max(1, asks) / 3600.0 if head.claim_from else 0.0
+        return (1, run_time_tilted(c.policies.queue_key(plan.load(queue)._replace(asks=asks)), run_h, tilt))
     key = (queue, plan.charges, asks)
     found = ranks.get(key)
     if found is None:
