@@ -95,7 +95,7 @@ def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Ra
     asks = head.spec.total_gpus
     tilt = c.policies.share_tilt
     if tilt > 0.0:  # (issue #42, opt-in: the head's run time weighs the share; not kept: heads differ)
-        run_h = head.claim / max(1, asks) / 3600.0 if head.claim_from else 0.0
+        run_h = head.claim / max(1, asks) / c.policies.share_tilt_unit_s if head.claim_from else 0.0
         return (1, run_time_tilted(c.policies.queue_key(plan.load(queue)._replace(asks=asks)), run_h, tilt))
     key = (queue, plan.charges, asks)
     found = ranks.get(key)

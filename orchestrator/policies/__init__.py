@@ -114,12 +114,14 @@ class Policies:
     #: sorts the backlog (as any `job_key` function does).
     line_order: int = 0
     #: Shortest run time across queues, within fair share (issue #42, policies/fairshare.py `run_time_tilted`;
-    #: 0: off): each queue's weighted share in the fair-share order counts (1 + its head's run time in hours)
-    #: ** this, the run time being the head's line claim per GPU (its time limit, else the learned run time;
+    #: 0: off): each queue's weighted share in the fair-share order counts (1 + its head's run time in
+    #: `share_tilt_unit_s`) ** this, the run time being the head's line claim per GPU (its time limit, else the learned run time;
     #: a head of unknown run time counts as 0). A queue whose next job is short goes before one whose next
     #: job is long at a somewhat lower share: the order across queues leans toward global shortest-job-first,
     #: as the order inside each queue already is.
     share_tilt: float = 0.0
+    #: The run time that counts as one unit in `share_tilt`'s (1 + run time / unit) (seconds).
+    share_tilt_unit_s: float = 3600.0
     #: The most GPUs a victim of `service_preemption` holds, or as many as its preemptor asks for if more
     #: while `service_bigger_victims` is 1 (0: never more than `service_victim_gpus`).
     service_victim_gpus: int = 8
