@@ -96,7 +96,8 @@ def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Ra
     tilt = c.policies.share_tilt
     if tilt > 0.0:  # (issue #42, opt-in: the head's run time weighs the share; not kept: heads differ)
         run_h = head.claim / max(1, asks) / c.policies.share_tilt_unit_s if head.claim_from else 0.0
-        return (1, run_time_tilted(c.policies.queue_key(plan.load(queue)._replace(asks=asks)), run_h, tilt))
+        return (1, run_time_tilted(c.policies.queue_key(plan.load(queue)._replace(asks=asks)), run_h, tilt,
+                                   c.policies.share_tilt_max))
     key = (queue, plan.charges, asks)
     found = ranks.get(key)
     if found is None:

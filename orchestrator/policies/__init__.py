@@ -120,8 +120,10 @@ class Policies:
     #: job is long at a somewhat lower share: the order across queues leans toward global shortest-job-first,
     #: as the order inside each queue already is.
     share_tilt: float = 0.0
-    #: The run time that counts as one unit in `share_tilt`'s (1 + run time / unit) (seconds).
+    #: The run time that counts as one unit in `share_tilt`'s (1 + run time / unit) (seconds), and the most the
+    #: factor weighs a share (math.inf: no cap): a cap bounds how far below its share a queue of long jobs falls.
     share_tilt_unit_s: float = 3600.0
+    share_tilt_max: float = math.inf
     #: The most GPUs a victim of `service_preemption` holds, or as many as its preemptor asks for if more
     #: while `service_bigger_victims` is 1 (0: never more than `service_victim_gpus`).
     service_victim_gpus: int = 8

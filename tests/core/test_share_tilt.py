@@ -14,6 +14,7 @@ def test_the_tilt_weighs_only_the_queues_own_share() -> None:
     key = (1, (0.5, 2.0), "a")
     assert run_time_tilted(key, 3.0, 2.0) == (1, (0.5, 32.0), "a")  # 2.0 x (1 + 3) ** 2
     assert run_time_tilted(key, 3.0, 0.0) == key
+    assert run_time_tilted(key, 3.0, 2.0, most=4.0) == (1, (0.5, 8.0), "a")  # capped at 4x
     assert run_time_tilted((0, 1.5, "a"), 3.0, 2.0) == (0, 1.5, "a")  # a baseline's key (drf): as it is
 
 
