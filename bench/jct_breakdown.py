@@ -6,13 +6,15 @@
 Each job's JCT (end - submit) splits into its first wait (first start - submit), its run time
 (what the trace says it needs) and the rest (waits after a stop, lost work, restarts). Printed per
 class (GPUs x run time): jobs, the share of the total JCT difference (b - a) each class carries,
-and the classes' means under a and b. Simulated time; hours.
+and the classes' means under a and b. Simulated time; hours. The last line is the same as one JSON
+object (per class: jobs, share, a's and b's mean JCT, first wait and rest).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -68,12 +70,19 @@ def main() -> None:
           f"b={sum(r[3] for v in rows.values() for r in v) / n / 3600:.3f} h; diff b-a {total / n / 3600:+.3f} h/job")
     print(f"{'gpus':>5} {'run':>8} {'jobs':>5} {'share':>6}  {'a jct':>6} {'b jct':>6}  {'a wait1':>7} {'b wait1':>7}"
           f"  {'a rest':>6} {'b rest':>6}")
+    classes: dict[str, dict[str, float]] = {}
     for key in sorted(rows, key=lambda k: -abs(sum(r[3] - r[0] for r in rows[k]))):
         v = rows[key]
         m = [sum(r[i] for r in v) / len(v) / 3600 for i in range(6)]
         share = sum(r[3] - r[0] for r in v) / total if total else 0.0
         print(f"{key[0]:>5} {key[1]:>8} {len(v):>5} {share:>6.1%}  {m[0]:6.2f} {m[3]:6.2f}  {m[1]:7.2f} {m[4]:7.2f}"
               f"  {m[2]:6.2f} {m[5]:6.2f}")
+        classes[f"{key[0]} GPUs, {key[1]}"] = {"jobs": len(v), "share_of_diff": round(share, 4),
+                                               **{n: round(x, 3) for n, x in zip(
+                                                   ("a_jct_h", "a_first_wait_h", "a_rest_h", "b_jct_h",
+                                                    "b_first_wait_h", "b_rest_h"), m, strict=True)}}
+    print(json.dumps({"jobs": n, "a": args.a, "b": args.b, "diff_h_per_job": round(total / n / 3600, 4) if n else None,
+                      "classes": classes}))
 
 
 if __name__ == "__main__":
