@@ -1,11 +1,11 @@
 """One policy, or a variant of it, on bench/sweep.py's standard trace at one point: issue #42's figures as JSON.
 
 A variant changes numeric fields of the policy's `Policies` record (`--set
-starvation_bound_factor=1.0`), so an opt-in option is measured beside the
-policy it would change, on the same trace and figures as the sweep's:
+starvation_bound_factor=0`), so an option is measured beside the policy it
+would change, on the same trace and figures as the sweep's:
 
     nice -n 15 .venv/bin/python bench/policy_variant.py --jobs 20000 --seed 1 --load 1.0 \\
-        --policy corral --set starvation_bound_factor=1.0
+        --policy corral --set starvation_bound_factor=0 --no-log-checkpoints
 
 Printed (one JSON line): avg JCT, the longest wait of a >= 32-GPU gang and
 the >= 32-GPU gangs that waited more than twice their time limit (the
@@ -43,8 +43,8 @@ def main() -> None:
     p.add_argument("--policy", choices=POLICY_NAMES, default="corral")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=NUMBER",
                    help="a numeric field of the policy's Policies record (repeatable)")
-    p.add_argument("--log-checkpoints", action="store_true",
-                   help="the simulated agents log every periodic checkpoint (SimConfig.log_checkpoints)")
+    p.add_argument("--log-checkpoints", action=argparse.BooleanOptionalAction, default=True,
+                   help="the simulated agents log every periodic checkpoint (SimConfig.log_checkpoints, the default)")
     args = p.parse_args()
     pol = policies_for(args.policy)
     fields = {f.name for f in dataclasses.fields(pol)}

@@ -34,6 +34,7 @@ from orchestrator.cli.views import (
     job_start,
     line_lines,
     queues_rows,
+    running_policies,
     start_lines,
 )
 from orchestrator.core.gating import gate_reason, has_gates
@@ -204,7 +205,7 @@ async def explain(args: argparse.Namespace) -> int:
     start = job_start(story.state, live, now) if live is not None else None
     # Held, waiting for the jobs it depends on, or for a slot of its array (core/gating.py).
     gate = gate_reason(story.state, story.state.jobs[job_id]) if job_id in story.state.gated else None
-    line = job_line(live, now) if live is not None else None
+    line = job_line(live, now, running_policies(story.state)) if live is not None else None
     if args.json:
         print_json({"job_id": job_id, "status": job.status if job else None, "attempt": job.attempt if job else None,
                     "summary": summary, "pending_s": pending, "estimate": estimate, "expected_start": start,

@@ -99,9 +99,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="seconds of work between checkpoints; 0: checkpoint on the preemption signal (default %(default)s)")
     p.add_argument("--restart-overhead", metavar="S", type=seconds_arg, default=120.0, dest="restart_overhead",
                    help="seconds a restarted attempt spends before making progress (default %(default)s)")
-    p.add_argument("--log-checkpoints", action="store_true", dest="log_checkpoints",
+    p.add_argument("--log-checkpoints", action=argparse.BooleanOptionalAction, default=True, dest="log_checkpoints",
                    help="the simulated agents log every periodic checkpoint (Checkpointed), as real agents do, so "
-                        "victim choice sees what a stop would lose; by default one is logged only when a job is stopped")
+                        "victim choice sees what a stop would lose (the default); --no-log-checkpoints logs one "
+                        "only when a job is stopped, as round 2's simulator did")
     p.add_argument("--generate", metavar="JOBS", type=int,
                    help="instead of --trace: a generated trace of JOBS jobs (as `sim gen` makes it, --seed) for "
                         "--cluster SPEC, or without it `sim gen`'s standard cluster (352 x 8 GPUs, 11 teams); "

@@ -8,7 +8,7 @@ and `top` all build on them, so a job looks the same in every command and the
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -37,6 +37,9 @@ from orchestrator.core.model.state import (
     RankState,
 )
 from orchestrator.core.model.usage import average_gpus, resolve_queue
+
+if TYPE_CHECKING:
+    from orchestrator.policies import Policies
 
 #: Every job status, in lifecycle order (what `corral jobs --state` accepts).
 STATUSES: tuple[JobStatus, ...] = (
@@ -212,6 +215,16 @@ def rank_states(state: ClusterState, job: Job) -> dict[int, RankState]:
 _ENDS_BY_ESTIMATE = frozenset({"reserved", "running"})
 
 
+def running_policies(state: ClusterState) -> Policies:
+    """The `Policies` of the policy the newest leader decides with (`corral scheduler --policy`): what it
+    estimates and when it lets a gang preempt is what the views tell. A name this version does not know
+    (a newer scheduler's) or none (logs from before `--policy`) reads as corral's."""
+    from orchestrator.policies.named import POLICY_NAMES, policies_for  # (the policies' code: only views of live jobs)
+
+    name = state.policy if isinstance(state.policy, str) and state.policy in POLICY_NAMES else "corral"
+    return policies_for(name)
+
+
 def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | None:
     """The run time corral tells of a job not yet finished, learned from the log, and its source.
 
@@ -223,9 +236,7 @@ def job_estimate(state: ClusterState, job: Job, now: float) -> dict[str, Any] | 
     """
     if job.status in TERMINAL:
         return None
-    from orchestrator.policies import DEFAULT_POLICIES  # (the policies' code: only a live job's estimate needs it)
-
-    est = DEFAULT_POLICIES.estimate(state, job, job_queue(state, job))
+    est = running_policies(state).estimate(state, job, job_queue(state, job))
     if est is None:
         return None
     end = told_end(est, job, now) if job.status in _ENDS_BY_ESTIMATE else None
@@ -256,9 +267,8 @@ def estimate_lines(estimate: dict[str, Any] | None, job: Job, now: float) -> lis
 def job_start(state: ClusterState, job: Job, now: float) -> dict[str, Any] | None:
     """When a pending job holding a reservation is expected to start, as of `now` (estimates.expected_start:
     never a moment already past; `at` None: not known), for `corral job` and `corral explain` alike."""
-    from orchestrator.policies import DEFAULT_POLICIES
-
-    start = expected_start(state, job, now, DEFAULT_POLICIES.stop_margin_s, DEFAULT_POLICIES.estimate)
+    pol = running_policies(state)
+    start = expected_start(state, job, now, pol.stop_margin_s, pol.estimate)
     return None if start is None else {"at": start.at, "why": start.why}
 
 
@@ -277,21 +287,21 @@ _CLAIM_FROM = {LIMIT: "its time limit", "job": "the learned run time of its name
                "gpus": "the learned run time of its queue's jobs of its size", "queue": "the learned run time of its queue's jobs"}
 
 
-def job_line(job: Job, now: float) -> dict[str, Any] | None:
+def job_line(job: Job, now: float, pol: Policies) -> dict[str, Any] | None:
     """A pending job's place in its queue's line (its claim and where it comes from) and its starvation bound.
 
     The claim is what the fold ordered its line by when it joined (estimates.claim_of:
     GPUs x time limit, else x the learned run time, less the service already attained);
     `starving_from` is when a gang of BIG_GANG_GPUS or more may stop running gangs to start
-    (core/starving.py, `Policies.starvation_bound_s`, or relative to its run time); None for smaller jobs. None: not pending.
+    (core/starving.py, `Policies.starvation_bound_s`, or relative to its run time, as `pol` -- the running
+    policy's record -- says); None for smaller jobs or a policy without the bound. None: not pending.
     """
     if job.status != "pending":
         return None
     from orchestrator.core.starving import bound_for, starving_from  # (only a pending job's bound needs them)
-    from orchestrator.policies import DEFAULT_POLICIES as P
 
-    bound = bound_for(job, P.starvation_bound_s, P.starvation_bound_factor, P.starvation_bound_floor_s)
-    at = starving_from(job, P.starvation_bound_s, P.starvation_bound_factor, P.starvation_bound_floor_s)
+    bound = bound_for(job, pol.starvation_bound_s, pol.starvation_bound_factor, pol.starvation_bound_floor_s)
+    at = starving_from(job, pol.starvation_bound_s, pol.starvation_bound_factor, pol.starvation_bound_floor_s)
     return {"claim_gpu_s": job.claim, "claim_from": job.claim_from or None, "waiting_since": job.waiting_since,
             "starving_from": at, "starvation_bound_s": bound if at is not None else None,
             "starving": at is not None and now >= at}
@@ -363,7 +373,7 @@ def job_detail(state: ClusterState, job: Job, now: float) -> dict[str, Any]:
         "earmark": _builtins(job.earmark),
         "estimate": job_estimate(state, job, now),
         "expected_start": job_start(state, job, now),
-        "line": job_line(job, now),
+        "line": job_line(job, now, running_policies(state)),
         "rank_states": rank_rows,
         "spec": _builtins(job.spec),
     }

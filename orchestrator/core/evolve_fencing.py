@@ -35,3 +35,4 @@ def scheduler_elected(state: ClusterState, e: SchedulerElected) -> None:
         return
     state.epoch = e.epoch
     state.scheduler_id = e.scheduler_id
+    state.policy = e.policy

@@ -15,7 +15,7 @@ victims' grace, whatever the load (measured in bench/RESULTS.md).
 The fold keeps the big pending gangs apart, sorted by how long they waited
 (`ClusterState.big_pending`), so a cycle reads only those past the bound.
 
-A relative bound (issue #42, opt-in: `Policies.starvation_bound_factor` > 0): a gang
+A relative bound (issue #42, `Policies.starvation_bound_factor` > 0, the default): a gang
 whose run time is known (its line claim, `Job.claim`: GPUs x time limit, else x
 the learned run time) starves after factor x that run time, at least
 `Policies.starvation_bound_floor_s` and at most T; a gang of unknown run time after

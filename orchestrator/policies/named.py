@@ -14,7 +14,8 @@ results is a difference of policy, not of implementation:
                    backfill reservations for the two longest-waiting blocked
                    queue heads (gangs of 9+ GPUs only past the starvation
                    bound or below their queue's guarantee), preemption for priority, for reclaiming
-                   guarantees and for gangs past the starvation bound.
+                   guarantees and for gangs past the starvation bound (relative to
+                   their run time: issue #42).
 * fifo          -- one line across all queues in submit order (priority
                    ignored); the first gang that does not fit holds every
                    free GPU, so nothing behind it starts (no backfill, no
@@ -94,7 +95,8 @@ def no_reservation(
 #: baseline that read them would no longer be the scheduler it is named after; nor do they
 #: take #29's starvation bound, its earmarked-first step or its young-gang rule.
 BASELINE = replace(DEFAULT_POLICIES, job_key=arrival_order_key, starving_after_s=math.inf, reservation_order=None,
-                   reservations=1, reserve_after_s=0.0, starvation_bound_s=math.inf, earmarked_first=False)
+                   reservations=1, reserve_after_s=0.0, starvation_bound_s=math.inf, starvation_bound_factor=0.0,
+                   earmarked_first=False)
 
 
 def policies_for(name: str) -> Policies:

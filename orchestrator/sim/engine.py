@@ -94,8 +94,8 @@ class SimConfig(NamedTuple):
     checkpoint_interval_s: float = 1800.0
     #: The simulated agents log each periodic checkpoint as it is saved (Checkpointed, as a real job's
     #: agent does), so the core's victim cost sees the work a stop would lose; False logs a checkpoint
-    #: only when an attempt is stopped (the default record, which these extra events would change).
-    log_checkpoints: bool = False
+    #: only when an attempt is stopped (round 2's records: victims' whole attempts looked at risk).
+    log_checkpoints: bool = True
     #: Seconds every restarted attempt spends before it makes progress again.
     restart_overhead_s: float = 120.0
     #: Check the invariants and the settle shortcut at every instant (slow; for tests).

@@ -59,9 +59,10 @@ def _history() -> list[Event]:
         QueueDefined(event_id="q", occurred_at=T0, queue="q"),
         QueueDefined(event_id="r", occurred_at=T0, queue="r"),
         SchedulerElected(event_id="e", occurred_at=T0, epoch=1, scheduler_id="s"),
-        # A 16-GPU gang this one-node cluster cannot start (it is never rejected here: no decide runs).
+        # A 16-GPU gang this one-node cluster cannot start (it is never rejected here: no decide runs); its
+        # relative starvation bound (its 4 h limit) is still ahead at NOW.
         JobSubmitted(event_id="s-gang", occurred_at=T0 + 5, job_id="gang", submitted_by="carol",
-                     spec=JobSpec(name="big", queue="q", ranks=2, gpus_per_rank=8, time_limit_s=7200)),
+                     spec=JobSpec(name="big", queue="q", ranks=2, gpus_per_rank=8, time_limit_s=14_400)),
     ]
     at = T0 + 10
     for job_id, name, user, seconds in [("d1", "train", "alice", 500), ("d2", "train", "alice", 600),
@@ -186,11 +187,12 @@ def test_job_and_explain_show_a_pending_jobs_claim_and_a_big_gangs_starvation_bo
     assert lonely["claim"].startswith("none known yet")
     gang = json.loads(corral(capsys, "job", "--log", str(log), "gang", "--json"))["line"]
     bound = gang["starvation_bound_s"]
-    assert (gang["claim_gpu_s"], gang["claim_from"]) == (16 * 7200.0, "limit")
+    assert (gang["claim_gpu_s"], gang["claim_from"]) == (16 * 14_400.0, "limit")
+    assert bound == 14_400.0, "relative to its run time: its time limit"
     assert gang["starving_from"] == T0 + 5 + bound and not gang["starving"]
     fields = _fields(corral(capsys, "job", "--log", str(log), "gang"))
     when = LogClock().instant(T0 + 5 + bound)
-    assert fields["claim"].startswith("32.0 GPU-h (16 GPUs x its time limit)")
+    assert fields["claim"].startswith("64.0 GPU-h (16 GPUs x its time limit)")
     assert fields["starvation"].startswith(f"not yet: starving from {when}, will preempt at {when}")
     out = corral(capsys, "explain", "--log", str(log), "gang")
     assert f"  starvation: not yet: starving from {when}" in out
@@ -201,10 +203,26 @@ def test_job_and_explain_show_a_pending_jobs_claim_and_a_big_gangs_starvation_bo
 def test_a_gang_past_the_bound_reads_starving_since() -> None:
     from orchestrator.cli.views import job_line, line_lines
     from orchestrator.core.model.state import Job
+    from orchestrator.policies import DEFAULT_POLICIES
 
     job = Job(job_id="g", spec=JobSpec(name="g", ranks=2, gpus_per_rank=8), submitted_at=T0)
-    line = job_line(job, T0 + 10**7)
+    line = job_line(job, T0 + 10**7, DEFAULT_POLICIES)
     assert line is not None and line["starving"]
     (_, claim), (_, starving) = line_lines(line, job, T0 + 10**7)
     assert claim.startswith("none known yet")
     assert starving.startswith(f"starving since {LogClock().instant(T0 + line['starvation_bound_s'])}")
+
+
+@pytest.mark.parametrize(("policy", "bounded"), [("drf", False), ("las", False), ("corral", True), ("newer", True)])
+def test_the_views_tell_the_bound_of_the_policy_the_leader_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str, bounded: bool) -> None:
+    """`corral scheduler --policy drf` never lets a starving gang preempt: `job` and `explain` must not say it
+    will. The newest SchedulerElected names the policy; a name this version does not know reads as corral's."""
+    path = tmp_path / "events.jsonl"
+    events = [*_history(), SchedulerElected(event_id="e2", occurred_at=NOW + 130, epoch=2, scheduler_id="s2",
+                                            policy=policy)]
+    path.write_bytes(b"".join(encode(e) + b"\n" for e in events))
+    gang = json.loads(corral(capsys, "job", "--log", str(path), "gang", "--json"))["line"]
+    assert (gang["starving_from"] is not None) is bounded
+    assert ("starvation" in _fields(corral(capsys, "job", "--log", str(path), "gang"))) is bounded
+    assert ("starvation:" in corral(capsys, "explain", "--log", str(path), "gang")) is bounded

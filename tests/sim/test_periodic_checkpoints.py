@@ -69,17 +69,17 @@ def test_the_victim_that_just_saved_is_stopped() -> None:
     assert m["gpu_hours_lost_to_preemption"] * 3600 == 60 + 20
 
 
-def test_sim_cli_logs_checkpoints_only_with_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`corral sim --log-checkpoints`: the same trace, every save logged; the rest of the record is unchanged."""
+def test_sim_cli_logs_every_checkpoint_unless_told_not_to(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`corral sim` logs every save (the default); `--no-log-checkpoints` only the stops' saves; same trace."""
     trace, cluster = tmp_path / "t.csv", tmp_path / "c.yaml"
     assert main(["gen", "--nodes", "2", "--queues", "2", "--jobs", "30", "--seed", "3", "--out", str(trace),
                  "--cluster-out", str(cluster)]) == 0
     logs = {}
-    for flag in ([], ["--log-checkpoints"]):
-        out = tmp_path / ("on" if flag else "off")
+    for flag in (["--no-log-checkpoints"], []):
+        out = tmp_path / ("off" if flag else "on")
         assert main(["--trace", str(trace), "--cluster", str(cluster), "--policy", "corral", "--checkpoint-interval",
                      "600", "--out", str(out), "--no-figures", *flag]) == 0
-        logs[bool(flag)] = [decode(line) for line in (out / "events-corral.jsonl").read_bytes().splitlines()]
+        logs[not flag] = [decode(line) for line in (out / "events-corral.jsonl").read_bytes().splitlines()]
     capsys.readouterr()
     saved = [e for e in logs[True] if isinstance(e, Checkpointed)]
     assert len(saved) > len([e for e in logs[False] if isinstance(e, Checkpointed)])

@@ -379,6 +379,9 @@ class ClusterState(msgspec.Struct, kw_only=True):
     #: Newest SchedulerElected epoch; decisions from older epochs are void.
     epoch: int = 0
     scheduler_id: str = ""
+    #: The named policy the newest leader decides with (SchedulerElected.policy); UNSET (not written in
+    #: a snapshot) where the election does not say, as in logs from before `--policy`: corral's.
+    policy: str | msgspec.UnsetType = msgspec.UNSET
     config: Config = msgspec.field(default_factory=Config)
     nodes: dict[str, Node] = msgspec.field(default_factory=dict)
     #: node -> owner job id per GPU index (FREE when free).
@@ -542,6 +545,7 @@ class ClusterState(msgspec.Struct, kw_only=True):
             seq=self.seq,
             epoch=self.epoch,
             scheduler_id=self.scheduler_id,
+            policy=self.policy,
             config=self.config,
             nodes=dict(self.nodes),
             owners=dict(self.owners),
