@@ -44,7 +44,13 @@ def candidate_of(j: Job, now: float) -> Candidate:
     return Candidate(job_id=j.job_id, attempt=j.attempt, queue=j.queue, priority=j.spec.priority,
                      preemptible=j.spec.preemptible, started_at=j.reserved_at, gpus=j.gpus, placement=j.placement,
                      attained=attained_service(j, now), interruptions=max(0, j.attempt - 1 - j.restarts),
-                     at_risk=j.gpus * _since_checkpoint(j, now))
+                     at_risk=j.gpus * _since_checkpoint(j, now), expected_end=_expected_end(j))
+
+
+def _expected_end(j: Job) -> float:
+    """When the attempt ends by its time limit (math.inf: none), for victim orders by remaining time."""
+    limit = j.spec.time_limit_s
+    return math.inf if limit is None else j.reserved_at + limit
 
 
 def _since_checkpoint(job: Job, now: float) -> float:
@@ -203,6 +209,7 @@ class AdmitContext:
                     attained=attained_service(j, now),
                     interruptions=max(0, j.attempt - 1 - j.restarts),
                     at_risk=j.gpus * _since_checkpoint(j, now),
+                    expected_end=_expected_end(j),
                 )
                 for j in self._eligible()
             ]

@@ -35,6 +35,7 @@ from orchestrator.core.service_preemption import service_preempt
 from orchestrator.core.starving import is_starving
 from orchestrator.policies import Ending
 from orchestrator.policies.placement import GangRequest, Placement
+from orchestrator.policies.victims import longest_remaining_first
 from schemas.events import GangReserved
 
 
@@ -129,7 +130,13 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
     # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
     outcome = preempt(adm, job, queue, req, base)
     if outcome is None and is_starving(adm.c, job):  # past the starvation bound: it may stop the cheapest
-        outcome = preempt(adm, job, queue, req, base, pol.starvation_rule)
+        if pol.starvation_hold_factor > 0.0 and over is None and not kept and len(plan.holds) < pol.reservations:
+            outcome = _near_reservation(adm, job, queue, req, base)  # (opt-in) a near start stops nobody
+        if outcome is None:
+            rule = pol.starvation_rule
+            if pol.starvation_longest_first_s > 0.0:  # (opt-in) low-loss victims by remaining time
+                rule = longest_remaining_first(pol.starvation_longest_first_s)
+            outcome = preempt(adm, job, queue, req, base, rule)
     elif outcome is None and pol.service_preemption:  # (opt-in) stop jobs of its queue with more service
         outcome = service_preempt(adm, job, queue, req, base)
     if outcome is not None:
@@ -143,6 +150,20 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
             return outcome
     # e. It waits: quota, backfill or capacity.
     return blocked_verdict(adm, job, queue, req, base, over)
+
+
+def _near_reservation(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
+    """A starving gang's reservation, if it starts within `Policies.starvation_hold_factor` x its run time.
+
+    Issue #42: most of the gap to LAS at high load is victims of the bound re-waiting after their
+    stop. A gang that backfill would start soon anyway waits for it, holding the GPUs it will start
+    on, and stops nobody; only one whose start is far preempts. Run time: its line claim per GPU
+    (`Job.claim`), none known: no hold (it preempts as before).
+    """
+    if not job.claim_from or job.spec.total_gpus <= 0:
+        return None
+    within = adm.c.policies.starvation_hold_factor * job.claim / job.spec.total_gpus
+    return give_reservation(adm, job, queue, req, base, within)
 
 
 def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex,

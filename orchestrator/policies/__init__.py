@@ -130,6 +130,14 @@ class Policies:
     #: while `service_bigger_victims` is 1 (0: never more than `service_victim_gpus`).
     service_victim_gpus: int = 8
     service_bigger_victims: int = 1
+    #: Hold instead of stop (issue #42, core/heads.py `_near_reservation`; 0: off): a starving gang whose
+    #: backfill reservation would start within this many times its run time (its line claim per GPU) holds
+    #: it and stops nobody, while fewer than `reservations` gangs hold one; a farther start preempts as before.
+    starvation_hold_factor: float = 0.0
+    #: Starvation victims by remaining time (issue #42, victims.py `longest_remaining_first`; 0: off): victims
+    #: that lose at most this many seconds per GPU (`victim_cost` / GPUs) go first, the longest remaining
+    #: (expected end by time limit) first; then the others, cheapest first. On, only the ordered set is taken.
+    starvation_longest_first_s: float = 0.0
     #: Who a starving gang may stop, and in which order (victims.STARVATION: cheapest first).
     starvation_rule: PreemptionRule = STARVATION
     #: Judge the preemptors whose GPUs are earmarked before every other head (core/starving.py:
