@@ -96,10 +96,28 @@ def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Ra
     tilt = c.policies.share_tilt
     if tilt > 0.0:  # (issue #42, opt-in: the head's run time weighs the share; not kept: heads differ)
         run_h = head.claim / max(1, asks) / c.policies.share_tilt_unit_s if head.claim_from else 0.0
-        return (1, run_time_tilted(c.policies.queue_key(plan.load(queue)._replace(asks=asks)), run_h, tilt,
-                                   c.policies.share_tilt_max))
+        load = plan.load(queue)._replace(asks=asks)
+        if c.policies.share_tilt_above_mean and load.usage / max(load.weight, 1e-9) < _mean_share(plan, ranks):
+            run_h = 0.0  # (opt-in) a queue below the mean weighted share keeps its share: the tilt never sinks it further
+        return (1, run_time_tilted(c.policies.queue_key(load), run_h, tilt, c.policies.share_tilt_max))
     key = (queue, plan.charges, asks)
     found = ranks.get(key)
     if found is None:
         found = ranks[key] = (1, c.policies.queue_key(plan.load(queue)._replace(asks=asks)))
     return found
+
+
+def _mean_share(plan: Plan, ranks: Ranks) -> float:
+    """The top-level queues' usage per weight, over those using GPUs (`Policies.share_tilt_above_mean`; kept per charge)."""
+    key = ("", plan.charges, -1)  # (no queue is named "")
+    found = ranks.get(key)
+    if found is None:
+        queues, used, weight = plan.state.queues, 0.0, 0.0
+        for name, q in queues.items():
+            if q.parent is None and (u := plan.load(name).usage) > 0.0:
+                used += u
+                weight += q.weight
+        found = ranks[key] = (used / weight if weight > 0.0 else 0.0,)
+    mean = found[0]
+    assert isinstance(mean, float)
+    return mean

@@ -126,6 +126,9 @@ class Policies:
     #: factor weighs a share (math.inf: no cap): a cap bounds how far below its share a queue of long jobs falls.
     share_tilt_unit_s: float = 3600.0
     share_tilt_max: float = math.inf
+    #: 1: the tilt weighs only the shares of queues at or above the mean weighted share of the top-level queues
+    #: using GPUs (issue #42; 0: every queue's): a queue below it is never pushed further below its share.
+    share_tilt_above_mean: int = 0
     #: The most GPUs a victim of `service_preemption` holds, or as many as its preemptor asks for if more
     #: while `service_bigger_victims` is 1 (0: never more than `service_victim_gpus`).
     service_victim_gpus: int = 8
