@@ -35,6 +35,7 @@ TINY: dict[str, list[str] | None] = {
     "history.py": ["--jobs", "60", "--runs", "1", "--timeout", "120"],
     "load.py": ["--jobs", "4", "--clients", "1", "--nodes", "2", "--gpus", "8", "--agent-procs", "1",
                 "--timeout", "60"],
+    "jct_breakdown.py": ["--jobs", "60", "--load", "1.2", "--set-b", "starvation_bound_factor=1.0", "--log-checkpoints"],
     "locality.py": ["--jobs", "60", "--nodes", "4", "--datasets", "4"],
     "policy_variant.py": ["--jobs", "60", "--load", "1.2", "--set", "starvation_bound_factor=1.0", "--log-checkpoints"],
     "rebuild.py": ["--events", "2000", "--tail", "100", "--rounds", "1"],

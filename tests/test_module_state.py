@@ -35,6 +35,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("orchestrator/policies/named.py", "BASELINE"): "DEFAULT_POLICIES replaced: the same frozen dataclass",
     ("orchestrator/policies/victims.py", "PRIORITY_AND_RECLAIM"): "a PreemptionRule (NamedTuple) of functions",
     ("orchestrator/policies/las.py", "LEAST_ATTAINED_SERVICE"): "a PreemptionRule (NamedTuple) of functions",
+    ("orchestrator/policies/in_queue_service.py", "IN_QUEUE_SERVICE"): "a PreemptionRule (NamedTuple) of functions",
     ("orchestrator/policies/victims.py", "STARVATION"): "a PreemptionRule (NamedTuple) of functions",
     ("orchestrator/policies/level_order.py", "service_order_key"): "a closure over a float and a tuple",
     ("schemas/jobspec.py", "NO_GATES"): "a frozen msgspec Struct of tuples, a bool and None",
@@ -45,6 +46,10 @@ ALLOWED_CACHES: dict[tuple[str, str], str] = {
     ("orchestrator/policies/links.py", "best_gpu_set"): (
         "a bounded memo of a pure function of immutable values (free GPUs, count, link matrix): no entry "
         "refers to a state or a record, none can go stale, and no answer depends on it"
+    ),
+    ("orchestrator/policies/in_queue_service.py", "_service_rule"): (
+        "one immutable PreemptionRule per (int, bool) setting, so searches' memos keyed on the rule see one "
+        "record: no entry refers to a state, and an answer is the same with or without it"
     ),
 }
 

@@ -20,7 +20,7 @@ from orchestrator.core.model.capacity import FreeIndex
 from orchestrator.core.model.memo import REQUESTS_KEPT
 from orchestrator.core.model.plan import Plan, QueueLoad
 from orchestrator.core.model.running import RunningGangs, running_gangs
-from orchestrator.core.model.state import Job
+from orchestrator.core.model.state import Job, attained_service
 from orchestrator.core.reserved_nodes import restricted
 from orchestrator.core.starving import is_starving
 from orchestrator.policies import Candidate, Ending, PreemptionAsk, PreemptionRule
@@ -37,6 +37,31 @@ Shape = tuple[object, ...]
 
 def shape_of(req: GangRequest) -> Shape:
     return (req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, req.warm, req.only)
+
+
+def candidate_of(j: Job, now: float) -> Candidate:
+    """A running gang as a victim search sees it: the record `AdmitContext.candidates` builds (inline there, for
+    speed), for searches that look at a few gangs only (core/service_preemption.py)."""
+    return Candidate(job_id=j.job_id, attempt=j.attempt, queue=j.queue, priority=j.spec.priority,
+                     preemptible=j.spec.preemptible, started_at=j.reserved_at, gpus=j.gpus, placement=j.placement,
+                     attained=attained_service(j, now), interruptions=max(0, j.attempt - 1 - j.restarts),
+                     at_risk=j.gpus * _since_checkpoint(j, now), expected_end=_expected_end(j))
+
+
+def _expected_end(j: Job) -> float:
+    """When the attempt ends by its time limit (math.inf: none), for victim orders by remaining time."""
+    limit = j.spec.time_limit_s
+    return math.inf if limit is None else j.reserved_at + limit
+
+
+def _since_checkpoint(job: Job, now: float) -> float:
+    """Seconds of its attempt's work a stop now would lose: since the attempt began, less what its newest
+    checkpoint of this attempt holds (issue #29: a victim just past a checkpoint loses little)."""
+    ran = max(0.0, now - job.reserved_at)
+    ckpt = job.checkpoint
+    if ckpt is None or ckpt.attempt != job.attempt:
+        return ran
+    return max(0.0, ran - ckpt.after_s)
 
 
 class AdmitContext:
@@ -203,7 +228,8 @@ class AdmitContext:
                 spec = j.spec
                 out.append(new(Candidate, (j.job_id, j.attempt, j.queue, spec.priority, spec.preemptible,
                                            j.reserved_at, gpus, j.placement, j.attained_s + gpus * ran,
-                                           max(0, j.attempt - 1 - j.restarts), gpus * kept)))
+                                           max(0, j.attempt - 1 - j.restarts), gpus * kept,
+                                           math.inf if (limit := spec.time_limit_s) is None else j.reserved_at + limit)))
             self._candidates = out
         return self._candidates
 

@@ -31,9 +31,10 @@ from orchestrator.core.model.state import BIG_GANG_GPUS, Job
 from orchestrator.core.preemption import preempt, waiting_for
 from orchestrator.core.reservations import give_reservation, quota_kept
 from orchestrator.core.reserved_nodes import waiting_note
+from orchestrator.core.service_preemption import service_preempt
 from orchestrator.policies import Ending, PreemptionAsk
 from orchestrator.policies.placement import GangRequest, Placement, request_of
-from orchestrator.policies.victims import find_victims
+from orchestrator.policies.victims import find_victims, longest_remaining_first
 from schemas.events import GangReserved
 
 
@@ -67,8 +68,10 @@ def admit_one(adm: AdmitContext, job: Job, queue: str) -> Outcome:
     req = adm.request(job)
     if starving:
         return _starving_at_limit(adm, job, queue, req)
-    key = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority, bool(plan.holds) and
-           _may_use_held(adm, job), plan.version, plan.charges)
+    key: tuple[object, ...] = ("outcome", shape_of(req), job.spec.gpu_model, queue, job.spec.priority,
+                               bool(plan.holds) and _may_use_held(adm, job), plan.version, plan.charges)
+    if pol.service_preemption:  # (opt-in) its outcome depends on its service too
+        key = (*key, job.attained_s)
     found = adm.answers.get(key)
     if isinstance(found, Outcome):
         return found
@@ -200,7 +203,15 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
     # c. Preempt lower priority in the queue, or reclaim a guarantee from borrowers.
     outcome = preempt(adm, job, queue, req, base)
     if outcome is None and adm.starving(job):  # past the starvation bound: it may stop the cheapest
-        outcome = preempt(adm, job, queue, req, base, pol.starvation_rule)
+        if pol.starvation_hold_factor > 0.0 and over is None and not kept and len(plan.holds) < pol.reservations:
+            outcome = _near_reservation(adm, job, queue, req, base)  # (opt-in) a near start stops nobody
+        if outcome is None:
+            rule = pol.starvation_rule
+            if pol.starvation_longest_first_s > 0.0:  # (opt-in) low-loss victims by remaining time
+                rule = longest_remaining_first(pol.starvation_longest_first_s)
+            outcome = preempt(adm, job, queue, req, base, rule)
+    elif outcome is None and pol.service_preemption:  # (opt-in) stop jobs of its queue with more service
+        outcome = service_preempt(adm, job, queue, req, base)
     if outcome is not None:
         return outcome
     # d. Backfill: the first gang blocked by capacity holds what it will start on.
@@ -212,6 +223,20 @@ def judge(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome:
             return outcome
     # e. It waits: quota, backfill or capacity.
     return blocked_verdict(adm, job, queue, req, base, over)
+
+
+def _near_reservation(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
+    """A starving gang's reservation, if it starts within `Policies.starvation_hold_factor` x its run time.
+
+    Issue #42: most of the gap to LAS at high load is victims of the bound re-waiting after their
+    stop. A gang that backfill would start soon anyway waits for it, holding the GPUs it will start
+    on, and stops nobody; only one whose start is far preempts. Run time: its line claim per GPU
+    (`Job.claim`), none known: no hold (it preempts as before).
+    """
+    if not job.claim_from or job.spec.total_gpus <= 0:
+        return None
+    within = adm.c.policies.starvation_hold_factor * job.claim / job.spec.total_gpus
+    return give_reservation(adm, job, queue, req, base, within)
 
 
 def blocked_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex,

@@ -10,7 +10,8 @@ from orchestrator.core.cycle import Cycle
 from orchestrator.core.model.plan import Plan
 from orchestrator.core.model.state import Job, LineKey
 from orchestrator.core.model.usage import resolve_queue
-from orchestrator.policies.fairshare import JobKey
+from orchestrator.policies.fairshare import JobKey, run_time_tilted
+from orchestrator.policies.in_queue_service import LINE_ORDERS
 
 #: A queue's place in the order: (0, waiting since) for a starving head, else (1, `Policies.queue_key`).
 Rank = tuple[object, ...]
@@ -57,6 +58,8 @@ def queue_lines(c: Cycle, plan: Plan, admissible: Callable[[Job], bool] | None =
     """
     state, busy = c.state, plan.busy
     key = c.policies.job_key
+    if key is None and c.policies.line_order:  # (issue #42, opt-in: another order inside each queue)
+        key = LINE_ORDERS[int(c.policies.line_order) - 1]
     if key is None:
         by_queue: dict[str, list[list[LineKey]]] = {}
         for name, keys in state.lines.items():
@@ -90,8 +93,31 @@ def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Ra
         return (0, head.waiting_since)
     # A queue's load changes only with a charge: its key is kept until then (per head size).
     asks = head.spec.total_gpus
+    tilt = c.policies.share_tilt
+    if tilt > 0.0:  # (issue #42, opt-in: the head's run time weighs the share; not kept: heads differ)
+        run_h = head.claim / max(1, asks) / c.policies.share_tilt_unit_s if head.claim_from else 0.0
+        load = plan.load(queue)._replace(asks=asks)
+        if c.policies.share_tilt_above_mean and load.usage / max(load.weight, 1e-9) < _mean_share(plan, ranks):
+            run_h = 0.0  # (opt-in) a queue below the mean weighted share keeps its share: the tilt never sinks it further
+        return (1, run_time_tilted(c.policies.queue_key(load), run_h, tilt, c.policies.share_tilt_max))
     key = (queue, plan.charges, asks)
     found = ranks.get(key)
     if found is None:
         found = ranks[key] = (1, c.policies.queue_key(plan.load(queue)._replace(asks=asks)))
     return found
+
+
+def _mean_share(plan: Plan, ranks: Ranks) -> float:
+    """The top-level queues' usage per weight, over those using GPUs (`Policies.share_tilt_above_mean`; kept per charge)."""
+    key = ("", plan.charges, -1)  # (no queue is named "")
+    found = ranks.get(key)
+    if found is None:
+        queues, used, weight = plan.state.queues, 0.0, 0.0
+        for name, q in queues.items():
+            if q.parent is None and (u := plan.load(name).usage) > 0.0:
+                used += u
+                weight += q.weight
+        found = ranks[key] = (used / weight if weight > 0.0 else 0.0,)
+    mean = found[0]
+    assert isinstance(mean, float)
+    return mean

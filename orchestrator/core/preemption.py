@@ -28,8 +28,9 @@ def waiting_for(victims: list[str]) -> str:
 
 
 def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex,
-            rule: PreemptionRule | None = None) -> Outcome | None:
-    """`rule`: who `job` may stop (default `Policies.preemption`; the starvation bound passes its own)."""
+            rule: PreemptionRule | None = None, among: Sequence[Candidate] | None = None) -> Outcome | None:
+    """`rule`: who `job` may stop (default `Policies.preemption`; the starvation bound passes its own).
+    `among`: the only candidates `rule` can take (None: every running gang), built by the caller."""
     c, plan, pol = adm.c, adm.plan, adm.c.policies
     if pol.preemption_searches <= 0:
         return None
@@ -43,8 +44,11 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
     # Candidates and free GPUs only shrink during a cycle: a shape that found no victims
     # at some priority finds none at that priority or lower later on (for rules that read
     # only priority and guarantees).
-    hopeless = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required, req.only, queue, owed)
-    memo = rule.priority_or_reclaim_only and not job.earmark
+    hopeless: tuple[object, ...] = ("no victims", req.cls, req.ranks, req.gpus_per_rank, req.level, req.required,
+                                    req.only, queue, owed)
+    if rule.monotone:  # (its own entries: its candidates are not the default rule's; they depend on the service)
+        hopeless = (*hopeless, rule, job.attained_s)
+    memo = (rule.priority_or_reclaim_only or rule.monotone) and not job.earmark
     if memo and priority <= adm.hopeless.get(hopeless, -math.inf):
         return None
     if adm.searches <= 0:
@@ -60,8 +64,11 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
         min_runtime_s=c.state.config.min_runtime_s,
         attained=job.attained_s,
     )
-    cands = adm.candidates()
-    loads = adm.candidate_loads()
+    cands: Sequence[Candidate]
+    if among is None:
+        cands, loads = adm.candidates(), adm.candidate_loads()
+    else:
+        cands, loads = among, {q: plan.load(q) for q in dict.fromkeys(x.queue for x in among)}
 
     def quota_ok(victims: Sequence[Candidate]) -> bool:
         freed: dict[str, int] = {}
@@ -110,6 +117,9 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
             bound = bound_for(job, pol.starvation_bound_s, pol.starvation_bound_factor, pol.starvation_bound_floor_s)
             why = (f"job {job.job_id} ({req.gpus} GPUs) is past the starvation bound: pending {waited / 3600:.1f} h"
                    f" >= {bound / 3600:g} h; {room}")
+        elif kind == "service":
+            why = (f"job {job.job_id} of queue {queue} has had less service ({job.attained_s / 3600:.1f} GPU-h) than"
+                   f" this job ({v.attained / 3600:.1f} GPU-h); {room}")
         else:
             why = f"{kind}: job {job.job_id} goes before it; {room}"
         adm.events.append(

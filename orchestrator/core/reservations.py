@@ -108,8 +108,9 @@ def reservation_turn(adm: AdmitContext, lines: dict[str, Line]) -> tuple[Job, st
     return turn[1], turn[2]
 
 
-def give_reservation(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex) -> Outcome | None:
-    """Give `job` the backfill reservation, if the backfill policy finds one."""
+def give_reservation(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: FreeIndex,
+                     within_s: float = math.inf) -> Outcome | None:
+    """Give `job` the backfill reservation, if the backfill policy finds one (starting within `within_s` from now)."""
     plan, pol = adm.plan, adm.c.policies
     hold = _told_hold(adm, job)
     replanned = _came_back(adm, job)  # told again: planned afresh, or confirmed (see _told_hold)
@@ -118,6 +119,8 @@ def give_reservation(adm: AdmitContext, job: Job, queue: str, req: GangRequest, 
         hold = pol.backfill(req, base, _endings(adm), pol.fits, pol.place, adm.links_of)
         if hold is None:
             return None
+    if hold.until - adm.c.now > within_s:  # (`within_s` finite: Policies.starvation_hold_factor)
+        return None
     held = sum(len(set(rp.gpus) & set(plan.free.get(rp.node_id, ()))) for rp in hold.ranks)
     plan.add_hold(hold)
     # Charged to its queue's share: a queue does not get the next GPUs as well as a reservation

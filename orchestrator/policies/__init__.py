@@ -105,6 +105,42 @@ class Policies:
     #: wait bound at every point of the sweep and keeps the GPU-hours lost under 2% (bench/RESULTS.md).
     starvation_bound_factor: float = 1.0
     starvation_bound_floor_s: float = 3600.0
+    #: Least attained service inside a queue (issue #42, policies/in_queue_service.py, core/service_preemption.py;
+    #: 0: off): a pending job that is not starving may stop running jobs of its own queue of a higher
+    #: service level (4 / 64 GPU-hours), no higher priority, each holding at most max(8, its GPUs) GPUs,
+    #: cheapest first, within the 3-stop cap. GPUs never move between queues.
+    service_preemption: int = 0
+    #: Another order inside each queue (issue #42, policies/in_queue_service.py `LINE_ORDERS`; 0: the fold's
+    #: line): 1 priority, service level, then the fold's order; 2 priority, the jobs stopped before first, then
+    #: the fold's order; 3 priority, then the remaining claim per GPU (run time, not GPU-hours). On, a cycle
+    #: sorts the backlog (as any `job_key` function does).
+    line_order: int = 0
+    #: Shortest run time across queues, within fair share (issue #42, policies/fairshare.py `run_time_tilted`;
+    #: 0: off): each queue's weighted share in the fair-share order counts (1 + its head's run time in
+    #: `share_tilt_unit_s`) ** this, the run time being the head's line claim per GPU (its time limit, else the learned run time;
+    #: a head of unknown run time counts as 0). A queue whose next job is short goes before one whose next
+    #: job is long at a somewhat lower share: the order across queues leans toward global shortest-job-first,
+    #: as the order inside each queue already is.
+    share_tilt: float = 0.0
+    #: The run time that counts as one unit in `share_tilt`'s (1 + run time / unit) (seconds), and the most the
+    #: factor weighs a share (math.inf: no cap): a cap bounds how far below its share a queue of long jobs falls.
+    share_tilt_unit_s: float = 3600.0
+    share_tilt_max: float = math.inf
+    #: 1: the tilt weighs only the shares of queues at or above the mean weighted share of the top-level queues
+    #: using GPUs (issue #42; 0: every queue's): a queue below it is never pushed further below its share.
+    share_tilt_above_mean: int = 0
+    #: The most GPUs a victim of `service_preemption` holds, or as many as its preemptor asks for if more
+    #: while `service_bigger_victims` is 1 (0: never more than `service_victim_gpus`).
+    service_victim_gpus: int = 8
+    service_bigger_victims: int = 1
+    #: Hold instead of stop (issue #42, core/heads.py `_near_reservation`; 0: off): a starving gang whose
+    #: backfill reservation would start within this many times its run time (its line claim per GPU) holds
+    #: it and stops nobody, while fewer than `reservations` gangs hold one; a farther start preempts as before.
+    starvation_hold_factor: float = 0.0
+    #: Starvation victims by remaining time (issue #42, victims.py `longest_remaining_first`; 0: off): victims
+    #: that lose at most this many seconds per GPU (`victim_cost` / GPUs) go first, the longest remaining
+    #: (expected end by time limit) first; then the others, cheapest first. On, only the ordered set is taken.
+    starvation_longest_first_s: float = 0.0
     #: Who a starving gang may stop, and in which order (victims.STARVATION: cheapest first).
     starvation_rule: PreemptionRule = STARVATION
     #: Judge the preemptors whose GPUs are earmarked before every other head (core/starving.py:

@@ -19,6 +19,7 @@ queue that is owed GPUs gets the next free ones.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from orchestrator.core.model.plan import QueueLoad
@@ -67,3 +68,12 @@ def fair_share_key(load: QueueLoad) -> QueueKey:
     """
     owed = 0 if load.gpus < load.guaranteed else 1
     return (owed, (*load.ancestor_shares, (load.usage + load.asks / 2) / max(load.weight, 1e-9)), load.name)
+
+
+def run_time_tilted(key: QueueKey, run_h: float, tilt: float, most: float = math.inf) -> QueueKey:
+    """`fair_share_key`'s key with the queue's own share (the last of its shares) times (1 + run_h) ** tilt, at
+    most `most` times (`Policies.share_tilt`, `share_tilt_max`); a key of another shape (a baseline's) as it is."""
+    shares = key[1]
+    if len(key) != 3 or not isinstance(shares, tuple) or not shares or tilt <= 0.0:
+        return key
+    return (key[0], (*shares[:-1], shares[-1] * min(most, (1.0 + max(0.0, run_h)) ** tilt)), key[2])

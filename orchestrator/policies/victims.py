@@ -77,7 +77,9 @@ tests/core/test_victims.py.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -108,6 +110,8 @@ class Candidate(NamedTuple):
     #: GPU-seconds a stop now would throw away: its GPUs x the time since this attempt started,
     #: less what its newest checkpoint of this attempt holds (the work the log cannot vouch for).
     at_risk: float = 0.0
+    #: When this attempt is expected to end by its time limit (math.inf: no limit): its remaining time is this - now.
+    expected_end: float = math.inf
 
 
 #: Stops after which a job is no longer a victim of the default rule or of the starvation bound: it
@@ -205,6 +209,10 @@ class PreemptionRule(NamedTuple):
     #: allows per such key for a cycle, and skips a `find_victims` search that they cannot satisfy
     #: (none, or too few to bring the preemptor's queue within its limits: core/context.py `victim_pool`).
     reason_reads: Callable[[PreemptionAsk], tuple[object, ...]] | None = None
+    #: A search that found no victims finds none again this cycle for an alike ask (gang shape, queue,
+    #: attained service) of no higher priority, so `core/preemption.py` may remember it as it does for
+    #: `priority_or_reclaim_only` rules (true of rules whose victims only shrink with the ask's priority).
+    monotone: bool = False
 
 
 PRIORITY_AND_RECLAIM = PreemptionRule(why_preemptible, victim_order, priority_or_reclaim_only=True,
@@ -264,6 +272,32 @@ def _starvation_reads(ask: PreemptionAsk) -> tuple[object, ...]:
 #: The rule of the starvation bound: who a starving gang may stop, cheapest first.
 STARVATION = PreemptionRule(why_starvation_victim, cheapest_first, level=_one_level, reads_attained=False,
                             reason_reads=_starvation_reads)
+
+
+@lru_cache(maxsize=8)
+def longest_remaining_first(loss_per_gpu_s: float) -> PreemptionRule:
+    """The starvation bound's rule, victims that lose little first and among them the longest remaining.
+
+    Issue #42 (`Policies.starvation_longest_first_s`): a victim that just checkpointed loses little
+    whichever it is, but a short job near its end that is stopped re-waits and finishes much later,
+    while a long one would hold its GPUs long anyway (SRPT's choice). Victims losing at most
+    `loss_per_gpu_s` per GPU (`victim_cost` / GPUs) go first, latest expected end first; the others
+    after them, cheapest first. Only the ordered set is taken (no `level`: the node-by-node search
+    compares lost work only, which would undo the order).
+    """
+
+    def order(ask: PreemptionAsk) -> Callable[[Candidate], tuple[int, float, float, str]]:
+        del ask
+
+        def key(c: Candidate) -> tuple[int, float, float, str]:
+            cost = victim_cost(c)
+            if cost <= loss_per_gpu_s * c.gpus:
+                return (0, -c.expected_end, -c.started_at, c.job_id)
+            return (1, cost, -c.started_at, c.job_id)
+
+        return key
+
+    return PreemptionRule(why_starvation_victim, order)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:

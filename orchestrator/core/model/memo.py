@@ -37,8 +37,8 @@ REQUESTS_KEPT = 100_000
 
 
 class Memo:
-    __slots__ = ("empty_indexes", "free", "free_for", "passed", "passed_for", "requests", "running", "topologies",
-                 "topology_for")
+    __slots__ = ("empty_indexes", "free", "free_for", "passed", "passed_for", "requests", "running", "service",
+                 "topologies", "topology_for")
 
     def __init__(self) -> None:
         #: topology.build_topology: the last 4 (node records, levels, Topology) built. Node records
@@ -69,3 +69,8 @@ class Memo:
         #: blocked heads as the last one did (issue #42: building them again was a tenth of a cycle's time).
         #: (Typed `object`: the model does not import the policies, whose GangRequest it is.)
         self.requests: dict[str, tuple[JobSpec, object]] = {}
+        #: service_preemption._table (issue #42, opt-in): (the RunningGangs object and its revision it was
+        #: built for, the largest victim size counted, per queue the earliest time a running gang reaches each
+        #: service level past its protection, per queue those gangs' ids). The running gangs and their service
+        #: so far change only with the revision; the level a gang reaches at a time is then a comparison.
+        self.service: tuple[object, int, int, dict[str, list[float]], dict[str, list[str]]] | None = None

@@ -1,0 +1,62 @@
+"""Shortest run time across queues within fair share (issue #42, opt-in `Policies.share_tilt`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.policies import DEFAULT_POLICIES
+from orchestrator.policies.fairshare import run_time_tilted
+from schemas.events import GangReserved
+from tests.core.harness import Sim, of_type
+
+
+def test_the_tilt_weighs_only_the_queues_own_share() -> None:
+    key = (1, (0.5, 2.0), "a")
+    assert run_time_tilted(key, 3.0, 2.0) == (1, (0.5, 32.0), "a")  # 2.0 x (1 + 3) ** 2
+    assert run_time_tilted(key, 3.0, 0.0) == key
+    assert run_time_tilted(key, 3.0, 2.0, most=4.0) == (1, (0.5, 8.0), "a")  # capped at 4x
+    assert run_time_tilted((0, 1.5, "a"), 3.0, 2.0) == (0, 1.5, "a")  # a baseline's key (drf): as it is
+
+
+def _race(tilt: float) -> str:
+    """Queue a holds 1 GPU, b 2 of one 8-GPU node: a's share is the lower. a's head runs 10 h, b's 1 h;
+    5 GPUs are free, room for one of them. Which starts?"""
+    s = Sim(policies=replace(DEFAULT_POLICIES, share_tilt=tilt))
+    s.node("n0")
+    s.queue("a")
+    s.queue("b")
+    s.submit("a-run", queue="a", gpus_per_rank=1, time_limit_s=36_000.0)
+    s.submit("b-run", queue="b", gpus_per_rank=2, time_limit_s=36_000.0)
+    s.run()
+    s.tick(60)
+    s.submit("a-long", queue="a", gpus_per_rank=5, time_limit_s=36_000.0)
+    s.submit("b-short", queue="b", gpus_per_rank=5, time_limit_s=3_600.0)
+    (g,) = of_type(s.decide(), GangReserved)
+    return g.job_id
+
+
+def test_the_queue_whose_next_job_is_short_goes_first_with_the_tilt() -> None:
+    assert _race(0.0) == "a-long"  # fair share alone: the lower share
+    assert _race(2.0) == "b-short"  # (1 + 10) ** 2 against (1 + 1) ** 2: the short head, at a higher share
+
+
+def _below_mean(above_mean: int) -> str:
+    """Queue a holds 1 GPU, b 3 of one 8-GPU node (mean share 2: a is below it). a's head runs 10 h, b's 1 h;
+    4 GPUs are free, room for one of them. Which starts?"""
+    s = Sim(policies=replace(DEFAULT_POLICIES, share_tilt=2.0, share_tilt_above_mean=above_mean))
+    s.node("n0")
+    s.queue("a")
+    s.queue("b")
+    s.submit("a-run", queue="a", gpus_per_rank=1, time_limit_s=36_000.0)
+    s.submit("b-run", queue="b", gpus_per_rank=3, time_limit_s=36_000.0)
+    s.run()
+    s.tick(60)
+    s.submit("a-long", queue="a", gpus_per_rank=4, time_limit_s=36_000.0)
+    s.submit("b-short", queue="b", gpus_per_rank=4, time_limit_s=3_600.0)
+    (g,) = of_type(s.decide(), GangReserved)
+    return g.job_id
+
+
+def test_a_queue_below_the_mean_share_is_not_tilted_further_below() -> None:
+    assert _below_mean(0) == "b-short"  # the tilt: (1 + 10) ** 2 x (1 + 2) against (1 + 1) ** 2 x (3 + 2)
+    assert _below_mean(1) == "a-long"  # a holds 1 < the mean 2: its share is not weighed, and it is the lower
