@@ -51,6 +51,10 @@ ALLOWED_CACHES: dict[tuple[str, str], str] = {
         "one immutable PreemptionRule per (int, bool) setting, so searches' memos keyed on the rule see one "
         "record: no entry refers to a state, and an answer is the same with or without it"
     ),
+    ("orchestrator/policies/victims.py", "longest_remaining_first"): (
+        "one immutable PreemptionRule per loss threshold (a float), so searches' memos keyed on the rule see "
+        "one record: no entry refers to a state, and an answer is the same with or without it"
+    ),
 }
 
 

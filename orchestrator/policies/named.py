@@ -15,7 +15,9 @@ results is a difference of policy, not of implementation:
                    queue heads (gangs of 9+ GPUs only past the starvation
                    bound or below their queue's guarantee), preemption for priority, for reclaiming
                    guarantees and for gangs past the starvation bound (relative to
-                   their run time: issue #42).
+                   their run time; victims that just saved, the longest remaining
+                   first: issue #42); across queues the fair-share order leans
+                   toward queues whose head is short (`share_tilt`).
 * fifo          -- one line across all queues in submit order (priority
                    ignored); the first gang that does not fit holds every
                    free GPU, so nothing behind it starts (no backfill, no
@@ -96,7 +98,7 @@ def no_reservation(
 #: take #29's starvation bound, its earmarked-first step or its young-gang rule.
 BASELINE = replace(DEFAULT_POLICIES, job_key=arrival_order_key, starving_after_s=math.inf, reservation_order=None,
                    reservations=1, reserve_after_s=0.0, starvation_bound_s=math.inf, starvation_bound_factor=0.0,
-                   earmarked_first=False)
+                   starvation_longest_first_s=0.0, share_tilt=0.0, share_tilt_above_mean=0, earmarked_first=False)
 
 
 def policies_for(name: str) -> Policies:

@@ -21,7 +21,7 @@ def test_the_tilt_weighs_only_the_queues_own_share() -> None:
 def _race(tilt: float) -> str:
     """Queue a holds 1 GPU, b 2 of one 8-GPU node: a's share is the lower. a's head runs 10 h, b's 1 h;
     5 GPUs are free, room for one of them. Which starts?"""
-    s = Sim(policies=replace(DEFAULT_POLICIES, share_tilt=tilt))
+    s = Sim(policies=replace(DEFAULT_POLICIES, share_tilt=tilt, share_tilt_above_mean=0))
     s.node("n0")
     s.queue("a")
     s.queue("b")

@@ -9,7 +9,8 @@ from schemas.events import PreemptionRequested
 from tests.core.harness import Sim, of_type
 
 T = 3600.0
-BOUND = replace(DEFAULT_POLICIES, starvation_bound_s=T, starvation_bound_factor=0.0)
+# The fixed bound and victims cheapest first (the rule before #42 made longest-remaining-first the default).
+BOUND = replace(DEFAULT_POLICIES, starvation_bound_s=T, starvation_bound_factor=0.0, starvation_longest_first_s=0.0)
 
 
 def _stopped(s: Sim) -> list[str]:
