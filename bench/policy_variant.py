@@ -19,7 +19,6 @@ inputs must give the same bytes).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import io
 import json
@@ -29,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.sim import scenario
+from bench.sim import scenario, with_settings
 from orchestrator.sim.baselines import POLICY_NAMES, policies_for
 from orchestrator.sim.engine import SimConfig, simulate
 from orchestrator.sim.metrics import big_gang_waits, summarize
@@ -46,18 +45,7 @@ def main() -> None:
     p.add_argument("--log-checkpoints", action=argparse.BooleanOptionalAction, default=True,
                    help="the simulated agents log every periodic checkpoint (SimConfig.log_checkpoints, the default)")
     args = p.parse_args()
-    pol = policies_for(args.policy)
-    fields = {f.name for f in dataclasses.fields(pol)}
-    changes: dict[str, float] = {}
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if name not in fields:
-            p.error(f"--set {item!r}: Policies has no field {name!r}")
-        try:
-            changes[name] = float(value)
-        except ValueError:
-            p.error(f"--set {item!r}: {value!r} is not a number")
-    pol = dataclasses.replace(pol, **changes)  # type: ignore[arg-type]
+    pol, changes = with_settings(p, policies_for(args.policy), args.set)
     sc = scenario(args.jobs, args.seed, args.load)
     limit = {j.job_id: j.spec.time_limit_s for j in sc.jobs}
     log = io.BytesIO()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import heapq
 import io
 import json
@@ -33,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from orchestrator.policies import Policies
 from orchestrator.sim.baselines import POLICY_NAMES, parse_policies
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate
@@ -44,6 +46,22 @@ NODES, GPUS_PER_NODE, QUEUES = 352, 8, 11
 SPEED_TARGET_S = 120.0
 SPEED_JOBS = 100_000
 
+
+
+def with_settings(p: argparse.ArgumentParser, pol: Policies, items: list[str]) -> tuple[Policies, dict[str, float]]:
+    """`pol` with the `--set FIELD=NUMBER` items applied (numeric `Policies` fields), and the changes; a
+    field `Policies` lacks or a value that is no number is the parser's error (exit 2)."""
+    fields = {f.name for f in dataclasses.fields(pol)}
+    changes: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in fields:
+            p.error(f"--set {item!r}: Policies has no field {name!r}")
+        try:
+            changes[name] = float(value)
+        except ValueError:
+            p.error(f"--set {item!r}: {value!r} is not a number")
+    return dataclasses.replace(pol, **changes), changes  # type: ignore[arg-type]
 
 def machine() -> str:
     mem = ""

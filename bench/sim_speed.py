@@ -23,7 +23,6 @@ round 2's record. The last line is one JSON object with the figures.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import io
 import json
@@ -35,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.sim import machine
+from bench.sim import machine, with_settings
 from orchestrator.sim.baselines import parse_policies, policies_for
 from orchestrator.sim.cluster import setup_events
 from orchestrator.sim.engine import Scenario, SimConfig, simulate
@@ -71,18 +70,7 @@ def main() -> None:
                    help="the simulated agents log every periodic checkpoint (SimConfig.log_checkpoints, the default)")
     args = p.parse_args()
     policies = parse_policies(args.policies)
-    corral = policies_for("corral")
-    fields = {f.name for f in dataclasses.fields(corral)}
-    changes: dict[str, float] = {}
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if name not in fields:
-            p.error(f"--set {item!r}: Policies has no field {name!r}")
-        try:
-            changes[name] = float(value)
-        except ValueError:
-            p.error(f"--set {item!r}: {value!r} is not a number")
-    corral = dataclasses.replace(corral, **changes)  # type: ignore[arg-type]
+    corral, changes = with_settings(p, policies_for("corral"), args.set)
     config = SimConfig(log_checkpoints=args.log_checkpoints)
     sc = scenario(args.trace, args.nodes, args.queues, args.jobs, args.load, args.seed)
     cpu: dict[str, list[float]] = {name: [] for name in policies}

@@ -18,45 +18,31 @@ def test_the_tilt_weighs_only_the_queues_own_share() -> None:
     assert run_time_tilted((0, 1.5, "a"), 3.0, 2.0) == (0, 1.5, "a")  # a baseline's key (drf): as it is
 
 
-def _race(tilt: float) -> str:
-    """Queue a holds 1 GPU, b 2 of one 8-GPU node: a's share is the lower. a's head runs 10 h, b's 1 h;
-    5 GPUs are free, room for one of them. Which starts?"""
-    s = Sim(policies=replace(DEFAULT_POLICIES, share_tilt=tilt, share_tilt_above_mean=0))
+def _race(b_holds: int, **tilt: float) -> str:
+    """Queue a holds 1 GPU, b `b_holds` of one 8-GPU node. a's head runs 10 h, b's 1 h, each asking for
+    what is free (room for one of them). Which starts, under the default record with `tilt`?"""
+    s = Sim(policies=replace(DEFAULT_POLICIES, **tilt))
     s.node("n0")
     s.queue("a")
     s.queue("b")
     s.submit("a-run", queue="a", gpus_per_rank=1, time_limit_s=36_000.0)
-    s.submit("b-run", queue="b", gpus_per_rank=2, time_limit_s=36_000.0)
+    s.submit("b-run", queue="b", gpus_per_rank=b_holds, time_limit_s=36_000.0)
     s.run()
     s.tick(60)
-    s.submit("a-long", queue="a", gpus_per_rank=5, time_limit_s=36_000.0)
-    s.submit("b-short", queue="b", gpus_per_rank=5, time_limit_s=3_600.0)
+    s.submit("a-long", queue="a", gpus_per_rank=7 - b_holds, time_limit_s=36_000.0)
+    s.submit("b-short", queue="b", gpus_per_rank=7 - b_holds, time_limit_s=3_600.0)
     (g,) = of_type(s.decide(), GangReserved)
     return g.job_id
 
 
 def test_the_queue_whose_next_job_is_short_goes_first_with_the_tilt() -> None:
-    assert _race(0.0) == "a-long"  # fair share alone: the lower share
-    assert _race(2.0) == "b-short"  # (1 + 10) ** 2 against (1 + 1) ** 2: the short head, at a higher share
-
-
-def _below_mean(above_mean: int) -> str:
-    """Queue a holds 1 GPU, b 3 of one 8-GPU node (mean share 2: a is below it). a's head runs 10 h, b's 1 h;
-    4 GPUs are free, room for one of them. Which starts?"""
-    s = Sim(policies=replace(DEFAULT_POLICIES, share_tilt=2.0, share_tilt_above_mean=above_mean))
-    s.node("n0")
-    s.queue("a")
-    s.queue("b")
-    s.submit("a-run", queue="a", gpus_per_rank=1, time_limit_s=36_000.0)
-    s.submit("b-run", queue="b", gpus_per_rank=3, time_limit_s=36_000.0)
-    s.run()
-    s.tick(60)
-    s.submit("a-long", queue="a", gpus_per_rank=4, time_limit_s=36_000.0)
-    s.submit("b-short", queue="b", gpus_per_rank=4, time_limit_s=3_600.0)
-    (g,) = of_type(s.decide(), GangReserved)
-    return g.job_id
+    # a's share (1) is the lower; every queue's share is weighed (not only those above the mean).
+    assert _race(2, share_tilt=0.0, share_tilt_above_mean=0) == "a-long"  # fair share alone: the lower share
+    # (1 + 10) ** 2 against (1 + 1) ** 2: the short head, at a higher share
+    assert _race(2, share_tilt=2.0, share_tilt_above_mean=0) == "b-short"
 
 
 def test_a_queue_below_the_mean_share_is_not_tilted_further_below() -> None:
-    assert _below_mean(0) == "b-short"  # the tilt: (1 + 10) ** 2 x (1 + 2) against (1 + 1) ** 2 x (3 + 2)
-    assert _below_mean(1) == "a-long"  # a holds 1 < the mean 2: its share is not weighed, and it is the lower
+    # b holds 3: the mean share is 2, a (1) is below it.
+    assert _race(3, share_tilt=2.0, share_tilt_above_mean=0) == "b-short"  # (1 + 10) ** 2 x (1 + 2) vs (1 + 1) ** 2 x (3 + 2)
+    assert _race(3, share_tilt=2.0, share_tilt_above_mean=1) == "a-long"  # a's share is not weighed: it is the lower

@@ -17,9 +17,9 @@ def _stopped(s: Sim) -> list[str]:
     return sorted(p.job_id for p in of_type(s.run(), PreemptionRequested))  # type: ignore[arg-type]
 
 
-def _three_checkpointed(policies: Policies) -> list[str]:
-    """Three 8-GPU jobs of `a` of 100 h, 20 h and 5 h limits, started in that order, each just past a checkpoint;
-    a 16-GPU gang of `b` past the bound stops two of them."""
+def _three_running(policies: Policies) -> Sim:
+    """Three 8-GPU jobs of `a` of 100 h, 20 h and 5 h limits, started in that order; a 16-GPU gang of `b`
+    past the bound, about to stop two of them."""
     s = Sim(policies=policies)
     for n in ("n0", "n1", "n2"):
         s.node(n)
@@ -31,6 +31,12 @@ def _three_checkpointed(policies: Policies) -> list[str]:
         s.tick(60)
     s.submit("big", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
     s.tick(T)
+    return s
+
+
+def _three_checkpointed(policies: Policies) -> list[str]:
+    """The three, each just past a checkpoint: which two are stopped?"""
+    s = _three_running(policies)
     for job in ("long", "mid", "short"):
         s.checkpoint(job, 100, f"/ckpt/{job}")  # everything each did is saved: all three lose only a restart
     return _stopped(s)
@@ -45,17 +51,7 @@ def test_low_loss_victims_go_longest_remaining_first() -> None:
 
 def test_a_costly_victim_still_goes_after_the_low_loss_ones() -> None:
     """Only victims losing at most the threshold per GPU are ordered by remaining time."""
-    s = Sim(policies=replace(BOUND, starvation_longest_first_s=1800))
-    for n in ("n0", "n1", "n2"):
-        s.node(n)
-    s.queue("a")
-    s.queue("b")
-    for job, hours in (("long", 100), ("mid", 20), ("short", 5)):
-        s.submit(job, queue="a", gpus_per_rank=8, time_limit_s=hours * 3600, preemptible=True)
-        s.run()
-        s.tick(60)
-    s.submit("big", queue="b", ranks=2, gpus_per_rank=8, time_limit_s=3600)
-    s.tick(T)
+    s = _three_running(replace(BOUND, starvation_longest_first_s=1800))
     for job in ("mid", "short"):
         s.checkpoint(job, 100, f"/ckpt/{job}")  # `long` would lose its hour: it goes last
     assert _stopped(s) == ["mid", "short"]
