@@ -297,7 +297,9 @@ def longest_remaining_first(loss_per_gpu_s: float) -> PreemptionRule:
 
         return key
 
-    return PreemptionRule(why_starvation_victim, order)
+    # Who may be stopped is STARVATION's (`why_starvation_victim`), and the order reads candidates only: the
+    # same declarations, so admission's shortcuts for starving gangs hold for it too (core/heads.py).
+    return PreemptionRule(why_starvation_victim, order, reads_attained=False, reason_reads=_starvation_reads)
 
 
 def _give(idx: FreeIndex, c: Candidate) -> None:
