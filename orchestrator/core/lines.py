@@ -15,8 +15,8 @@ from orchestrator.policies.in_queue_service import LINE_ORDERS
 
 #: A queue's place in the order: (0, waiting since) for a starving head, else (1, `Policies.queue_key`).
 Rank = tuple[object, ...]
-#: Ranks already computed this cycle, by (queue, plan charges, GPUs its head asks).
-Ranks = dict[tuple[str, int, int], Rank]
+#: Ranks already computed this cycle, by (queue, plan charges, GPUs its head asks[, its run time: the tilt]).
+Ranks = dict[tuple[object, ...], Rank]
 
 
 class Line:
@@ -58,7 +58,7 @@ def queue_lines(c: Cycle, plan: Plan, admissible: Callable[[Job], bool] | None =
     """
     state, busy = c.state, plan.busy
     key = c.policies.job_key
-    if key is None and c.policies.line_order:  # (issue #42, opt-in: another order inside each queue)
+    if key is None and c.policies.line_order:  # (issue #42, opt-in, off by default: another order inside each queue)
         key = LINE_ORDERS[int(c.policies.line_order) - 1]
     if key is None:
         by_queue: dict[str, list[list[LineKey]]] = {}
@@ -93,13 +93,18 @@ def queue_rank(c: Cycle, plan: Plan, queue: str, line: Line, ranks: Ranks) -> Ra
         return (0, head.waiting_since)
     # A queue's load changes only with a charge: its key is kept until then (per head size).
     asks = head.spec.total_gpus
-    tilt = c.policies.share_tilt
-    if tilt > 0.0:  # (issue #42, opt-in: the head's run time weighs the share; not kept: heads differ)
-        run_h = head.claim / max(1, asks) / c.policies.share_tilt_unit_s if head.claim_from else 0.0
-        load = plan.load(queue)._replace(asks=asks)
-        if c.policies.share_tilt_above_mean and load.usage / max(load.weight, 1e-9) < _mean_share(plan, ranks):
-            run_h = 0.0  # (opt-in) a queue below the mean weighted share keeps its share: the tilt never sinks it further
-        return (1, run_time_tilted(c.policies.queue_key(load), run_h, tilt, c.policies.share_tilt_max))
+    pol = c.policies
+    tilt = pol.share_tilt
+    if tilt > 0.0:  # (issue #42: the head's run time weighs the share; kept per run time too)
+        run_h = head.claim / max(1, asks) / pol.share_tilt_unit_s if head.claim_from else 0.0
+        tilted = (queue, plan.charges, asks, run_h)
+        found = ranks.get(tilted)
+        if found is None:
+            load = plan.load(queue)._replace(asks=asks)
+            if pol.share_tilt_above_mean and load.usage / max(load.weight, 1e-9) < _mean_share(plan, ranks):
+                run_h = 0.0  # a queue below the mean weighted share keeps its share: the tilt never sinks it further
+            found = ranks[tilted] = (1, run_time_tilted(pol.queue_key(load), run_h, tilt, pol.share_tilt_max))
+        return found
     key = (queue, plan.charges, asks)
     found = ranks.get(key)
     if found is None:
