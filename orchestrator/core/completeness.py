@@ -160,8 +160,7 @@ def final_verdicts(adm: AdmitContext) -> bool:
 
 def _final_verdict(adm: AdmitContext, job: Job, queue: str, req: GangRequest) -> Outcome | None:
     """A blocked head's verdict on the final plan (see `final_verdicts`), or None if it may be another."""
-    c, plan = adm.c, adm.plan
-    q = c.state.queues.get(queue)
-    if plan.gpus.get(queue, 0) + req.gpus <= (q.guaranteed_gpus if q is not None else 0):
+    plan = adm.plan
+    if plan.owed(queue, req.gpus):
         return None
     return blocked_verdict(adm, job, queue, req, plan.index(req.cls), plan.limit_blocker(queue, req.gpus))

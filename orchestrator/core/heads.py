@@ -99,9 +99,7 @@ def _quota_verdict(adm: AdmitContext, queue: str, gpus: int, priority: int) -> O
     over = plan.limit_blocker(queue, gpus)
     if over is None:
         return None
-    q = adm.c.state.queues.get(queue)
-    owed = plan.gpus.get(queue, 0) + gpus <= (q.guaranteed_gpus if q is not None else 0)
-    if adm.could_preempt(queue, priority, owed):
+    if adm.could_preempt(queue, priority, plan.owed(queue, gpus)):
         return None
     return over_limit(over, gpus)
 
@@ -138,8 +136,7 @@ def _starving_at_limit(adm: AdmitContext, job: Job, queue: str, req: GangRequest
             adm.searches -= 1
             adm.unremembered_searches += 1
         return found
-    q = adm.c.state.queues.get(queue)
-    owed = plan.gpus.get(queue, 0) + req.gpus <= (q.guaranteed_gpus if q is not None else 0)
+    owed = plan.owed(queue, req.gpus)
     if (pol.preemption_searches <= 0 or pol.starvation_rule.priority_or_reclaim_only
             or plan.limit_blocker(queue, req.gpus) is None or adm.could_preempt(queue, job.spec.priority, owed)):
         return judge(adm, job, queue, req)

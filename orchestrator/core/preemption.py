@@ -35,9 +35,7 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
     if pol.preemption_searches <= 0:
         return None
     priority = job.spec.priority
-    q = c.state.queues.get(queue)
-    guaranteed = q.guaranteed_gpus if q is not None else 0
-    owed = plan.gpus.get(queue, 0) + req.gpus <= guaranteed
+    owed = plan.owed(queue, req.gpus)
     rule = pol.preemption if rule is None else rule
     if rule.priority_or_reclaim_only and not adm.could_preempt(queue, priority, owed):
         return None  # nobody it could preempt: do not spend a search
@@ -111,6 +109,8 @@ def preempt(adm: AdmitContext, job: Job, queue: str, req: GangRequest, base: Fre
         if kind == "priority":
             why = f"priority {job.spec.priority} > {v.priority} in queue {queue}; {room}"
         elif kind == "reclaim":
+            q = c.state.queues.get(queue)
+            guaranteed = q.guaranteed_gpus if q is not None else 0
             why = f"queue {queue} reclaims its guarantee {guaranteed} from {v.queue}; {room}"
         elif kind == "starvation":
             waited = c.now - job.waiting_since

@@ -274,6 +274,12 @@ class Plan:
             ancestor_shares=self._ancestor_shares(queue),
         )
 
+    def owed(self, queue: str, extra: int) -> bool:
+        """Whether `queue` would still hold no more than its guarantee with `extra` GPUs more: such a gang
+        is owed its GPUs, and may reclaim them from borrowers (policies/victims.py)."""
+        q = self.state.queues.get(queue)
+        return self.gpus.get(queue, 0) + extra <= (q.guaranteed_gpus if q is not None else 0)
+
     def limit_blocker(self, queue: str, extra: int, freed: dict[str, int] | None = None) -> tuple[str, int, int] | None:
         """(queue, its limit, GPUs it holds) of the first queue in the chain that `extra` GPUs would overflow.
 
